@@ -1,0 +1,49 @@
+"""The Hydra application: ``python -m hpc_llm [+experiment=NAME] [overrides]``.
+
+``task`` is the Hydra task function; launchers run it once per rank inside
+the job. ``main`` composes the config (typed schemas + ``conf/``), lets the
+sweeper validate every job and the launcher start them, and turns bad input
+into one line on stderr (exit 2) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hpc_llm.paths import conf_dir
+
+
+def task(cfg: DictConfig) -> Any:
+    from hpc_llm.job.task import run
+
+    return run(cfg)
+
+
+def validate_job(cfg: DictConfig, run_dir: str) -> None:
+    """Sweeper hook: every job of a sweep is checked before anything starts."""
+    from hpc_llm.config.validate import resolve_job
+    from hpc_llm.trainconfig import build_train_config
+
+    job = resolve_job(cfg, run_dir)
+    build_train_config(cfg, job, run_name="validate")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import hydra
+
+    from hpc_llm.config.store import register_configs
+    from hpc_llm.errors_cli import one_line_errors
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    register_configs()
+    hydra_main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
+    with one_line_errors():
+        hydra_main()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,111 @@
+"""Built-in checkpoint backends: a shared-filesystem folder, an object-store URI.
+
+Both map to Composer's ``save_folder`` / ``save_interval`` /
+``save_num_checkpoints_to_keep`` / ``autoresume``; Composer already uploads to
+s3/gs/oci/azure/dbfs through its RemoteUploaderDownloader, so the URI backend
+only validates and passes the location through.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hpc_llm import hookimpl
+from hpc_llm.errors import ConfigError
+from hpc_llm.plan import JobPlan
+from hpc_llm.plugins.base import CheckpointBackend
+
+# Object stores Composer's checkpoint saver understands (composer.utils.file_helpers).
+URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs", "sftp", "libcloud")
+LATEST = "latest-rank0.pt"
+LATEST_SHARDED = "latest-sharded-rank0"
+
+
+def _common(section: DictConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "save_interval": section.interval,
+        "save_num_checkpoints_to_keep": section.keep,
+        "save_overwrite": False,
+        "autoresume": bool(section.autoresume),
+    }
+    if section.load_path:
+        out["load_path"] = section.load_path
+    return out
+
+
+class Folder(CheckpointBackend):
+    name = "folder"
+    description = "checkpoints in a folder on the shared filesystem (default <run dir>/checkpoints)"
+
+    def folder(self, section: DictConfig, plan: JobPlan) -> Path:
+        if section.location:
+            return Path(section.location).expanduser()
+        if plan.run_dir is None:
+            raise ConfigError("checkpoint.location is required when no run directory is known")
+        return Path(plan.run_dir) / "checkpoints"
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        super().validate(section, plan)
+        if section.location and "://" in str(section.location):
+            raise ConfigError(
+                f"checkpoint.location={section.location!r} is a URI; use checkpoint=uri for object stores"
+            )
+        if plan.run_dir is None and not section.location:
+            return
+        folder = self.folder(section, plan)
+        if folder.is_dir() and any(folder.iterdir()) and not section.autoresume:
+            raise ConfigError(
+                f"checkpoint folder {str(folder)!r} already holds checkpoints; set "
+                "checkpoint.autoresume=true to resume from them or choose another checkpoint.location"
+            )
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        return {"save_folder": str(self.folder(section, plan)), **_common(section)}
+
+    def latest(self, section: DictConfig, plan: JobPlan) -> str | None:
+        folder = self.folder(section, plan)
+        for name in (LATEST, LATEST_SHARDED):
+            link = folder / name
+            if link.exists():
+                return os.path.realpath(link)
+        return None
+
+    def size_bytes(self, section: DictConfig, plan: JobPlan) -> int | None:
+        latest = self.latest(section, plan)
+        if latest is None:
+            return None
+        p = Path(latest)
+        if p.is_file():
+            return p.stat().st_size
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+class Uri(CheckpointBackend):
+    name = "uri"
+    description = "checkpoints in an object store Composer supports (s3://, gs://, oci://, ...)"
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        super().validate(section, plan)
+        loc = str(section.location or "")
+        scheme = loc.split("://", 1)[0] if "://" in loc else ""
+        if scheme not in URI_SCHEMES:
+            raise ConfigError(
+                f"checkpoint.location={loc!r}: not an object-store URI; allowed schemes: "
+                + ", ".join(f"{s}://" for s in URI_SCHEMES)
+            )
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        return {"save_folder": str(section.location), **_common(section)}
+
+    def latest(self, section: DictConfig, plan: JobPlan) -> str | None:
+        return f"{str(section.location).rstrip('/')}/{LATEST}"
+
+
+@hookimpl
+def hpc_llm_register_checkpoint_backends(register) -> None:
+    register(Folder())
+    register(Uri())

@@ -1,0 +1,1 @@
+"""Config: typed schemas, ConfigStore registration, login-side validation."""

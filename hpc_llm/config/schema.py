@@ -1,0 +1,124 @@
+"""Typed schemas for everything hpc_llm owns.
+
+They are registered in Hydra's ConfigStore (:mod:`hpc_llm.config.store`) and
+form the base of ``conf/config.yaml``; YAML files only select and override.
+Because the nodes are structured, an unknown key anywhere outside ``train`` is
+a composition error that names the key. ``train`` holds LLM Foundry's own
+train-config keys; those are checked against LLM Foundry's schema by
+:mod:`hpc_llm.config.validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ResourcesConfig:
+    # Nodes in the allocation (Slurm --nodes). Sweepable: -m resources.nodes=1,2,4,8
+    nodes: int = 1
+    # Ranks per node: one task per GPU on GPU clusters, local processes on CPU.
+    tasks_per_node: int = 2
+    # GPUs per node requested from Slurm (--gres=gpu:N); 0 on CPU-only profiles.
+    gpus_per_node: int = 0
+    # CPU cores per rank (Slurm --cpus-per-task).
+    cpus_per_task: int = 1
+    # Memory per node (Slurm --mem), e.g. "64G"; None leaves the partition default.
+    mem_per_node: Optional[str] = None
+    # Wall-clock limit (Slurm --time): [D-]HH:MM:SS, MM:SS or minutes.
+    time: str = "01:00:00"
+
+
+@dataclass
+class ClusterConfig:
+    # Profile name (conf/cluster/<name>.yaml).
+    name: str = "local"
+    # "cpu" or "gpu": picks Composer's device, the dist backend and FSDP defaults.
+    device: str = "cpu"
+    # Node-local scratch directory for each rank's working directory; None uses
+    # $TMPDIR or /tmp. Must not be a shared filesystem (DESIGN.md hazard 1).
+    scratch: Optional[str] = None
+    # Environment exported into every rank (NCCL / network knobs as settings).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ParallelismConfig:
+    # Strategy plugin: ddp, fsdp, hsdp, or one from an installed package.
+    name: str = "ddp"
+    # HSDP: ranks that shard one model copy (Composer data_parallel_shard_degree).
+    shards: Optional[int] = None
+    # HSDP: number of model copies (Composer data_parallel_replicate_degree).
+    replicas: Optional[int] = None
+    # FSDP implementation: 1 (FSDP1) or 2 (FSDP2, fully_shard). None: 2 on CPU
+    # (FSDP1 needs CUDA), 1 on GPU.
+    fsdp_version: Optional[int] = None
+    # Passed through to Composer's FSDP config (mixed_precision,
+    # activation_checkpointing, sharding_strategy, ...).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    # Data-source plugin: tiny_corpus, mds, hf, or one from an installed package.
+    name: str = "tiny_corpus"
+    # Local path (directory or file) the source reads; checked before submitting.
+    path: Optional[str] = None
+    # Remote location (s3://, gs://, oci://, hf://...) streamed by Streaming.
+    remote: Optional[str] = None
+    # Split names for training and held-out evaluation.
+    train_split: str = "train"
+    eval_split: str = "val"
+    # Source-specific options (typed by the plugin's Options dataclass).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointConfig:
+    # Backend plugin: folder (shared filesystem), uri (object store), or a package's.
+    name: str = "folder"
+    # Folder or URI; None: <run dir>/checkpoints.
+    location: Optional[str] = None
+    # Composer save_interval ("500ba", "1ep", ...).
+    interval: str = "1ep"
+    # Checkpoints kept (Composer save_num_checkpoints_to_keep; -1 keeps all).
+    keep: int = -1
+    # Resume from the latest checkpoint in the folder if there is one.
+    autoresume: bool = False
+    # Path or URI to initialise weights from (Composer load_path).
+    load_path: Optional[str] = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalConfig:
+    # Evaluator plugins run on the held-out split and after training.
+    evaluators: list[str] = field(default_factory=lambda: ["heldout"])
+    # Composer eval_interval; evaluation also runs at the end of training.
+    interval: str = "1ep"
+    # Batches per evaluation (-1: the whole held-out split).
+    subset_num_batches: int = -1
+    # Per-evaluator options, keyed by evaluator name.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PluginsConfig:
+    # Plugins (entry-point or distribution names) not to load.
+    block: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HpcLlmConfig:
+    # Experiment name, set by conf/experiment/<name>.yaml.
+    experiment: str = "default"
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    # LLM Foundry train config (model, optimizer, max_duration, ...).
+    train: dict[str, Any] = field(default_factory=dict)

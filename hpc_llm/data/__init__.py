@@ -1,0 +1,1 @@
+"""In-job data preparation (imports the training stack lazily)."""

@@ -1,0 +1,24 @@
+"""The one exception type for bad user input.
+
+A ``ConfigError`` is raised before anything is started or submitted. Its
+message is a single line that names what is wrong and what is allowed; the
+entry points print it as ``hpc_llm: error: <message>`` and exit with status 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class ConfigError(ValueError):
+    """Bad user input: one line, naming the key and the allowed values."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def allowed(values: Iterable[str]) -> str:
+    """Format a sorted list of allowed values for an error message."""
+    vals = sorted(set(values))
+    return ", ".join(vals) if vals else "(none registered)"

@@ -1,0 +1,83 @@
+"""Fixes for upstream bugs that a real multi-node cluster hits (in-job only).
+
+Each patch names the upstream version it was written against and is applied
+once, explicitly, by the task before training (never at import).
+
+1. Composer 0.32 ``dist.get_node_signal_file_name()`` broadcasts rank 0's
+   file name (``._signal_file_node0_<rand>``) to every rank, so when the file
+   lands in a shared directory (save_folder on autoresume / checkpoint load)
+   the local rank 0 of every node writes and deletes the *same* file:
+   ``FileNotFoundError``. We keep the broadcast random part (all ranks must
+   agree on it) and put the real node rank in the name (DESIGN.md hazard 1).
+2. Composer 0.32 ``FSDP2Config.from_compatible_attrs`` drops
+   ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree`` with a
+   warning, so HSDP under FSDP2 silently trains as FULL_SHARD. We return a
+   subclass that carries the degrees, so Composer builds the 2-D
+   (replicate, shard) device mesh and ``fully_shard`` does HSDP.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+_APPLIED = False
+
+
+def _patch_signal_file_name() -> None:
+    from composer.utils import dist
+
+    def get_node_signal_file_name(rng: Optional[random.Random] = None) -> str:
+        rng = rng or random.Random()
+        token = ["".join(rng.choices(string.ascii_letters + string.digits, k=6))]
+        dist.broadcast_object_list(token, src=0)
+        return f"._signal_file_node{dist.get_node_rank()}_{token[0]}"
+
+    dist.get_node_signal_file_name = get_node_signal_file_name
+
+
+def _patch_fsdp2_hsdp() -> None:
+    from composer.utils import parallelism
+
+    base = parallelism.FSDP2Config
+    if getattr(base, "_hpc_llm_hsdp", False):
+        return
+
+    @dataclass
+    class HSDP2Config(base):  # type: ignore[misc, valid-type]
+        hsdp_shard_degree: int = -1
+        hsdp_replicate_degree: Optional[int] = None
+
+        @property
+        def data_parallel_shard_degree(self) -> int:  # type: ignore[override]
+            return self.hsdp_shard_degree
+
+        @property
+        def data_parallel_replicate_degree(self) -> Optional[int]:  # type: ignore[override]
+            return self.hsdp_replicate_degree
+
+    original = base.from_compatible_attrs.__func__
+
+    def from_compatible_attrs(cls: type, attrs: dict[str, Any]) -> Any:
+        attrs = dict(attrs)
+        shard = attrs.pop("data_parallel_shard_degree", None)
+        replicate = attrs.pop("data_parallel_replicate_degree", None)
+        cfg = original(cls, attrs)
+        if replicate is None:
+            return cfg
+        kwargs = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.init}
+        return HSDP2Config(**kwargs, hsdp_shard_degree=shard or -1, hsdp_replicate_degree=replicate)
+
+    base.from_compatible_attrs = classmethod(from_compatible_attrs)
+    base._hpc_llm_hsdp = True
+
+
+def apply() -> None:
+    global _APPLIED
+    if _APPLIED:
+        return
+    _patch_signal_file_name()
+    _patch_fsdp2_hsdp()
+    _APPLIED = True

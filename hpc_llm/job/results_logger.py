@@ -1,0 +1,52 @@
+"""A Composer LoggerDestination that keeps what results.json needs.
+
+Registered in LLM Foundry's ``loggers`` registry as ``hpc_llm_results`` and
+listed in the train config, so Composer feeds it every metric it logs (loss,
+SpeedMonitor throughput and MFU, eval metrics) on every rank. In-job only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from composer.core import State
+from composer.loggers import Logger, LoggerDestination
+
+from hpc_llm.job.context import JobContext
+
+#: set by the task before training; the registry builds the logger with no arguments
+CURRENT: JobContext | None = None
+
+
+class ResultsLogger(LoggerDestination):
+    def __init__(self) -> None:
+        if CURRENT is None:
+            raise RuntimeError("hpc_llm_results logger used outside an hpc_llm job")
+        self.ctx = CURRENT
+        self._batch = 0
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self._batch = int(state.timestamp.batch)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            value = _scalar(value)
+            if value is None:
+                continue
+            self.ctx.metrics[key] = value
+            if key == "loss/train/total":
+                self.ctx.loss_history.append((int(step if step is not None else self._batch), value))
+
+
+def _scalar(value: Any) -> float | None:
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def register() -> None:
+    from llmfoundry.registry import loggers
+
+    if "hpc_llm_results" not in loggers.get_all():
+        loggers.register("hpc_llm_results", func=ResultsLogger)

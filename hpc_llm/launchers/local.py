@@ -1,0 +1,210 @@
+"""``hydra/launcher=local``: each job's ranks as processes on this machine.
+
+The ranks run the same in-job entry point as Slurm tasks
+(:mod:`hpc_llm.launchers.rank`), with the SLURM_* variables a one-node
+``srun`` would give them and MASTER_ADDR/PORT resolved here, so the in-job
+code cannot tell the difference. Jobs of a sweep run one after another.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import cloudpickle
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hpc_llm.errors import ConfigError
+from hpc_llm.launchers.rank import PAYLOAD, RETURN, payload_dir
+
+log = logging.getLogger(__name__)
+
+
+class JobFailed(RuntimeError):
+    """A launched job ended badly; the message is one line naming where to look."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, threads: int) -> dict[str, str]:
+    """The environment ``srun`` would give task ``rank`` of a one-node step."""
+    env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        env.pop(key, None)
+    env.update(
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID=str(rank),
+        SLURM_NODEID="0",
+        SLURM_NTASKS=str(ntasks),
+        SLURM_STEP_NUM_TASKS=str(ntasks),
+        SLURM_STEP_TASKS_PER_NODE=str(ntasks),
+        SLURM_TASKS_PER_NODE=str(ntasks),
+        SLURM_NNODES="1",
+        SLURM_JOB_NUM_NODES="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        HPC_LLM_LAUNCHER="local",
+        PYTHONUNBUFFERED="1",
+    )
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+class LocalLauncher(Launcher):
+    def __init__(self, nodes_key: str, tasks_key: str, timeout_s: int = 0, stream: bool = True) -> None:
+        self.nodes_key = nodes_key
+        self.tasks_key = tasks_key
+        self.timeout_s = timeout_s
+        self.stream = stream
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.task_function = task_function
+        self.hydra_context = hydra_context
+
+    # -- called by the sweeper on every job before anything is created -----
+    def check_job(self, cfg: DictConfig) -> None:
+        nodes = OmegaConf.select(cfg, self.nodes_key, default=1)
+        if nodes != 1:
+            raise ConfigError(
+                f"{self.nodes_key}={nodes}: hydra/launcher=local runs one node; "
+                "use hydra/launcher=slurm for more (try it with `hpc-llm dev-cluster up`)"
+            )
+
+    def ranks(self, cfg: DictConfig) -> int:
+        return int(OmegaConf.select(cfg, self.tasks_key, default=1) or 1)
+
+    # -- Hydra Launcher API ------------------------------------------------
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None  # set by setup()
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        returns: list[JobReturn] = []
+        for offset, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + offset
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = f"local_{idx}"
+                sweep_config.hydra.job.num = idx
+            log.info("job %d: %s", idx, " ".join(filter_overrides(overrides)) or "(defaults)")
+            returns.append(
+                run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=lambda _cfg, sc=sweep_config: self._run_ranks(sc),
+                    config=sweep_config,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            )
+        return returns
+
+    # -- the ranks of one job -------------------------------------------------
+    def _run_ranks(self, sweep_config: DictConfig) -> Any:
+        run_dir = Path(str(sweep_config.hydra.runtime.output_dir))
+        ranks = self.ranks(sweep_config)
+        pdir = payload_dir(run_dir)
+        pdir.mkdir(parents=True, exist_ok=True)
+        (pdir / PAYLOAD).write_bytes(cloudpickle.dumps((self.task_function, sweep_config)))
+        (pdir / RETURN).unlink(missing_ok=True)
+        logs = run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        port = free_port()
+        threads = max(1, (os.cpu_count() or 1) // ranks)
+        procs: list[subprocess.Popen[bytes]] = []
+        files: list[IO[bytes]] = []
+        pumps: list[threading.Thread] = []
+        try:
+            for rank in range(ranks):
+                out = open(logs / f"rank{rank}.log", "wb")
+                files.append(out)
+                stream = self.stream and rank == 0
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "hpc_llm.launchers.rank", str(pdir / PAYLOAD)],
+                    env=slurm_like_env(dict(os.environ), rank, ranks, port, threads),
+                    stdout=subprocess.PIPE if stream else out,
+                    stderr=subprocess.STDOUT,
+                )
+                procs.append(proc)
+                if stream:
+                    pumps.append(_tee(proc.stdout, out))
+            failed = self._wait(procs)
+        except BaseException:
+            _stop(procs)
+            raise
+        finally:
+            for t in pumps:
+                t.join(timeout=10)
+            for f in files:
+                f.close()
+        if failed is not None:
+            rank, code = failed
+            raise JobFailed(
+                f"job {sweep_config.hydra.job.num} failed: rank {rank} exited with {code}; "
+                f"log: {logs / f'rank{rank}.log'}"
+            )
+        ret = pdir / RETURN
+        return cloudpickle.loads(ret.read_bytes()) if ret.exists() else None
+
+    def _wait(self, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                # A dead rank leaves the others blocked in a collective: stop them.
+                _stop(procs)
+                return bad[0]
+            if all(c == 0 for c in codes):
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                _stop(procs)
+                return (0, -int(signal.SIGTERM))
+            time.sleep(0.2)
+
+
+def _tee(src: IO[bytes] | None, dst: IO[bytes]) -> threading.Thread:
+    def pump() -> None:
+        assert src is not None
+        for line in iter(src.readline, b""):
+            dst.write(line)
+            dst.flush()
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    return t
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

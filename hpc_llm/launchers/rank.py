@@ -1,0 +1,58 @@
+"""Entry point of one rank: ``python -m hpc_llm.launchers.rank <payload>``.
+
+The launcher pickles (task function, job config) once per job; every rank
+loads it, makes Hydra's runtime config available (``HydraConfig.get()``),
+runs the task function with the job config, and rank 0 stores the return
+value for the launcher. The task function is any Hydra task function.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import sys
+from pathlib import Path
+
+import cloudpickle
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict, read_write
+
+PAYLOAD = "job.pkl"
+RETURN = "return.pkl"
+
+
+def payload_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / ".hpc_llm"
+
+
+def run_payload(path: Path) -> None:
+    task_function, config = cloudpickle.loads(Path(path).read_bytes())
+    assert isinstance(config, DictConfig)
+    HydraConfig.instance().set_config(config)
+    task_cfg = copy.deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    value = task_function(task_cfg)
+    if os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) == "0":
+        try:
+            blob = cloudpickle.dumps(value)
+        except Exception:  # an unpicklable return value is still a success
+            blob = cloudpickle.dumps(repr(value))
+        (Path(path).parent / RETURN).write_bytes(blob)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m hpc_llm.launchers.rank <payload.pkl>")
+    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+    )
+    run_payload(Path(args[0]))
+
+
+if __name__ == "__main__":
+    main()

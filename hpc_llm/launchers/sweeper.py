@@ -1,0 +1,62 @@
+"""A BasicSweeper that validates every job of the sweep before creating anything.
+
+Hydra's BasicSweeper creates the sweep directory and writes multirun.yaml
+before a single job config is checked; a bad value in job 3 of 4 then leaves
+a half-made sweep behind. This sweeper composes every job first and runs the
+launcher's ``check_job`` (if it has one) and the configured ``validate``
+callable on each; only then does it hand over to BasicSweeper.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import get_method
+from omegaconf import DictConfig, open_dict
+
+
+def job_run_dir(job_cfg: DictConfig) -> str:
+    return os.path.abspath(
+        os.path.join(str(job_cfg.hydra.sweep.dir), str(job_cfg.hydra.sweep.subdir))
+    )
+
+
+class ValidatingSweeper(BasicSweeper):
+    def __init__(
+        self,
+        max_batch_size: int | None = None,
+        params: dict[str, str] | None = None,
+        validate: str | None = None,
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.validate = validate
+
+    def compose_jobs(self, arguments: list[str]) -> list[DictConfig]:
+        """Every job config of the sweep, numbered as the launcher will number them."""
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides(self._parse_config() + list(arguments))
+        jobs: list[DictConfig] = []
+        for batch in self.split_arguments(overrides, None):
+            for job_overrides in batch:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job_overrides))
+                with open_dict(cfg):
+                    cfg.hydra.job.num = len(jobs)
+                jobs.append(cfg)
+        return jobs
+
+    def sweep(self, arguments: list[str]) -> Any:
+        check_job: Callable[[DictConfig], None] | None = getattr(self.launcher, "check_job", None)
+        validate = get_method(self.validate) if self.validate else None
+        if check_job or validate:
+            for cfg in self.compose_jobs(arguments):
+                if check_job:
+                    check_job(cfg)
+                if validate:
+                    validate(cfg, job_run_dir(cfg))
+        return super().sweep(arguments)
+
+

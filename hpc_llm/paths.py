@@ -1,0 +1,57 @@
+"""Where the non-Python parts of the toolkit live.
+
+``conf/``, ``sbatch_templates/`` and ``containers/`` sit at the top of the
+repository so users find them, and are force-included into the wheel under
+``hpc_llm/_data/``. An editable install sees the repository copies, a wheel
+install sees the packaged ones. Hatchling has no "data directory mapped into a
+package" that works for both editable and wheel installs, hence this lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def _data_dir(name: str) -> Path:
+    for candidate in (_PKG / "_data" / name, _PKG.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"hpc_llm data directory '{name}' not found next to the package ({_PKG}); "
+        "reinstall hpc-llm"
+    )
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree (``conf/``)."""
+    return _data_dir("conf")
+
+
+def templates_dir() -> Path:
+    """The sbatch templates (``sbatch_templates/``)."""
+    return _data_dir("sbatch_templates")
+
+
+def containers_dir() -> Path:
+    """The Apptainer definition files (``containers/``)."""
+    return _data_dir("containers")
+
+
+def assets_dir() -> Path:
+    """Small files shipped inside the package (the bundled tiny corpus)."""
+    return _PKG / "assets"
+
+
+def cache_dir() -> Path:
+    """Per-user cache for derived data (tokenizers, MDS shards).
+
+    Must be on a filesystem every node sees; ``HPC_LLM_CACHE`` overrides it.
+    """
+    env = os.environ.get("HPC_LLM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hpc_llm"

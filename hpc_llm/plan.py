@@ -1,0 +1,102 @@
+"""Composed config -> JobPlan: the numbers every later stage agrees on.
+
+Pure and cheap (login node): no plugins, no training stack. Raises
+:class:`~hpc_llm.errors.ConfigError` on impossible resources.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hpc_llm.errors import ConfigError
+
+DEVICES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    experiment: str
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int
+    world_size: int
+    device: str
+    parallelism: str
+    time_limit_s: int
+    run_dir: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_TIME_FORMATS = (
+    # Slurm --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+    (re.compile(r"^(\d+)$"), ("m",)),
+    (re.compile(r"^(\d+):(\d{1,2})$"), ("m", "s")),
+    (re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"), ("h", "m", "s")),
+    (re.compile(r"^(\d+)-(\d+)$"), ("d", "h")),
+    (re.compile(r"^(\d+)-(\d+):(\d{1,2})$"), ("d", "h", "m")),
+    (re.compile(r"^(\d+)-(\d+):(\d{1,2}):(\d{1,2})$"), ("d", "h", "m", "s")),
+)
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_time_limit(value: Any) -> int:
+    """Seconds in a Slurm time limit ("90", "1:30:00", "2-00:00:00")."""
+    text = str(value).strip()
+    for pattern, units in _TIME_FORMATS:
+        m = pattern.match(text)
+        if m:
+            seconds = sum(int(v) * _UNIT_S[u] for v, u in zip(m.groups(), units))
+            if seconds <= 0:
+                break
+            return seconds
+    raise ConfigError(
+        f"resources.time={text!r} is not a Slurm time limit; allowed: minutes, "
+        "MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (greater than zero)"
+    )
+
+
+def _positive(section: str, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{section}.{key}={value!r}: must be an integer >= {minimum}")
+    return value
+
+
+def make_plan(cfg: DictConfig, run_dir: str | None = None) -> JobPlan:
+    r = cfg.resources
+    nodes = _positive("resources", "nodes", r.nodes)
+    tasks = _positive("resources", "tasks_per_node", r.tasks_per_node)
+    gpus = _positive("resources", "gpus_per_node", r.gpus_per_node, minimum=0)
+    cpus = _positive("resources", "cpus_per_task", r.cpus_per_task)
+    device = cfg.cluster.device
+    if device not in DEVICES:
+        raise ConfigError(f"cluster.device={device!r}; allowed: {', '.join(DEVICES)}")
+    if device == "gpu":
+        if gpus < 1:
+            raise ConfigError(
+                "cluster.device=gpu needs resources.gpus_per_node >= 1 "
+                f"(got {gpus}); use cluster.device=cpu for CPU-only nodes"
+            )
+        if tasks != gpus:
+            raise ConfigError(
+                f"resources.tasks_per_node={tasks} must equal resources.gpus_per_node={gpus} "
+                "on GPU clusters (one rank per GPU)"
+            )
+    return JobPlan(
+        experiment=str(cfg.experiment),
+        nodes=nodes,
+        tasks_per_node=tasks,
+        gpus_per_node=gpus,
+        cpus_per_task=cpus,
+        world_size=nodes * tasks,
+        device=device,
+        parallelism=str(cfg.parallelism.name),
+        time_limit_s=parse_time_limit(r.time),
+        run_dir=run_dir,
+    )

@@ -1,0 +1,1 @@
+"""The plugin system: one hookspec module, one manager, typed component bases."""

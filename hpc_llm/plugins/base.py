@@ -1,0 +1,134 @@
+"""Component interfaces that plugins implement.
+
+A plugin module registers *components* through the hooks in
+:mod:`hpc_llm.plugins.hookspecs`. Each component is a small object with a
+``name`` (what users select in the config), a one-line ``description`` and
+an optional ``Options`` dataclass that types its ``<section>.options``
+mapping (unknown option keys are then an error naming the key).
+
+Methods split by where they run:
+
+* ``validate`` and ``train_config`` run on the login node and in the job;
+  they must be pure and cheap (no torch / composer / llmfoundry).
+* ``prepare`` and ``after_train`` run inside the job and may import the
+  training stack lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hpc_llm.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hpc_llm.job.context import JobContext
+    from hpc_llm.plan import JobPlan
+
+
+class Component:
+    """Base of every plugin component."""
+
+    kind: ClassVar[str] = "component"
+    #: the config key that selects the component, used in error messages
+    selector: ClassVar[str] = ""
+    name: str = ""
+    description: str = ""
+    #: optional dataclass typing ``<section>.options``
+    Options: ClassVar[type | None] = None
+
+    def options(self, section: DictConfig) -> Any:
+        """Return ``section.options`` checked against ``Options`` (if any)."""
+        raw = section.get("options") or {}
+        if self.Options is None:
+            return raw
+        if not dataclasses.is_dataclass(self.Options):
+            raise TypeError(f"{type(self).__name__}.Options must be a dataclass")
+        try:
+            return OmegaConf.merge(OmegaConf.structured(self.Options), raw)
+        except OmegaConfBaseException as exc:
+            key = getattr(exc, "key", None) or "?"
+            fields = [f.name for f in dataclasses.fields(self.Options)]
+            raise ConfigError(
+                f"{self.selector.split('.')[0]}.options.{key}: not an option of "
+                f"{self.kind} '{self.name}'; allowed: {', '.join(fields) or '(none)'}"
+            ) from None
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        """Raise :class:`~hpc_llm.errors.ConfigError` on bad input (login node)."""
+        self.options(section)
+
+    def prepare(self, section: DictConfig, ctx: JobContext) -> None:
+        """One-time in-job preparation, run on global rank 0 before training."""
+
+
+class DataSource(Component):
+    """Provides training and held-out data (``data.name``)."""
+
+    kind = "data source"
+    selector = "data.name"
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        """LLM Foundry keys: ``train_loader``, ``eval_loader`` (held-out split)
+        and optionally ``tokenizer``."""
+        raise NotImplementedError
+
+
+class ParallelismStrategy(Component):
+    """Maps ``parallelism.*`` to Composer's parallelism config (``parallelism.name``)."""
+
+    kind = "parallelism"
+    selector = "parallelism.name"
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def env(self, section: DictConfig, plan: JobPlan) -> dict[str, str]:
+        """Environment variables every rank needs (set before Composer starts)."""
+        return {}
+
+
+class CheckpointBackend(Component):
+    """Where and how often checkpoints are written (``checkpoint.name``)."""
+
+    kind = "checkpoint backend"
+    selector = "checkpoint.name"
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def latest(self, section: DictConfig, plan: JobPlan) -> str | None:
+        """Path or URI of the latest checkpoint after training, if known."""
+        return None
+
+    def size_bytes(self, section: DictConfig, plan: JobPlan) -> int | None:
+        """Bytes of the latest checkpoint, if it can be measured cheaply."""
+        return None
+
+
+class Evaluator(Component):
+    """Measures the trained model (listed in ``eval.evaluators``)."""
+
+    kind = "evaluator"
+    selector = "eval.evaluators"
+
+    def train_config(
+        self, section: DictConfig, plan: JobPlan, data: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Keys to add to the train config; ``data`` is the data source's fragment."""
+        return {}
+
+    def after_train(self, section: DictConfig, trainer: Any, ctx: JobContext) -> dict[str, Any]:
+        """Metrics for ``results.json`` (runs on every rank; rank 0's are kept)."""
+        return {}
+
+
+KINDS: dict[str, type[Component]] = {
+    "data": DataSource,
+    "parallelism": ParallelismStrategy,
+    "checkpoint": CheckpointBackend,
+    "evaluator": Evaluator,
+}
