@@ -14,6 +14,15 @@ once, explicitly, by the task before training (never at import).
    warning, so HSDP under FSDP2 silently trains as FULL_SHARD. We return a
    subclass that carries the degrees, so Composer builds the 2-D
    (replicate, shard) device mesh and ``fully_shard`` does HSDP.
+3. torch 2.7 FSDP2 averages gradients with ``ReduceOp.AVG`` for fp32/bf16,
+   which Gloo does not implement; FULL_SHARD gets away with it but HSDP's
+   replica all-reduce fails on CPU ("Cannot use ReduceOp.AVG with Gloo").
+   On Gloo process groups only, we make FSDP2 sum and divide afterwards (the
+   path torch itself takes for fp16). NCCL runs are untouched.
+4. torch 2.7 ``torch.cpu.Stream.record_event()`` (a stub "to facilitate
+   device-agnostic code") returns None, and FSDP2's HSDP path asserts that the
+   all-reduce event is not None. CPU work is synchronous, so an always-complete
+   ``torch.cpu.Event`` is the faithful answer. Affects CPU devices only.
 """
 
 from __future__ import annotations
@@ -74,10 +83,35 @@ def _patch_fsdp2_hsdp() -> None:
     base._hpc_llm_hsdp = True
 
 
+def _patch_fsdp2_gloo_average() -> None:
+    import torch.distributed as tdist
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
+
+    original = coll._get_gradient_divide_factors
+    if getattr(original, "_hpc_llm", False):
+        return
+
+    def divide_factors(reduce_scatter_group, all_reduce_group, reduce_dtype, device_type=""):  # type: ignore[no-untyped-def]
+        if tdist.get_backend(reduce_scatter_group) == "gloo":
+            n = reduce_scatter_group.size() * (all_reduce_group.size() if all_reduce_group else 1)
+            # predivide 1.0 (a no-op) selects ReduceOp.SUM; postdivide by n averages.
+            return 1.0, float(n)
+        return original(reduce_scatter_group, all_reduce_group, reduce_dtype, device_type)
+
+    divide_factors._hpc_llm = True  # type: ignore[attr-defined]
+    coll._get_gradient_divide_factors = divide_factors
+
+    import torch
+
+    if torch.cpu.Stream().record_event() is None:
+        torch.cpu.Stream.record_event = lambda self: torch.cpu.Event()  # type: ignore[method-assign]
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
         return
     _patch_signal_file_name()
     _patch_fsdp2_hsdp()
+    _patch_fsdp2_gloo_average()
     _APPLIED = True
