@@ -13,6 +13,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
+from hpc_llm.data.loaders import text_loader
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan
@@ -20,30 +21,6 @@ from hpc_llm.plugins.base import DataSource
 
 # Schemes mosaicml-streaming can download from (streaming.base.storage).
 REMOTE_SCHEMES = ("s3", "gs", "oci", "azure", "azure-dl", "dbfs", "sftp", "hf", "http", "https")
-
-
-def text_loader(split: str, *, local: str, remote: str | None = None, train: bool) -> dict[str, Any]:
-    """An LLM Foundry ``text`` dataloader section over MDS shards."""
-    dataset: dict[str, Any] = {
-        "local": local,
-        "split": split,
-        "shuffle": train,
-        "shuffle_seed": "${seed}",
-        "max_seq_len": "${max_seq_len}",
-    }
-    if remote:
-        dataset["remote"] = remote
-    return {
-        "name": "text",
-        "dataset": dataset,
-        "drop_last": train,
-        # Workers > 0 fork per rank; 0 keeps CPU runs light. prefetch_factor must
-        # then be null (torch rejects a prefetch_factor without workers).
-        "num_workers": 0,
-        "prefetch_factor": None,
-        "persistent_workers": False,
-        "pin_memory": False,
-    }
 
 
 class TinyCorpus(DataSource):

@@ -1,1 +1,1 @@
-"""In-job data preparation (imports the training stack lazily)."""
+"""Data: dataloader sections (pure) and in-job preparation of bundled data."""

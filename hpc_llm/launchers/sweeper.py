@@ -53,10 +53,10 @@ class ValidatingSweeper(BasicSweeper):
         validate = get_method(self.validate) if self.validate else None
         if check_job or validate:
             for cfg in self.compose_jobs(arguments):
-                if check_job:
-                    check_job(cfg)
                 if validate:
                     validate(cfg, job_run_dir(cfg))
+                if check_job:
+                    check_job(cfg)
         return super().sweep(arguments)
 
 

@@ -1,0 +1,48 @@
+"""Bad input: one line on stderr naming the key and what is allowed, exit 2,
+before any process starts, and nothing left behind (no run directory)."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import explain, run_app
+
+CASES = [
+    (["+experiment=nope"], "unknown experiment 'nope'; allowed: mpt_tiny"),
+    (["data.name=nope"], "unknown data source 'nope' (data.name); allowed:"),
+    (["parallelism=nope"], "unknown parallelism 'nope'; allowed: ddp, fsdp, hsdp"),
+    (["parallelism.name=nope"], "unknown parallelism 'nope' (parallelism.name); allowed: ddp, fsdp, hsdp"),
+    (["checkpoint.name=s3"], "unknown checkpoint backend 's3' (checkpoint.name); allowed: folder, uri"),
+    (["eval.evaluators=[heldout,nope]"], "unknown evaluator 'nope' (eval.evaluators); allowed: heldout"),
+    (["resources.nodes=0"], "resources.nodes=0: must be an integer >= 1"),
+    (["resources.tasks_per_node=-1"], "resources.tasks_per_node=-1: must be an integer >= 1"),
+    (["resources.nodes=2"], "hydra/launcher=local runs one node"),
+    (
+        ["parallelism=hsdp", "parallelism.replicas=3"],
+        "parallelism.replicas=3 does not divide the world size 2 (1 node(s) x 2 tasks); allowed: 1, 2",
+    ),
+    (["data=mds", "data.path=/no/such/dir"], "data.path='/no/such/dir' does not exist"),
+    (["data=mds"], "data.path is required for data source 'mds'"),
+    (["resources.nodez=1"], "unknown config key 'resources.nodez'; allowed keys under resources: nodes,"),
+    (["+train.max_duraton=3ba"], "train.max_duraton is not an LLM Foundry train-config key; did you mean max_duration"),
+    (["resources.nodes=two"], "resources.nodes"),
+    (["resources.time=soon"], "resources.time='soon' is not a Slurm time limit"),
+    (["checkpoint=uri"], "checkpoint.location='': not an object-store URI"),
+    (["parallelism=fsdp", "parallelism.fsdp_version=1"], "parallelism.fsdp_version=1 needs GPUs"),
+    (["+data.options.cache_dirr=/x"], "data.options.cache_dirr: not an option of data source 'tiny_corpus'; allowed: cache_dir"),
+    # One bad point in a sweep stops the whole sweep before anything is created.
+    (["resources.tasks_per_node=1,0"], "resources.tasks_per_node=0: must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(overrides, message, app_env, runs_dir: Path, tmp_path: Path):
+    proc = run_app(overrides, app_env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, explain(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, explain(proc)
+    assert lines[0].startswith("hpc_llm: error: "), explain(proc)
+    assert message in lines[0], explain(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not runs_dir.exists(), f"a run directory was created: {list(runs_dir.rglob('*'))}"
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()

@@ -1,0 +1,109 @@
+"""Config tree, typed schemas, plan arithmetic and the login-node import rule."""
+
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from hpc_llm.builtin.parallelism import hsdp_degrees
+from hpc_llm.cli import compose
+from hpc_llm.config.llmfoundry_keys import LLMFOUNDRY_VERSION, TRAIN_CONFIG_KEYS
+from hpc_llm.config.validate import resolve_job
+from hpc_llm.errors import ConfigError
+from hpc_llm.paths import conf_dir
+from hpc_llm.plan import make_plan, parse_time_limit
+from hpc_llm.trainconfig import build_train_config
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("90", 5400), ("1:30", 90), ("01:00:00", 3600), ("2-00", 172800), ("1-02:03", 93780), ("1-00:00:05", 86405)],
+)
+def test_slurm_time_formats(text, seconds):
+    assert parse_time_limit(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["abc", "1:2:3:4", "0", "-5", "1h"])
+def test_bad_time_limits(text):
+    with pytest.raises(ConfigError, match="resources.time"):
+        parse_time_limit(text)
+
+
+def test_vendored_train_keys_match_installed_llmfoundry():
+    pytest.importorskip("llmfoundry")
+    import llmfoundry
+    from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS as real
+
+    assert llmfoundry.__version__ == LLMFOUNDRY_VERSION
+    assert TRAIN_CONFIG_KEYS == real
+
+
+def test_every_experiment_composes_and_builds_a_train_config():
+    names = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+    assert "mpt_tiny" in names
+    for name in names:
+        cfg = compose([f"+experiment={name}"])
+        job = resolve_job(cfg, run_dir="/shared/runs/x/0")
+        train = build_train_config(cfg, job, run_name="t")
+        assert train["run_name"] == "t"
+        assert train["save_folder"] == "/shared/runs/x/0/checkpoints"
+        assert train["model"]["max_seq_len"] == train["max_seq_len"]
+        assert "hpc_llm_results" in train["loggers"]
+
+
+def test_user_train_keys_override_plugin_fragments():
+    cfg = compose(["+experiment=mpt_tiny", "+train.train_loader.num_workers=3"])
+    train = build_train_config(cfg, resolve_job(cfg, "/r/0"), run_name="t")
+    assert train["train_loader"]["num_workers"] == 3
+    assert train["train_loader"]["name"] == "text"  # the rest still comes from the data source
+
+
+def test_no_evaluator_drops_the_eval_loader():
+    cfg = compose(["+experiment=mpt_tiny", "eval=none"])
+    train = build_train_config(cfg, resolve_job(cfg, "/r/0"), run_name="t")
+    assert "eval_loader" not in train
+
+
+def test_fsdp_on_cpu_uses_fsdp2_and_hsdp_degrees_reach_the_fsdp_config():
+    cfg = compose(["parallelism=hsdp", "resources.tasks_per_node=4"])
+    job = resolve_job(cfg, "/r/0")
+    assert job.parallelism.env(cfg.parallelism, job.plan) == {"FSDP_VERSION": "2"}
+    fsdp = build_train_config(cfg, job, run_name="t")["fsdp_config"]
+    assert (fsdp["data_parallel_shard_degree"], fsdp["data_parallel_replicate_degree"]) == (2, 2)
+
+
+def _plan(nodes, tasks):
+    return make_plan(compose([f"resources.nodes={nodes}", f"resources.tasks_per_node={tasks}"]))
+
+
+def test_hsdp_degree_arithmetic():
+    sec = OmegaConf.create({"shards": None, "replicas": None})
+    assert hsdp_degrees(sec, _plan(4, 8)) == (8, 4)  # shard within a node, replicate across nodes
+    assert hsdp_degrees(sec, _plan(1, 4)) == (2, 2)  # one node: 2 replicas
+    assert hsdp_degrees(OmegaConf.create({"shards": 4, "replicas": None}), _plan(2, 8)) == (4, 4)
+    with pytest.raises(ConfigError, match="replicas=3 does not divide the world size 8"):
+        hsdp_degrees(OmegaConf.create({"shards": None, "replicas": 3}), _plan(1, 8))
+    with pytest.raises(ConfigError, match="is not the world size"):
+        hsdp_degrees(OmegaConf.create({"shards": 2, "replicas": 2}), _plan(1, 8))
+
+
+def test_gpu_profile_needs_one_rank_per_gpu():
+    with pytest.raises(ConfigError, match="must equal resources.gpus_per_node"):
+        make_plan(compose(["cluster.device=gpu", "resources.gpus_per_node=8", "resources.tasks_per_node=2"]))
+
+
+def test_login_path_imports_no_training_stack():
+    code = (
+        "import sys\n"
+        "from hpc_llm.cli import compose\n"
+        "from hpc_llm.config.validate import resolve_job\n"
+        "from hpc_llm.trainconfig import build_train_config\n"
+        "import hpc_llm.app, hpc_llm.launchers.local, hpc_llm.launchers.sweeper\n"
+        "cfg = compose(['+experiment=mpt_tiny', 'parallelism=hsdp', 'resources.tasks_per_node=4'])\n"
+        "build_train_config(cfg, resolve_job(cfg, '/r/0'), run_name='t')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'composer', 'llmfoundry', 'streaming', 'transformers'))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

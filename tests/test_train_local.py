@@ -1,0 +1,102 @@
+"""Real Composer / LLM Foundry training of the tiny MPT through the local launcher.
+
+Each test runs ``python -m hpc_llm`` end to end: ranks as real processes
+(gloo), the bundled corpus, held-out eval, a checkpoint and results.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLE_PLUGIN, explain, pip_install, results_of, run_app
+
+pytestmark = pytest.mark.train
+
+TRAINING_STACK = re.compile(r"import time:.*\|\s+(torch|composer|llmfoundry)(\.|\s*$)", re.M)
+
+
+def check_completed(r: dict, *, parallelism: str, world_size: int) -> None:
+    assert r["status"] == "completed", r.get("error")
+    assert r["experiment"] == "mpt_tiny"
+    assert r["parallelism"] == parallelism
+    assert (r["nodes"], r["world_size"]) == (1, world_size)
+    assert r["batches_done"] == 40
+    # The loss falls: the last logged training loss is well below the first.
+    assert r["train_loss"] < r["train_loss_first"] - 1.0, (r["train_loss_first"], r["train_loss"])
+    assert len(r["train_loss_history"]) == 40
+    assert set(r["eval"]) == {"loss", "perplexity", "token_accuracy"}
+    assert r["eval"]["loss"] < r["train_loss_first"]
+    assert r["eval"]["perplexity"] == pytest.approx(2.718281828 ** r["eval"]["loss"], rel=1e-3)
+    ckpt = Path(r["checkpoint"])
+    assert ckpt.exists() and ckpt.name.startswith("ep") and "ba40" in ckpt.name
+    assert r["checkpoint_bytes"] > 10_000
+    assert r["tokens_per_sec"] > 0 and r["wallclock_s"] > 0
+    assert r["mfu"] is None  # no GPU peak FLOPs on CPU
+    assert len(r["peak_memory_bytes_per_rank"]) == world_size
+    assert r["restarts"] == 0 and r["slurm_job_ids"] == []
+
+
+def test_ddp_two_ranks(app_env, runs_dir, tmp_path):
+    proc = run_app(["+experiment=mpt_tiny"], app_env, cwd=tmp_path, python_flags=["-X", "importtime"])
+    assert proc.returncode == 0, explain(proc)
+    [r] = results_of(runs_dir)
+    check_completed(r, parallelism="ddp", world_size=2)
+    assert r["device_mesh"] is None
+    run_dir = Path(r["run_dir"])
+    assert (run_dir / "train_config.yaml").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "logs" / "rank0.log").is_file() and (run_dir / "logs" / "rank1.log").is_file()
+    # The launching (login-node) process never imported the training stack.
+    assert not TRAINING_STACK.search(proc.stderr), TRAINING_STACK.findall(proc.stderr)[:5]
+
+
+def test_fsdp_two_ranks(app_env, runs_dir, tmp_path):
+    proc = run_app(["+experiment=mpt_tiny", "parallelism=fsdp"], app_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [r] = results_of(runs_dir)
+    check_completed(r, parallelism="fsdp", world_size=2)
+    assert r["device_mesh"] == {"data_parallel_shard": 2}
+    assert Path(r["checkpoint"]).is_dir()  # FSDP2 writes a sharded checkpoint
+
+
+def test_hsdp_four_ranks_two_by_two(app_env, runs_dir, tmp_path):
+    proc = run_app(["+experiment=mpt_tiny", "parallelism=hsdp", "resources.tasks_per_node=4"], app_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [r] = results_of(runs_dir)
+    check_completed(r, parallelism="hsdp", world_size=4)
+    assert r["device_mesh"] == {"data_parallel_replicate": 2, "data_parallel_shard": 2}
+
+
+def test_third_party_jsonl_source_trains(app_env, runs_dir, tmp_path, cache_dir):
+    """The example plugin, pip-installed, selected by name, trains for real."""
+    site = tmp_path / "site"
+    pip_install(EXAMPLE_PLUGIN, site)
+    from hpc_llm.data import tiny_corpus
+
+    tokenizer, _ = tiny_corpus.ensure(cache_dir)
+    data = tmp_path / "corpus.jsonl"
+    with data.open("w") as f:
+        for line in tiny_corpus.corpus_lines()[:200]:
+            f.write(json.dumps({"text": line}) + "\n")
+    env = dict(app_env, PYTHONPATH=str(site))
+    proc = run_app(
+        ["+experiment=mpt_tiny", "data.name=jsonl", f"data.path={data}", f"+train.tokenizer.name={tokenizer}",
+         "train.max_duration=10ba"],
+        env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    [r] = results_of(runs_dir)
+    assert r["status"] == "completed" and r["batches_done"] == 10
+    assert set(r["eval"]) == {"loss", "perplexity", "token_accuracy"}
+    assert r["train_loss"] < r["train_loss_first"]
+
+
+def test_a_sweep_runs_each_point_with_its_own_config(app_env, runs_dir, tmp_path):
+    proc = run_app(["+experiment=mpt_tiny", "train.max_duration=4ba,6ba", "eval=none"], app_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    rs = results_of(runs_dir)
+    assert [r["batches_done"] for r in rs] == [4, 6]
+    assert all(r["eval"] == {} for r in rs)
