@@ -2,6 +2,11 @@
 
     hpc-llm plugins                 every registered plugin, per kind, with its package
     hpc-llm config [overrides]      the LLM Foundry train config a run would get (YAML)
+    hpc-llm render [overrides]      the exact sbatch script a Slurm run would submit
+    hpc-llm status                  the run ledger, refreshed from Slurm
+    hpc-llm logs RUN [--rank N] [-f]
+    hpc-llm cancel RUN
+    hpc-llm dev-cluster up|down [--nodes N] [--root DIR]
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -69,6 +74,101 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from hpc_llm.config.store import register_configs
+    from hpc_llm.launchers.config import SlurmLauncherConf
+    from hpc_llm.launchers.sweeper import job_run_dir
+    from hpc_llm.slurm.render import render
+    from hpc_llm.slurm.spec import build_spec
+
+    register_configs()
+    overrides = list(args.overrides)
+    if not any(o.startswith(("hydra/launcher=", "hydra.launcher=")) for o in overrides):
+        overrides.append("hydra/launcher=slurm")
+    cfg = compose(overrides)
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(cfg):
+        cfg.hydra.job.num = 0
+    opts = OmegaConf.merge(OmegaConf.structured(SlurmLauncherConf), {
+        k: v for k, v in cfg.hydra.launcher.items() if k in SlurmLauncherConf.__dataclass_fields__
+    })
+    run_dir = job_run_dir(cfg)
+    from hpc_llm.app import validate_job
+
+    validate_job(cfg, run_dir)
+    sys.stdout.write(render(build_spec(cfg, opts, run_dir)))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpc_llm.status import refresh
+
+    runs = refresh(limit=args.limit)
+    table = Table(title="hpc_llm runs")
+    for col in ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir"):
+        table.add_column(col, overflow="fold")
+    import time as _time
+
+    for r in runs:
+        table.add_row(
+            str(r.id), r.state, r.experiment or "-", ",".join(r.job_ids) or "-", str(r.restarts),
+            _time.strftime("%Y-%m-%d %H:%M", _time.localtime(r.submitted_at)),
+            " ".join(r.overrides) or "-", r.run_dir,
+        )
+    Console(width=max(160, Console().width)).print(table)
+    return 0
+
+
+def _find_run(ref: str):
+    from hpc_llm import ledger
+    from hpc_llm.errors import ConfigError
+
+    run = ledger.find(ref)
+    if run is None:
+        raise ConfigError(f"no run '{ref}' in the ledger ({ledger.ledger_path()}); see `hpc-llm status`")
+    return run
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from hpc_llm.status import follow_log
+
+    run = _find_run(args.run)
+    return follow_log(run, rank=args.rank, follow=args.follow)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpc_llm import ledger
+    from hpc_llm.slurm import query
+
+    run = _find_run(args.run)
+    if run.launcher == "slurm" and run.job_ids:
+        query.cancel(run.job_ids)
+    ledger.update(run, state="CANCELLED")
+    print(f"cancelled run {run.id} (Slurm job(s) {', '.join(run.job_ids) or '-'}): {run.run_dir}")
+    return 0
+
+
+def cmd_dev_cluster(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_llm.slurm import devcluster
+
+    root = Path(args.root) if args.root else None
+    if args.action == "up":
+        c = devcluster.up(root=root, nodes=args.nodes)
+        print(f"# dev cluster: {c.nodes} nodes ({', '.join(c.node_names)}), partitions low (default) and high")
+        print(f"# logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
+        print(f"export SLURM_CONF={c.conf}")
+    else:
+        stopped = devcluster.down(root=root)
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpc-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,6 +178,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved LLM Foundry train config")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
     p.set_defaults(func=cmd_config)
+    p = sub.add_parser("render", help="print the sbatch script a Slurm run would submit")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
+    p.set_defaults(func=cmd_render)
+    p = sub.add_parser("status", help="runs in the ledger, with their Slurm state")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("logs", help="print (or follow) a rank's log of a run")
+    p.add_argument("run", help="ledger id, Slurm job id or run directory")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(func=cmd_logs)
+    p = sub.add_parser("cancel", help="cancel a run's Slurm job(s)")
+    p.add_argument("run", help="ledger id, Slurm job id or run directory")
+    p.set_defaults(func=cmd_cancel)
+    p = sub.add_parser("dev-cluster", help="start or stop a Slurm cluster on this machine")
+    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--root", help="state/config directory (default ~/.hpc_llm/dev-cluster; not under /tmp)")
+    p.set_defaults(func=cmd_dev_cluster)
     return parser
 
 

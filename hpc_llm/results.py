@@ -34,6 +34,7 @@ def base_results(plan: JobPlan, status: str) -> dict[str, Any]:
         "tokens_done": None,
         "wallclock_s": None,
         "train_s": None,
+        "fit_s": None,
         "tokens_per_sec": None,
         "mfu": None,
         "train_loss": None,

@@ -41,6 +41,19 @@ class ClusterConfig:
     scratch: Optional[str] = None
     # Environment exported into every rank (NCCL / network knobs as settings).
     env: dict[str, str] = field(default_factory=dict)
+    # Variables passed to the job by name only (secrets: WANDB_API_KEY, AWS_*...);
+    # their values are never written into the batch script or logs.
+    env_passthrough: list[str] = field(default_factory=list)
+    # Slurm defaults of this profile (hydra.launcher.* overrides them).
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    # sbatch template in sbatch_templates/.
+    template: str = "default.sh.j2"
+    # Extra #SBATCH flags of this profile, e.g. {constraint: h100}.
+    sbatch: dict[str, Any] = field(default_factory=dict)
+    # Shell lines run in the batch script before srun (module load ...).
+    setup: list[str] = field(default_factory=list)
 
 
 @dataclass

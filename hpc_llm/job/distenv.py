@@ -41,6 +41,10 @@ class DistEnv:
         }
 
 
+#: MASTER_PORT = PORT_BASE + job id % PORT_SPAN (the batch script computes the same)
+PORT_BASE = 20000
+PORT_SPAN = 20000
+
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -58,7 +62,7 @@ def expand_tasks_per_node(spec: str) -> list[int]:
 def default_port(job_id: str | None) -> int:
     """A port every task of a job agrees on without talking: 20000-39999 from the job id."""
     digits = re.sub(r"\D", "", job_id or "")
-    return 20000 + (int(digits) % 20000 if digits else 0)
+    return PORT_BASE + (int(digits) % PORT_SPAN if digits else 0)
 
 
 def from_environ(env: Mapping[str, str]) -> DistEnv:

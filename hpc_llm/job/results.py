@@ -52,6 +52,7 @@ def collect_results(
     out["batches_done"] = int(state.timestamp.batch)
     out["tokens_done"] = int(state.timestamp.token)
     out["train_s"] = round(train_s, 3)
+    out["fit_s"] = round(state.timestamp.total_wct.total_seconds(), 3)
     out["wallclock_s"] = round(job_s, 3)
     tps = ctx.metrics.get("throughput/tokens_per_sec")
     out["tokens_per_sec"] = tps if tps is not None else (out["tokens_done"] / train_s if train_s else None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -23,6 +23,46 @@ class LocalLauncherConf:
 
 
 @dataclass
+class SlurmLauncherConf:
+    _target_: str = "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins.SlurmLauncher"
+    # true: block until every job ends and return their results (like any Hydra
+    # launcher); false: submit, print each job id and run dir, and return.
+    wait: bool = False
+    # Write run dirs and batch scripts (<run dir>/sbatch.sh) without submitting.
+    dry_run: bool = False
+    # Slurm placement; None falls back to the cluster profile, then the
+    # cluster's default partition.
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    # Time limit overriding the job's resources.time ([D-]HH:MM:SS).
+    time: Optional[str] = None
+    # Signal Slurm sends before the time limit or at preemption, and how many
+    # seconds before (sbatch --signal=SIG@LEAD). Never USR1: NCCL uses it.
+    signal: str = "USR2"
+    signal_lead_s: int = 120
+    # Whole nodes only (sbatch --exclusive).
+    exclusive: bool = False
+    # Extra #SBATCH flags, e.g. {constraint: h100, reservation: big}.
+    extra_sbatch: dict[str, Any] = field(default_factory=dict)
+    # Extra srun arguments, e.g. ["--cpu-bind=cores"].
+    srun_args: list[str] = field(default_factory=list)
+    # Shell lines run in the batch script before srun (module load ...).
+    setup: list[str] = field(default_factory=list)
+    # Variables passed to the job by name only (secrets are never written out).
+    env_passthrough: list[str] = field(default_factory=list)
+    # How each task starts Python; None: this interpreter (on a shared filesystem).
+    python: Optional[str] = None
+    # sbatch template; None: the cluster profile's (default.sh.j2).
+    template: Optional[str] = None
+    # Config nodes holding each job's resources and cluster profile.
+    resources_key: str = "resources"
+    cluster_key: str = "cluster"
+    # Seconds between squeue polls while waiting.
+    poll_s: float = 5.0
+
+
+@dataclass
 class ValidatingSweeperConf:
     _target_: str = "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins.ValidatingSweeper"
     max_batch_size: Optional[int] = None
@@ -35,4 +75,5 @@ class ValidatingSweeperConf:
 def register_launcher_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(group="hydra/launcher", name="local", node=LocalLauncherConf, provider="hpc_llm")
+    cs.store(group="hydra/launcher", name="slurm", node=SlurmLauncherConf, provider="hpc_llm")
     cs.store(group="hydra/sweeper", name="hpc_llm", node=ValidatingSweeperConf, provider="hpc_llm")

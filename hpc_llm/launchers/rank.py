@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -26,7 +27,7 @@ def payload_dir(run_dir: Path) -> Path:
     return Path(run_dir) / ".hpc_llm"
 
 
-def run_payload(path: Path) -> None:
+def run_payload(path: Path) -> Any:
     task_function, config = cloudpickle.loads(Path(path).read_bytes())
     assert isinstance(config, DictConfig)
     HydraConfig.instance().set_config(config)
@@ -40,17 +41,33 @@ def run_payload(path: Path) -> None:
         except Exception:  # an unpicklable return value is still a success
             blob = cloudpickle.dumps(repr(value))
         (Path(path).parent / RETURN).write_bytes(blob)
+    return value
+
+
+class RankEntry:
+    """The picklable callable submitit runs in every srun task (Slurm launcher)."""
+
+    def __init__(self, payload: str) -> None:
+        self.payload = payload
+
+    def __call__(self) -> Any:
+        _configure_logging()
+        return run_payload(Path(self.payload))
+
+
+def _configure_logging() -> None:
+    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         sys.exit("usage: python -m hpc_llm.launchers.rank <payload.pkl>")
-    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging()
     run_payload(Path(args[0]))
 
 

@@ -1,0 +1,203 @@
+"""``hydra/launcher=slurm``: each job of a sweep as one sbatch job, through submitit.
+
+A general Hydra launcher (any task function runs under it, as with
+hydra-submitit-launcher), with per-job resources: each job reads its own
+``resources.*`` from its composed config, so ``-m resources.nodes=1,2,4,8``
+submits four jobs of 1, 2, 4 and 8 nodes (Hydra cannot sweep
+``hydra.launcher.*``). The batch script is rendered from
+``sbatch_templates/`` (hpc_llm.slurm.render) instead of submitit's built-in
+one; submitit still pickles the callable, runs it in every srun task
+(``python -m submitit.core._submit``) and collects per-task results.
+
+Bad input (no Slurm, unknown partition, more nodes or CPUs than the partition
+has) is reported by ``check_job``, which the hpc_llm sweeper calls on every
+job before anything is created or submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, _save_config, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from hpc_llm import ledger
+from hpc_llm.errors import ConfigError
+from hpc_llm.launchers.local import JobFailed
+from hpc_llm.launchers.rank import PAYLOAD, RETURN, RankEntry, payload_dir
+from hpc_llm.launchers.sweeper import job_run_dir
+from hpc_llm.slurm import query
+from hpc_llm.slurm.render import render
+from hpc_llm.slurm.spec import build_spec, job_resources, submitit_folder
+
+log = logging.getLogger(__name__)
+
+SCRIPT = "sbatch.sh"
+
+
+class SlurmLauncher(Launcher):
+    def __init__(self, **options: Any) -> None:
+        self.opts = OmegaConf.create(options)
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+        self._partitions: dict[str, query.Partition] | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.task_function = task_function
+        self.hydra_context = hydra_context
+
+    # -- checks, before anything is created (called by the sweeper) ----------
+    def partitions(self) -> dict[str, query.Partition]:
+        if self._partitions is None:
+            self._partitions = query.partitions()
+        return self._partitions
+
+    def check_job(self, cfg: DictConfig) -> None:
+        res = job_resources(cfg, self.opts)  # raises on an unparsable time limit
+        if self.opts.dry_run:
+            return
+        parts = self.partitions()
+        cluster = OmegaConf.select(cfg, str(self.opts.cluster_key), default=None) or {}
+        name = self.opts.partition or cluster.get("partition")
+        if name is None:
+            part = query.default_partition(parts)
+            if part is None:
+                raise ConfigError(
+                    "this cluster has no default partition; set hydra.launcher.partition; "
+                    f"allowed: {', '.join(sorted(parts))}"
+                )
+        elif name not in parts:
+            raise ConfigError(
+                f"partition '{name}' does not exist on this cluster; allowed: {', '.join(sorted(parts))}"
+            )
+        else:
+            part = parts[name]
+        key = self.opts.resources_key
+        if res.nodes > part.nodes:
+            raise ConfigError(
+                f"{key}.nodes={res.nodes} is more than partition '{part.name}' has ({part.nodes} nodes)"
+            )
+        cpus = res.tasks_per_node * res.cpus_per_task
+        if part.cpus_per_node and cpus > part.cpus_per_node:
+            raise ConfigError(
+                f"{key}.tasks_per_node={res.tasks_per_node} x {key}.cpus_per_task={res.cpus_per_task} "
+                f"= {cpus} CPUs per node, but nodes of partition '{part.name}' have {part.cpus_per_node}"
+            )
+
+    # -- Hydra Launcher API ------------------------------------------------
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None  # set by setup()
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        submitted: list[tuple[DictConfig, str, Any, ledger.Run | None]] = []
+        for offset, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + offset
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.num = idx
+                cfg.hydra.job.id = f"slurm_{idx}"
+            run_dir = self._prepare_run_dir(cfg)
+            script = render(build_spec(cfg, self.opts, run_dir))
+            (Path(run_dir) / SCRIPT).write_text(script)
+            experiment = OmegaConf.select(cfg, "experiment", default=None)
+            shown = " ".join(filter_overrides(overrides)) or "(defaults)"
+            if self.opts.dry_run:
+                print(f"job {idx}: dry run, batch script {Path(run_dir) / SCRIPT}  [{shown}]", flush=True)
+                run = ledger.record(run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm",
+                                    list(overrides), [], "DRY_RUN")
+                submitted.append((cfg, run_dir, None, run))
+                continue
+            job = self._submit(cfg, run_dir)
+            run = ledger.record(run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm",
+                                list(overrides), [str(job.job_id)], "SUBMITTED")
+            print(f"job {idx}: submitted Slurm job {job.job_id}, run dir {run_dir}  [{shown}]", flush=True)
+            submitted.append((cfg, run_dir, job, run))
+        if self.opts.dry_run or not self.opts.wait:
+            return [self._job_return(cfg, {"run_dir": d, "job_id": j.job_id if j else None}) for cfg, d, j, _ in submitted]
+        return [self._wait(cfg, run_dir, job, run) for cfg, run_dir, job, run in submitted]
+
+    # -- helpers -------------------------------------------------------------
+    def _prepare_run_dir(self, cfg: DictConfig) -> str:
+        """What Hydra's run_job does on the way in: output dir, .hydra/ configs."""
+        run_dir = job_run_dir(cfg)
+        with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+            cfg.hydra.runtime.output_dir = run_dir
+        HydraConfig.instance().set_config(cfg)
+        Path(run_dir, "logs").mkdir(parents=True, exist_ok=True)
+        if cfg.hydra.output_subdir is not None:
+            out = Path(run_dir) / str(cfg.hydra.output_subdir)
+            task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            _save_config(task_cfg, "config.yaml", out)
+            _save_config(HydraConfig.instance().cfg, "hydra.yaml", out)  # type: ignore[arg-type]
+            _save_config(OmegaConf.create(list(cfg.hydra.overrides.task)), "overrides.yaml", out)
+        pdir = payload_dir(Path(run_dir))
+        pdir.mkdir(parents=True, exist_ok=True)
+        (pdir / PAYLOAD).write_bytes(cloudpickle.dumps((self.task_function, cfg)))
+        return run_dir
+
+    def _submit(self, cfg: DictConfig, run_dir: str) -> Any:
+        import submitit
+
+        spec_cfg = cfg
+        opts = self.opts
+
+        class TemplateExecutor(submitit.SlurmExecutor):
+            # submitit builds its own sbatch text; ours comes from sbatch_templates/.
+            def _make_submission_file_text(self, command: str, uid: str) -> str:
+                return render(build_spec(spec_cfg, opts, run_dir))
+
+        python = self.opts.python or shlex.quote(sys.executable)
+        executor = TemplateExecutor(folder=str(submitit_folder(run_dir)), python=python)
+        res = job_resources(cfg, self.opts)
+        executor.update_parameters(
+            nodes=res.nodes, ntasks_per_node=res.tasks_per_node, time=max(1, res.time_s // 60)
+        )
+        return executor.submit(RankEntry(str(payload_dir(Path(run_dir)) / PAYLOAD)))
+
+    def _job_return(self, cfg: DictConfig, value: Any, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:
+        ret = JobReturn()
+        ret.cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        ret.hydra_cfg = cfg
+        ret.overrides = list(cfg.hydra.overrides.task)
+        ret.working_dir = os.getcwd()
+        ret.task_name = str(cfg.hydra.job.name)
+        ret.status = status
+        ret.return_value = value
+        return ret
+
+    def _wait(self, cfg: DictConfig, run_dir: str, job: Any, run: ledger.Run | None) -> JobReturn:
+        job_id = str(job.job_id)
+        while True:
+            states = query.job_states([job_id])
+            if job_id not in states:
+                break
+            if run is not None and run.state != states[job_id]:
+                run = ledger.update(run, state=states[job_id])
+            time.sleep(float(self.opts.poll_s))
+        ret_file = payload_dir(Path(run_dir)) / RETURN
+        if ret_file.exists():
+            if run is not None:
+                ledger.update(run, state="COMPLETED")
+            return self._job_return(cfg, cloudpickle.loads(ret_file.read_bytes()))
+        final = query.accounting_states([job_id]).get(job_id, "FAILED")
+        if run is not None:
+            ledger.update(run, state=final if final != "COMPLETED" else "FAILED")
+        err = JobFailed(
+            f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; "
+            f"logs: {Path(run_dir) / 'logs'}"
+        )
+        return self._job_return(cfg, err, JobStatus.FAILED)

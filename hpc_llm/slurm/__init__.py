@@ -1,0 +1,1 @@
+"""Slurm specifics: the dev cluster, sbatch rendering, the submitit executor, queries."""

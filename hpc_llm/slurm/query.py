@@ -1,0 +1,95 @@
+"""Small wrappers over Slurm's client commands (sinfo, squeue, scontrol, sacct).
+
+Login node only. Every call has a timeout and a one-line error, so a missing
+or unreachable cluster is reported before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from hpc_llm.errors import ConfigError
+
+HOW_TO_START = (
+    "start the dev cluster with `hpc-llm dev-cluster up` and run the `export SLURM_CONF=...` "
+    "line it prints, or run from a Slurm login node"
+)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: int
+    cpus_per_node: int
+    default: bool
+    state: str
+
+
+def _run(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    if shutil.which(args[0]) is None:
+        raise ConfigError(f"no Slurm reachable: `{args[0]}` is not on PATH; {HOW_TO_START}")
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"no Slurm reachable: `{' '.join(args)}` timed out; {HOW_TO_START}") from None
+
+
+def partitions() -> dict[str, Partition]:
+    out = _run(["sinfo", "-h", "-o", "%P|%D|%c|%a"])
+    if out.returncode != 0:
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"no Slurm reachable (sinfo: {err}); {HOW_TO_START}")
+    parts: dict[str, Partition] = {}
+    for line in out.stdout.splitlines():
+        if not line.strip():
+            continue
+        name, nodes, cpus, avail = line.split("|")
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        cpus_n = int(cpus.rstrip("+")) if cpus.rstrip("+").isdigit() else 0
+        prev = parts.get(name)
+        nodes_n = int(nodes) + (prev.nodes if prev else 0)
+        parts[name] = Partition(name, nodes_n, max(cpus_n, prev.cpus_per_node if prev else 0), default, avail)
+    return parts
+
+
+def default_partition(parts: dict[str, Partition]) -> Partition | None:
+    return next((p for p in parts.values() if p.default), None)
+
+
+def job_states(job_ids: list[str]) -> dict[str, str]:
+    """Current state of each job squeue still knows (PENDING, RUNNING, REQUEUED...)."""
+    if not job_ids:
+        return {}
+    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    states: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        if "|" in line:
+            jid, state = line.split("|", 1)
+            states[jid.strip()] = state.strip()
+    return states
+
+
+def accounting_states(job_ids: list[str]) -> dict[str, str]:
+    """Final states from sacct, when accounting is enabled (empty otherwise)."""
+    if not job_ids or shutil.which("sacct") is None:
+        return {}
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"],
+        capture_output=True, text=True, timeout=20,
+    )
+    if out.returncode != 0:
+        return {}
+    states = {}
+    for line in out.stdout.splitlines():
+        if "|" in line:
+            jid, state = line.split("|", 1)
+            states[jid.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
+    return states
+
+
+def cancel(job_ids: list[str]) -> None:
+    if job_ids:
+        _run(["scancel", *job_ids])

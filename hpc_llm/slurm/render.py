@@ -1,0 +1,77 @@
+"""A job's resources -> the exact sbatch script, from ``sbatch_templates/``.
+
+Deterministic: flags sorted, every value shell-quoted, no timestamps or
+versions in the text, so ``hpc-llm render`` output can be diffed and kept as a
+golden file. The same function renders what the Slurm launcher submits.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from hpc_llm.errors import ConfigError
+from hpc_llm.job.distenv import PORT_BASE, PORT_SPAN
+from hpc_llm.paths import templates_dir
+
+ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+@dataclass(frozen=True)
+class SbatchSpec:
+    """Everything a batch script says, before it is text."""
+
+    run_dir: str
+    cluster: str
+    template: str
+    flags: Mapping[str, Any]
+    srun_args: Sequence[str]
+    command: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    passthrough: Sequence[str] = ()
+    setup: Sequence[str] = ()
+
+
+def sbatch_flag(key: str, value: Any) -> str:
+    key = key.replace("_", "-")
+    if value is True:
+        return f"--{key}"
+    return f"--{key}={shlex.quote(str(value))}"
+
+
+def _check_env_name(name: str) -> str:
+    if not name or not set(name) <= ENV_NAME_OK or name[0].isdigit():
+        raise ConfigError(f"environment variable name {name!r} is not valid in a shell script")
+    return name
+
+
+def render(spec: SbatchSpec) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    try:
+        template = env.get_template(spec.template)
+    except jinja2.TemplateNotFound:
+        names = sorted(p.name for p in templates_dir().glob("*.j2"))
+        raise ConfigError(f"sbatch template {spec.template!r} not found; allowed: {', '.join(names)}") from None
+    flags = [sbatch_flag(k, v) for k, v in sorted(spec.flags.items()) if v is not None and v is not False]
+    return template.render(
+        template=spec.template,
+        cluster=spec.cluster,
+        run_dir=spec.run_dir,
+        sbatch_flags=flags,
+        setup=list(spec.setup),
+        env=[(_check_env_name(k), shlex.quote(str(v))) for k, v in sorted(spec.env.items())],
+        passthrough=[_check_env_name(n) for n in sorted(spec.passthrough)],
+        srun_args=[shlex.quote(a) for a in spec.srun_args],
+        command=[shlex.quote(a) for a in spec.command],
+        port_base=PORT_BASE,
+        port_span=PORT_SPAN,
+    )

@@ -1,0 +1,123 @@
+"""One composed job config + the Slurm launcher's options -> an SbatchSpec.
+
+Pure (login node). Used by the Slurm launcher for what it submits and by
+``hpc-llm render`` for what it prints, so the two cannot drift apart.
+The launcher is a general Hydra launcher: it reads the job's resources from
+``<resources_key>`` and cluster-profile defaults from ``<cluster_key>`` when
+the app has them, and falls back to one task on one node.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_llm.plan import parse_time_limit
+from hpc_llm.slurm.render import SbatchSpec
+
+SUBMITIT_DIR = ".submitit"
+LOGS_DIR = "logs"
+DEFAULT_TEMPLATE = "default.sh.j2"
+
+
+@dataclass(frozen=True)
+class JobResources:
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_per_node: str | None = None
+    time_s: int = 3600
+
+
+def job_resources(cfg: DictConfig, opts: DictConfig) -> JobResources:
+    r = OmegaConf.select(cfg, str(opts.resources_key), default=None) or {}
+    time_text = opts.time or r.get("time") or "01:00:00"
+    return JobResources(
+        nodes=int(r.get("nodes", 1)),
+        tasks_per_node=int(r.get("tasks_per_node", 1)),
+        gpus_per_node=int(r.get("gpus_per_node", 0) or 0),
+        cpus_per_task=int(r.get("cpus_per_task", 1)),
+        mem_per_node=r.get("mem_per_node"),
+        time_s=parse_time_limit(time_text),
+    )
+
+
+def slurm_time(seconds: int) -> str:
+    days, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def python_command(opts: DictConfig) -> list[str]:
+    """How each task starts Python (a container runtime may wrap it)."""
+    return shlex.split(opts.python) if opts.python else [sys.executable]
+
+
+def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
+    res = job_resources(cfg, opts)
+    cluster = OmegaConf.select(cfg, str(opts.cluster_key), default=None) or {}
+    name = str(OmegaConf.select(cfg, "experiment", default=None) or cfg.hydra.job.name)
+    logs = Path(run_dir) / LOGS_DIR
+    flags: dict[str, Any] = {
+        "job_name": f"hpc_llm-{name}",
+        "nodes": res.nodes,
+        "ntasks_per_node": res.tasks_per_node,
+        "cpus_per_task": res.cpus_per_task,
+        "time": slurm_time(res.time_s),
+        "output": str(logs / "slurm-%j.out"),
+        "open_mode": "append",
+        "signal": f"{opts.signal}@{int(opts.signal_lead_s)}",
+        "requeue": True,
+        "partition": opts.partition or cluster.get("partition"),
+        "account": opts.account or cluster.get("account"),
+        "qos": opts.qos or cluster.get("qos"),
+        "mem": res.mem_per_node,
+        "exclusive": bool(opts.exclusive),
+    }
+    if res.gpus_per_node:
+        flags["gpus_per_node"] = res.gpus_per_node
+    for key, value in sorted((cluster.get("sbatch") or {}).items()):
+        flags[str(key)] = value
+    for key, value in sorted((opts.extra_sbatch or {}).items()):
+        flags[str(key)] = value
+    env = {str(k): str(v) for k, v in (cluster.get("env") or {}).items()}
+    env["SUBMITIT_EXECUTOR"] = "slurm"
+    env.setdefault("OMP_NUM_THREADS", str(res.cpus_per_task))
+    srun_args = [
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        f"--output={logs / 'rank%t.log'}",
+        "--open-mode=append",
+        *[str(a) for a in opts.srun_args or []],
+    ]
+    folder = Path(run_dir) / SUBMITIT_DIR
+    command = [*python_command(opts), "-u", "-m", "submitit.core._submit", str(folder)]
+    passthrough = sorted({*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or [])})
+    return SbatchSpec(
+        run_dir=run_dir,
+        cluster=str(cluster.get("name", "default")),
+        template=str(opts.template or cluster.get("template") or DEFAULT_TEMPLATE),
+        flags=flags,
+        srun_args=srun_args,
+        command=command,
+        env=env,
+        passthrough=passthrough,
+        setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
+    )
+
+
+def submitit_folder(run_dir: str) -> Path:
+    return Path(run_dir) / SUBMITIT_DIR
+
+
+def passthrough_present(names: list[str]) -> list[str]:
+    """Names from ``names`` that are not set in this (submitting) environment."""
+    return [n for n in names if n not in os.environ]

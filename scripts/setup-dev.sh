@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up a development machine from scratch: Debian packages (Slurm for the
+# dev cluster), a virtualenv in .venv with hpc_llm[train,test] installed
+# editable. Idempotent; safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+if ! command -v slurmctld >/dev/null 2>&1; then
+  echo "== installing slurm-wlm (Debian packages)"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q slurm-wlm >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+echo "== installing hpc_llm[train,test] (torch 2.7.0, llm-foundry 0.22.0, ...)"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[train,test]'
+echo "== ready: .venv/bin/python -m hpc_llm +experiment=mpt_tiny"

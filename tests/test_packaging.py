@@ -1,0 +1,42 @@
+"""The wheel carries conf/ (and the Hydra plugins) and finds them when installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import ROOT, explain
+
+
+def test_wheel_ships_and_resolves_package_data(tmp_path: Path):
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    [whl] = wheels.glob("hpc_llm-*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    for required in (
+        "hpc_llm/_data/conf/config.yaml",
+        "hpc_llm/_data/conf/experiment/mpt_tiny.yaml",
+        "hpc_llm/assets/tiny_corpus.txt",
+        "hydra_plugins/hpc_llm_launchers/hpc_llm_plugins.py",
+    ):
+        assert required in names, required
+    site = tmp_path / "site"
+    zipfile.ZipFile(whl).extractall(site)
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    code = "from hpc_llm.paths import conf_dir; import hpc_llm; print(conf_dir()); print(hpc_llm.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, explain(out)
+    conf, module = out.stdout.split()
+    assert conf == str(site / "hpc_llm" / "_data" / "conf")
+    assert module.startswith(str(site))
+    cfg = subprocess.run(
+        [sys.executable, "-c", "from hpc_llm.cli import main; main()", "config", "+experiment=mpt_tiny", "eval=none"],
+        env=env, cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert cfg.returncode == 0, explain(cfg)
+    assert "max_duration: 40ba" in cfg.stdout
