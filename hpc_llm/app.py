@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    if not {"-m", "--multirun"} & set(sys.argv[1:]):
+        # conf/config.yaml sets hydra.mode=MULTIRUN, but Hydra falls back to RUN
+        # mode (and a misleading "Ambiguous value" error) whenever the config
+        # fails to compose; asking for multirun explicitly keeps the real error.
+        sys.argv.insert(1, "--multirun")
     register_configs()
     hydra_main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     with one_line_errors():

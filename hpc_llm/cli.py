@@ -159,7 +159,7 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
 
     root = Path(args.root) if args.root else None
     if args.action == "up":
-        c = devcluster.up(root=root, nodes=args.nodes)
+        c = devcluster.up(root=root, nodes=args.nodes, ctld_port=args.port)
         print(f"# dev cluster: {c.nodes} nodes ({', '.join(c.node_names)}), partitions low (default) and high")
         print(f"# logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
         print(f"export SLURM_CONF={c.conf}")
@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down"])
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--root", help="state/config directory (default ~/.hpc_llm/dev-cluster; not under /tmp)")
+    p.add_argument("--port", type=int, default=16817, help="slurmctld port; node i's slurmd uses port+i")
     p.set_defaults(func=cmd_dev_cluster)
     return parser
 

@@ -80,7 +80,13 @@ def one_line_errors() -> Iterator[None]:
         _die(str(exc), EXIT_BAD_INPUT)
     except MissingConfigException as exc:
         _die(format_missing(exc), EXIT_BAD_INPUT)
-    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as exc:
+    except OverrideParseException as exc:
+        _die(
+            f"cannot parse override {exc.override!r}: quote values that contain spaces or "
+            "special characters (key='a b')",
+            EXIT_BAD_INPUT,
+        )
+    except (ConfigCompositionException, OmegaConfBaseException) as exc:
         cause = _innermost(exc)
         if isinstance(cause, ConfigError):
             _die(str(cause), EXIT_BAD_INPUT)

@@ -30,9 +30,14 @@ def runs_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def app_env(runs_dir: Path, cache_dir: Path) -> dict[str, str]:
+def app_env(runs_dir: Path, cache_dir: Path, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPC_LLM_", "HYDRA_"))}
-    env.update(HPC_LLM_RUNS=str(runs_dir), HPC_LLM_CACHE=str(cache_dir), PYTHONUNBUFFERED="1")
+    env.update(
+        HPC_LLM_RUNS=str(runs_dir),
+        HPC_LLM_CACHE=str(cache_dir),
+        HPC_LLM_HOME=str(tmp_path / "hpc_llm_home"),  # the run ledger
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -55,8 +60,10 @@ def run_app(
     python_flags: list[str] | None = None,
 ):
     """``python -m hpc_llm <args>``; returns the CompletedProcess."""
+    if not any(a.startswith("hydra/launcher=") for a in args):
+        args = [*args, "hydra.launcher.stream=false"]  # rank 0's output stays in its log file
     return subprocess.run(
-        [PY, *(python_flags or []), "-m", "hpc_llm", *args, "hydra.launcher.stream=false"],
+        [PY, *(python_flags or []), "-m", "hpc_llm", *args],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
     )
 
@@ -77,3 +84,54 @@ def results_of(runs_dir: Path) -> list[dict]:
 
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+def _free_port_block(n: int) -> int:
+    """A port p with p..p+n-1 all free on this host (slurmctld + one slurmd per node)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(30000, 45000)
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+        except OSError:
+            continue
+        finally:
+            for s in locals().get("socks", []):
+                s.close()
+        return base
+    raise RuntimeError("no free port block")
+
+
+@pytest.fixture(scope="session")
+def dev_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One real 3-node Slurm cluster (Debian slurm-wlm) shared by every Slurm test.
+
+    Started through ``hpc_llm.slurm.devcluster`` (what ``hpc-llm dev-cluster up``
+    runs) and stopped, by pid, at the end of the session.
+    """
+    import shutil
+
+    from hpc_llm.slurm import devcluster
+
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        reason = "needs Debian slurm-wlm and root (scripts/setup-dev.sh installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("devcluster")
+    if str(root).startswith("/tmp/"):
+        pytest.fail("Slurm jobs get a private /tmp: run pytest with --basetemp outside /tmp (see README)")
+    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(4))
+    yield cluster
+    devcluster.down(root)
+
+
+@pytest.fixture
+def slurm_env(app_env: dict[str, str], dev_cluster) -> dict[str, str]:
+    return dict(app_env, **dev_cluster.env())

@@ -26,6 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.rank import PAYLOAD, RETURN, payload_dir
 
@@ -122,6 +123,20 @@ class LocalLauncher(Launcher):
     # -- the ranks of one job -------------------------------------------------
     def _run_ranks(self, sweep_config: DictConfig) -> Any:
         run_dir = Path(str(sweep_config.hydra.runtime.output_dir))
+        run = ledger.record(
+            str(run_dir), str(sweep_config.hydra.sweep.dir), int(sweep_config.hydra.job.num),
+            OmegaConf.select(sweep_config, "experiment", default=None), "local",
+            list(sweep_config.hydra.overrides.task), [], "RUNNING",
+        )
+        try:
+            value = self._spawn_ranks(sweep_config, run_dir)
+        except BaseException as exc:
+            ledger.update(run, state="FAILED", error=str(exc))
+            raise
+        ledger.update(run, state="COMPLETED")
+        return value
+
+    def _spawn_ranks(self, sweep_config: DictConfig, run_dir: Path) -> Any:
         ranks = self.ranks(sweep_config)
         pdir = payload_dir(run_dir)
         pdir.mkdir(parents=True, exist_ok=True)

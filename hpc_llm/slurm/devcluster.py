@@ -26,7 +26,7 @@ from hpc_llm.errors import ConfigError
 
 DEFAULT_ROOT_ENV = "HPC_LLM_DEV_CLUSTER"
 CTLD_PORT = 16817
-SLURMD_BASE_PORT = 17001
+SLURMD_BASE_PORT = CTLD_PORT + 1  # slurmd of node i listens on CTLD_PORT + i
 GRACE_TIME_S = 20
 
 
@@ -41,6 +41,7 @@ class DevCluster:
     nodes: int
     cpus_per_node: int
     ctld_port: int = CTLD_PORT
+    slurmd_port: int = SLURMD_BASE_PORT
 
     @property
     def conf(self) -> Path:
@@ -100,7 +101,7 @@ JobCompType=jobcomp/none
 InactiveLimit=0
 KillWait=10
 MinJobAge=300
-NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr=127.0.0.1 Port=[{SLURMD_BASE_PORT}-{SLURMD_BASE_PORT + last - 1}] CPUs={c.cpus_per_node} State=UNKNOWN
+NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr=127.0.0.1 Port=[{c.slurmd_port}-{c.slurmd_port + last - 1}] CPUs={c.cpus_per_node} State=UNKNOWN
 PartitionName=low Nodes=n[1-{last}] Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={GRACE_TIME_S} MaxTime=INFINITE State=UP
 PartitionName=high Nodes=n[1-{last}] PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP
 """
@@ -161,17 +162,24 @@ def load(root: Path) -> DevCluster | None:
     conf = root / "etc" / "slurm.conf"
     if not conf.is_file():
         return None
-    nodes, cpus, port = 1, 1, CTLD_PORT
+    nodes, cpus, port, dport = 1, 1, CTLD_PORT, SLURMD_BASE_PORT
     for line in conf.read_text().splitlines():
         if line.startswith("NodeName=n[1-"):
             nodes = int(line.split("n[1-", 1)[1].split("]", 1)[0])
             cpus = int(line.split("CPUs=", 1)[1].split()[0])
+            dport = int(line.split("Port=[", 1)[1].split("-", 1)[0])
         if line.startswith("SlurmctldPort="):
             port = int(line.split("=", 1)[1])
-    return DevCluster(root=root, nodes=nodes, cpus_per_node=cpus, ctld_port=port)
+    return DevCluster(root=root, nodes=nodes, cpus_per_node=cpus, ctld_port=port, slurmd_port=dport)
 
 
-def up(root: Path | None = None, nodes: int = 3, cpus_per_node: int | None = None, timeout_s: float = 60) -> DevCluster:
+def up(
+    root: Path | None = None,
+    nodes: int = 3,
+    cpus_per_node: int | None = None,
+    ctld_port: int = CTLD_PORT,
+    timeout_s: float = 60,
+) -> DevCluster:
     root = (root or default_root()).expanduser().resolve()
     if str(root).startswith("/tmp/") or str(root) == "/tmp":
         raise ConfigError(f"--root={root}: must be outside /tmp (every job gets a private /tmp)")
@@ -179,11 +187,11 @@ def up(root: Path | None = None, nodes: int = 3, cpus_per_node: int | None = Non
         raise ConfigError(f"--nodes={nodes}: must be >= 1")
     _require_binaries()
     cpus = cpus_per_node or max(2, os.cpu_count() or 2)
-    c = DevCluster(root=root, nodes=nodes, cpus_per_node=cpus)
+    c = DevCluster(root=root, nodes=nodes, cpus_per_node=cpus, ctld_port=ctld_port, slurmd_port=ctld_port + 1)
     existing = load(root)
     if existing is not None and running(existing):
         if len(running(existing)) == len(_daemons(existing)) and existing.nodes == nodes:
-            return existing
+            return existing  # already up: idempotent
         down(root)
     for sub in ("etc", "state", "spool", "run", "log", "jc"):
         (root / sub).mkdir(parents=True, exist_ok=True)

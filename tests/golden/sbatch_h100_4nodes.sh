@@ -1,0 +1,42 @@
+#!/bin/bash
+# Rendered by hpc_llm from sbatch_templates/default.sh.j2 (cluster profile 'h100').
+# Run directory: /shared/runs/golden/0
+# Every value below is shell-quoted; secrets are passed by variable name only.
+#SBATCH --account='llm team'
+#SBATCH --cpus-per-task=12
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=hpc_llm-mpt_tiny
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=8
+#SBATCH --open-mode=append
+#SBATCH --output=/shared/runs/golden/0/logs/slurm-%j.out
+#SBATCH --partition=gpu
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=1-00:00:00
+
+set -euo pipefail
+
+# Rendezvous, resolved on the batch host from the allocation (scontrol may not
+# exist inside a container): the first node's address, a port from the job id.
+first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
+export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+export NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_CROSS_NIC=0
+export NCCL_IB_CUDA_SUPPORT=1
+export NCCL_IB_GID_INDEX=1
+export NCCL_IB_HCA='^=mlx5_1,mlx5_2,mlx5_7,mlx5_8'
+export NCCL_IB_PCI_RELAXED_ORDERING=1
+export OMP_NUM_THREADS=12
+export SUBMITIT_EXECUTOR=slurm
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+
+# Passed through by name from the submitting environment (never written here):
+# AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY HF_TOKEN MLFLOW_TRACKING_TOKEN MLFLOW_TRACKING_URI WANDB_API_KEY
+
+# One task per rank; RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK come from SLURM_* in
+# each task, and each rank works in node-local scratch (hpc_llm.job.task).
+srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
+  /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit

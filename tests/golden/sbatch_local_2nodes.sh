@@ -1,0 +1,29 @@
+#!/bin/bash
+# Rendered by hpc_llm from sbatch_templates/default.sh.j2 (cluster profile 'local').
+# Run directory: /shared/runs/golden/0
+# Every value below is shell-quoted; secrets are passed by variable name only.
+#SBATCH --cpus-per-task=1
+#SBATCH --job-name=hpc_llm-mpt_tiny
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --open-mode=append
+#SBATCH --output=/shared/runs/golden/0/logs/slurm-%j.out
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=00:30:00
+
+set -euo pipefail
+
+# Rendezvous, resolved on the batch host from the allocation (scontrol may not
+# exist inside a container): the first node's address, a port from the job id.
+first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
+export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+export OMP_NUM_THREADS=1
+export SUBMITIT_EXECUTOR=slurm
+
+# One task per rank; RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK come from SLURM_* in
+# each task, and each rank works in node-local scratch (hpc_llm.job.task).
+srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
+  /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit

@@ -1,0 +1,122 @@
+"""The Slurm path on a real Slurm cluster (slurmctld + 3 slurmd, Debian slurm-wlm).
+
+Jobs are submitted through ``python -m hpc_llm ... hydra/launcher=slurm``
+exactly as users do, run under sbatch + srun, and train for real.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import explain, results_of, run_app, run_cli
+
+pytestmark = [pytest.mark.slurm]
+
+FAST = ["+experiment=mpt_tiny", "train.max_duration=8ba", "eval=none", "hydra/launcher=slurm",
+        "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"]
+
+
+def squeue(env) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_single_run_without_m_trains_on_two_nodes(slurm_env, runs_dir, tmp_path):
+    """No -m: one job is submitted (a 1-point sweep) and trains across 2 nodes."""
+    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2",
+                    "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"], slurm_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert "submitted Slurm job" in proc.stdout
+    [r] = results_of(runs_dir)
+    assert r["status"] == "completed", r["error"]
+    assert (r["nodes"], r["tasks_per_node"], r["world_size"]) == (2, 2, 4)
+    assert r["batches_done"] == 40 and r["train_loss"] < r["train_loss_first"] - 1.0
+    assert len(r["slurm_job_ids"]) == 1 and r["restarts"] == 0
+    run_dir = Path(r["run_dir"])
+    # one log per rank, written by srun; the script that was submitted is kept
+    assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == [f"rank{i}.log" for i in range(4)]
+    script = (run_dir / "sbatch.sh").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
+    # ranks 2 and 3 ran on the second node (NODE_RANK 1) in node-local scratch
+    log2 = (run_dir / "logs" / "rank2.log").read_text()
+    assert "rank2" in log2
+
+
+def test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger(slurm_env, runs_dir, tmp_path):
+    proc = run_app([*FAST, "resources.nodes=1,2"], slurm_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    rs = results_of(runs_dir)
+    assert [(r["nodes"], r["world_size"]) for r in rs] == [(1, 2), (2, 4)]
+    assert all(r["status"] == "completed" and r["batches_done"] == 8 for r in rs)
+    ids = [r["slurm_job_ids"][0] for r in rs]
+    assert len(set(ids)) == 2
+    status = run_cli(["status"], slurm_env)
+    assert status.returncode == 0, explain(status)
+    for jid in ids:
+        row = next(line for line in status.stdout.splitlines() if f" {jid} " in line)
+        assert "COMPLETED" in row
+    logs = run_cli(["logs", ids[1], "--rank", "3"], slurm_env)
+    assert logs.returncode == 0 and "rank3" in logs.stdout
+
+
+def test_no_wait_submit_then_cancel(slurm_env, runs_dir, tmp_path):
+    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "train.max_duration=100000ba"],
+                   slurm_env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    line = next(ln for ln in proc.stdout.splitlines() if "submitted Slurm job" in ln)
+    job_id = line.split("submitted Slurm job ")[1].split(",")[0]
+    assert job_id in squeue(slurm_env)
+    cancel = run_cli(["cancel", job_id], slurm_env)
+    assert cancel.returncode == 0, explain(cancel)
+    deadline = time.monotonic() + 60
+    while job_id in squeue(slurm_env) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_id not in squeue(slurm_env)
+    status = run_cli(["status"], slurm_env)
+    row = next(ln for ln in status.stdout.splitlines() if f" {job_id} " in ln)
+    assert "CANCELLED" in row
+
+
+BAD = [
+    (["resources.nodes=4"], "resources.nodes=4 is more than partition 'low' has (3 nodes)"),
+    (["hydra.launcher.partition=gpu"], "partition 'gpu' does not exist on this cluster; allowed: high, low"),
+    (["resources.time=tomorrow"], "resources.time='tomorrow' is not a Slurm time limit"),
+    (["resources.tasks_per_node=2", "resources.cpus_per_task=2"], "= 4 CPUs per node, but nodes of partition 'low' have"),
+    (["resources.nodes=1,4"], "resources.nodes=4 is more than partition"),  # one bad point stops the sweep
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_slurm_input_submits_nothing(overrides, message, slurm_env, runs_dir, tmp_path):
+    before = squeue(slurm_env)
+    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", *overrides], slurm_env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, explain(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], explain(proc)
+    assert not runs_dir.exists()
+    assert squeue(slurm_env) == before
+
+
+def test_no_slurm_reachable_says_how_to_start_one(app_env, runs_dir, tmp_path):
+    env = dict(app_env, SLURM_CONF=str(tmp_path / "nowhere" / "slurm.conf"))
+    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm"], env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, explain(proc)
+    [line] = proc.stderr.strip().splitlines()
+    assert "no Slurm reachable" in line and "hpc-llm dev-cluster up" in line
+    assert not runs_dir.exists()
+
+
+def test_dev_cluster_up_is_idempotent(dev_cluster):
+    from hpc_llm.slurm import devcluster
+
+    pids = devcluster.running(dev_cluster)
+    again = devcluster.up(root=dev_cluster.root, nodes=dev_cluster.nodes, ctld_port=dev_cluster.ctld_port)
+    assert again == dev_cluster and devcluster.running(dev_cluster) == pids
+    assert len(pids) == 1 + dev_cluster.nodes
+    conf = json.dumps(dev_cluster.env())
+    assert "slurm.conf" in conf
