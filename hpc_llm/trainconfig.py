@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.validate import ResolvedJob, check_train_keys
 from hpc_llm.errors import ConfigError
+from hpc_llm.job.foundry import PREEMPTION_CALLBACK, RESULTS_LOGGER
 
-RESULTS_LOGGER = "hpc_llm_results"
 
 
 def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> dict[str, Any]:
@@ -32,10 +32,14 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
         # The data source's held-out loader is used only when an evaluator asks for it.
         data.pop("eval_loader", None)
     fragments.extend(eval_fragments)
-    fragments.append({"run_name": run_name, "loggers": {RESULTS_LOGGER: {}}})
+    ours: dict[str, Any] = {"run_name": run_name, "loggers": {RESULTS_LOGGER: {}}}
+    if cfg.preemption.enabled:
+        ours["callbacks"] = {PREEMPTION_CALLBACK: {}}
+    fragments.append(ours)
     merged = OmegaConf.merge(*[OmegaConf.create(f) for f in fragments], cfg.train)
     out = OmegaConf.to_container(merged, resolve=True)
-    assert isinstance(out, dict)
+    if not isinstance(out, dict):  # pragma: no cover - merge of mappings is a mapping
+        raise TypeError("train config did not compose to a mapping")
     check_train_keys(OmegaConf.create(out))
     for key in ("model", "tokenizer", "train_loader", "max_duration", "max_seq_len"):
         if key not in out:

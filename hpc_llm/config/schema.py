@@ -97,8 +97,9 @@ class CheckpointConfig:
     interval: str = "1ep"
     # Checkpoints kept (Composer save_num_checkpoints_to_keep; -1 keeps all).
     keep: int = -1
-    # Resume from the latest checkpoint in the folder if there is one.
-    autoresume: bool = False
+    # Resume from the latest checkpoint in the folder if there is one (how a
+    # requeued job continues; Composer needs a stable run_name, which hpc_llm sets).
+    autoresume: bool = True
     # Path or URI to initialise weights from (Composer load_path).
     load_path: Optional[str] = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -117,6 +118,15 @@ class EvalConfig:
 
 
 @dataclass
+class PreemptionConfig:
+    # Save a checkpoint on the Slurm signal (hydra.launcher.signal) and requeue.
+    enabled: bool = True
+    # Requeues allowed (preemptions + timeouts); beyond it the run fails with
+    # the reason in results.json. Crashes are never requeued.
+    max_requeues: int = 5
+
+
+@dataclass
 class PluginsConfig:
     # Plugins (entry-point or distribution names) not to load.
     block: list[str] = field(default_factory=list)
@@ -132,6 +142,7 @@ class HpcLlmConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     # LLM Foundry train config (model, optimizer, max_duration, ...).
     train: dict[str, Any] = field(default_factory=dict)

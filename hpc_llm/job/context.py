@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.job.distenv import DistEnv
+from hpc_llm.job.preemption import Attempts
 from hpc_llm.plan import JobPlan
 
 
@@ -21,3 +22,15 @@ class JobContext:
     metrics: dict[str, Any] = field(default_factory=dict)
     #: (batch, loss) for every logged training loss
     loss_history: list[tuple[int, float]] = field(default_factory=list)
+    #: this run's attempts across requeues (kept by global rank 0)
+    attempts: Attempts | None = None
+
+    def record_progress(self, batch: int) -> None:
+        if self.attempts is not None:
+            self.attempts.current.last_batch = batch
+            self.attempts.save()
+
+
+#: the context of the rank running in this process; LLM Foundry builds our
+#: registered logger and callback with no arguments, so they look it up here
+CURRENT: JobContext | None = None

@@ -1,7 +1,7 @@
 """A Composer LoggerDestination that keeps what results.json needs.
 
-Registered in LLM Foundry's ``loggers`` registry as ``hpc_llm_results`` and
-listed in the train config, so Composer feeds it every metric it logs (loss,
+Registered in LLM Foundry's ``loggers`` registry as ``hpc_llm_results``
+(hpc_llm.job.foundry) and listed in the train config, so Composer feeds it every metric it logs (loss,
 SpeedMonitor throughput and MFU, eval metrics) on every rank. In-job only.
 """
 
@@ -12,17 +12,14 @@ from typing import Any
 from composer.core import State
 from composer.loggers import Logger, LoggerDestination
 
-from hpc_llm.job.context import JobContext
-
-#: set by the task before training; the registry builds the logger with no arguments
-CURRENT: JobContext | None = None
+from hpc_llm.job import context
 
 
 class ResultsLogger(LoggerDestination):
     def __init__(self) -> None:
-        if CURRENT is None:
+        if context.CURRENT is None:
             raise RuntimeError("hpc_llm_results logger used outside an hpc_llm job")
-        self.ctx = CURRENT
+        self.ctx = context.CURRENT
         self._batch = 0
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -43,10 +40,3 @@ def _scalar(value: Any) -> float | None:
         return float(value.item() if hasattr(value, "item") else value)
     except (TypeError, ValueError, RuntimeError):
         return None
-
-
-def register() -> None:
-    from llmfoundry.registry import loggers
-
-    if "hpc_llm_results" not in loggers.get_all():
-        loggers.register("hpc_llm_results", func=ResultsLogger)

@@ -4,7 +4,8 @@ Every launcher (local processes, Slurm tasks, containers) ends up calling
 :func:`run` once per rank with the composed config. It wires the rank's
 distributed environment, moves into node-local scratch, asks the plugins for
 the LLM Foundry train config, trains with ``llmfoundry.command_utils.train``
-and, on global rank 0, writes ``results.json``.
+and, on global rank 0, writes ``results.json``. On the Slurm signal it saves
+and requeues (hpc_llm.job.preemption).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import distenv
+from hpc_llm.job import context, distenv, preemption
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.results import collect_results, failed_results, write_results
 from hpc_llm.trainconfig import build_train_config
@@ -45,6 +46,10 @@ def run_name(plan_experiment: str, run_dir: Path) -> str:
     return f"{plan_experiment}-{run_dir.parent.name}-{run_dir.name}"
 
 
+def restart_count() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     started = time.time()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -57,11 +62,26 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f"({job.plan.nodes} node(s) x {job.plan.tasks_per_node} tasks)"
         )
     ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist))
+    if dist.rank == 0:
+        ctx.attempts = preemption.Attempts.load(run_dir)
+        ctx.attempts.items.append(
+            preemption.Attempt(job_id=os.environ.get("SLURM_JOB_ID"), restart=restart_count(), started_at=started)
+        )
+        ctx.attempts.save()
     try:
+        if restart_count() > cfg.preemption.max_requeues:
+            raise RuntimeError(
+                f"requeued {restart_count()} times, more than preemption.max_requeues="
+                f"{cfg.preemption.max_requeues}; not training again"
+            )
         return _train(cfg, job, ctx, started)
+    except preemption.Preempted as stop:
+        _after_preemption(cfg, job, ctx, stop)
+        raise SystemExit(0) from None
     except BaseException as exc:
         if dist.rank == 0:
-            write_results(run_dir, failed_results(job.plan, ctx, f"{type(exc).__name__}: {exc}"))
+            _finish_attempt(ctx, "failed")
+            write_results(run_dir, _with_attempts(failed_results(job.plan, ctx, f"{type(exc).__name__}: {exc}"), ctx))
             log.error("training failed:\n%s", traceback.format_exc())
         raise
 
@@ -81,11 +101,16 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
         ev.prepare(cfg.eval, ctx)
 
     # The training stack is imported only here, inside the job.
-    from hpc_llm.job import compat, results_logger
+    from streaming.base.util import clean_stale_shared_memory
+
+    from hpc_llm.job import compat, foundry
 
     compat.apply()
-    results_logger.CURRENT = ctx
-    results_logger.register()
+    context.CURRENT = ctx
+    foundry.register()
+    # A killed or requeued predecessor leaves Streaming's shared memory behind
+    # ("reused local directory"); local rank 0 of every node removes it, all wait.
+    clean_stale_shared_memory()
     from llmfoundry.command_utils import train
 
     t0 = time.time()
@@ -99,6 +124,63 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
         cfg, job, ctx, trainer, eval_metrics=eval_metrics, train_s=train_s, job_s=time.time() - started
     )
     if ctx.dist.rank == 0:
-        write_results(ctx.run_dir, results)
+        _finish_attempt(ctx, "completed", int(trainer.state.timestamp.batch))
+        write_results(ctx.run_dir, _with_attempts(results, ctx))
     trainer.close()
     return results
+
+
+def _finish_attempt(ctx: JobContext, how: str, batch: int | None = None) -> None:
+    if ctx.attempts is None:
+        return
+    a = ctx.attempts.current
+    a.ended = how
+    if batch is not None:
+        a.last_batch = batch
+    ctx.attempts.save()
+
+
+def _with_attempts(results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    if ctx.attempts is None:
+        return results
+    items = ctx.attempts.items
+    results["restarts"] = max(restart_count(), len(items) - 1)
+    results["batches_lost"] = ctx.attempts.batches_lost()
+    results["attempts"] = ctx.attempts.summary()
+    requeues = [a.signal_to_requeue_s for a in items if a.signal_to_requeue_s is not None]
+    results["signal_to_requeue_s"] = requeues[-1] if requeues else None
+    results["slurm_job_ids"] = sorted({a.job_id for a in items if a.job_id}, key=str)
+    return results
+
+
+def _after_preemption(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preemption.Preempted) -> None:
+    """Global rank 0 records the stop and requeues the job once; the others just exit."""
+    if ctx.dist.rank != 0 or ctx.attempts is None:
+        return
+    a = ctx.attempts.current
+    a.ended, a.signal, a.signal_time = "preempted", stop.signal_name, stop.signal_time
+    a.stopped_at_batch = a.last_batch = stop.batch
+    a.save_s = round(stop.save_s, 3)
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id and restart_count() < cfg.preemption.max_requeues:
+        a.signal_to_requeue_s = round(preemption.requeue(job_id) - stop.signal_time, 3)
+        a.requeued = True
+        ctx.attempts.save()
+        interim = failed_results(job.plan, ctx, None)
+        interim["status"] = "requeued"
+        interim["batches_done"] = stop.batch
+        write_results(ctx.run_dir, _with_attempts(interim, ctx))
+        log.warning("%s: checkpoint at batch %d saved in %.1fs; job %s requeued",
+                    stop.signal_name, stop.batch, stop.save_s, job_id)
+        return
+    ctx.attempts.save()
+    reason = (
+        f"stopped by {stop.signal_name} after batch {stop.batch} and not requeued: "
+        + (f"preemption.max_requeues={cfg.preemption.max_requeues} reached" if job_id else "not running under Slurm")
+        + f"; resume from {job.checkpoint.latest(cfg.checkpoint, job.plan)}"
+    )
+    final = failed_results(job.plan, ctx, reason)
+    final["batches_done"] = stop.batch
+    final["checkpoint"] = job.checkpoint.latest(cfg.checkpoint, job.plan)
+    write_results(ctx.run_dir, _with_attempts(final, ctx))
+    raise SystemExit(1)

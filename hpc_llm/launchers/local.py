@@ -22,12 +22,11 @@ from typing import IO, Any
 
 import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
-from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
+from hpc_llm.launchers.base import BaseLauncher
 from hpc_llm.launchers.rank import PAYLOAD, RETURN, payload_dir
 
 log = logging.getLogger(__name__)
@@ -67,20 +66,15 @@ def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, thre
     return env
 
 
-class LocalLauncher(Launcher):
+class LocalLauncher(BaseLauncher):
+    kind = "local"
+
     def __init__(self, nodes_key: str, tasks_key: str, timeout_s: int = 0, stream: bool = True) -> None:
+        super().__init__()
         self.nodes_key = nodes_key
         self.tasks_key = tasks_key
         self.timeout_s = timeout_s
         self.stream = stream
-        self.config: DictConfig | None = None
-        self.task_function: TaskFunction | None = None
-        self.hydra_context: HydraContext | None = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
-        self.task_function = task_function
-        self.hydra_context = hydra_context
 
     # -- called by the sweeper on every job before anything is created -----
     def check_job(self, cfg: DictConfig) -> None:
@@ -104,10 +98,7 @@ class LocalLauncher(Launcher):
         returns: list[JobReturn] = []
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = f"local_{idx}"
-                sweep_config.hydra.job.num = idx
+            sweep_config = self.job_config(overrides, idx)
             log.info("job %d: %s", idx, " ".join(filter_overrides(overrides)) or "(defaults)")
             returns.append(
                 run_job(

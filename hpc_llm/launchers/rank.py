@@ -19,6 +19,8 @@ import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict, read_write
 
+from hpc_llm.job import preemption
+
 PAYLOAD = "job.pkl"
 RETURN = "return.pkl"
 
@@ -27,7 +29,16 @@ def payload_dir(run_dir: Path) -> Path:
     return Path(run_dir) / ".hpc_llm"
 
 
+def _is_rank0() -> bool:
+    return os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) == "0"
+
+
 def run_payload(path: Path) -> Any:
+    # First thing, before the training stack loads: the Slurm stop signal is
+    # recorded (and acted on at the next batch boundary) instead of killing us.
+    preemption.install()
+    if _is_rank0():
+        (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
     task_function, config = cloudpickle.loads(Path(path).read_bytes())
     assert isinstance(config, DictConfig)
     HydraConfig.instance().set_config(config)
@@ -35,7 +46,7 @@ def run_payload(path: Path) -> Any:
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
     value = task_function(task_cfg)
-    if os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) == "0":
+    if _is_rank0():
         try:
             blob = cloudpickle.dumps(value)
         except Exception:  # an unpicklable return value is still a success

@@ -28,12 +28,11 @@ from typing import Any
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, _save_config, configure_log, filter_overrides, setup_globals
-from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
+from hpc_llm.launchers.base import BaseLauncher
 from hpc_llm.launchers.local import JobFailed
 from hpc_llm.launchers.rank import PAYLOAD, RETURN, RankEntry, payload_dir
 from hpc_llm.launchers.sweeper import job_run_dir
@@ -46,18 +45,13 @@ log = logging.getLogger(__name__)
 SCRIPT = "sbatch.sh"
 
 
-class SlurmLauncher(Launcher):
-    def __init__(self, **options: Any) -> None:
-        self.opts = OmegaConf.create(options)
-        self.config: DictConfig | None = None
-        self.task_function: TaskFunction | None = None
-        self.hydra_context: HydraContext | None = None
-        self._partitions: dict[str, query.Partition] | None = None
+class SlurmLauncher(BaseLauncher):
+    kind = "slurm"
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
-        self.task_function = task_function
-        self.hydra_context = hydra_context
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        self.opts = OmegaConf.create(options)
+        self._partitions: dict[str, query.Partition] | None = None
 
     # -- checks, before anything is created (called by the sweeper) ----------
     def partitions(self) -> dict[str, query.Partition]:
@@ -106,10 +100,7 @@ class SlurmLauncher(Launcher):
         submitted: list[tuple[DictConfig, str, Any, ledger.Run | None]] = []
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(cfg):
-                cfg.hydra.job.num = idx
-                cfg.hydra.job.id = f"slurm_{idx}"
+            cfg = self.job_config(overrides, idx)
             run_dir = self._prepare_run_dir(cfg)
             script = render(build_spec(cfg, self.opts, run_dir))
             (Path(run_dir) / SCRIPT).write_text(script)

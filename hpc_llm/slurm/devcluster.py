@@ -70,6 +70,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
 CredType=cred/none
+# A requeued job may start again cred_expire seconds after it stopped (120 by
+# default); 10 keeps preemption round trips short on a laptop.
+AuthInfo=cred_expire=10
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

@@ -34,6 +34,8 @@ class SbatchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     passthrough: Sequence[str] = ()
     setup: Sequence[str] = ()
+    #: signal the batch shell receives (sbatch --signal=B:SIG) and forwards to srun
+    stop_signal: str | None = None
 
 
 def sbatch_flag(key: str, value: Any) -> str:
@@ -72,6 +74,7 @@ def render(spec: SbatchSpec) -> str:
         passthrough=[_check_env_name(n) for n in sorted(spec.passthrough)],
         srun_args=[shlex.quote(a) for a in spec.srun_args],
         command=[shlex.quote(a) for a in spec.command],
+        stop_signal=spec.stop_signal,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_llm.errors import ConfigError
 from hpc_llm.plan import parse_time_limit
 from hpc_llm.slurm.render import SbatchSpec
 
@@ -61,8 +62,21 @@ def python_command(opts: DictConfig) -> list[str]:
     return shlex.split(opts.python) if opts.python else [sys.executable]
 
 
+def stop_signal(name: str) -> str:
+    """The launcher's signal name, checked: a real signal, and never USR1 (NCCL's)."""
+    import signal as _signal
+
+    bare = str(name).upper().removeprefix("SIG")
+    if bare == "USR1":
+        raise ConfigError("hydra.launcher.signal=USR1: NCCL uses SIGUSR1; allowed: USR2, TERM, INT, ...")
+    if f"SIG{bare}" not in _signal.Signals.__members__:
+        raise ConfigError(f"hydra.launcher.signal={name!r} is not a signal name; allowed: USR2, TERM, INT, ...")
+    return bare
+
+
 def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     res = job_resources(cfg, opts)
+    sig = stop_signal(opts.signal)
     cluster = OmegaConf.select(cfg, str(opts.cluster_key), default=None) or {}
     name = str(OmegaConf.select(cfg, "experiment", default=None) or cfg.hydra.job.name)
     logs = Path(run_dir) / LOGS_DIR
@@ -74,7 +88,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         "time": slurm_time(res.time_s),
         "output": str(logs / "slurm-%j.out"),
         "open_mode": "append",
-        "signal": f"{opts.signal}@{int(opts.signal_lead_s)}",
+        # B: the batch shell gets it and forwards it to srun (see the template)
+        "signal": f"B:{sig}@{int(opts.signal_lead_s)}",
         "requeue": True,
         "partition": opts.partition or cluster.get("partition"),
         "account": opts.account or cluster.get("account"),
@@ -90,6 +105,9 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         flags[str(key)] = value
     env = {str(k): str(v) for k, v in (cluster.get("env") or {}).items()}
     env["SUBMITIT_EXECUTOR"] = "slurm"
+    if OmegaConf.select(cfg, "preemption.enabled", default=True):
+        # hpc_llm.job.preemption saves and requeues on this signal
+        env["HPC_LLM_STOP_SIGNAL"] = sig
     env.setdefault("OMP_NUM_THREADS", str(res.cpus_per_task))
     srun_args = [
         "--unbuffered",
@@ -111,6 +129,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         env=env,
         passthrough=passthrough,
         setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
+        stop_signal=sig,
     )
 
 

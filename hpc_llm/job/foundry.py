@@ -1,0 +1,25 @@
+"""Glue to LLM Foundry's registries (in-job only).
+
+LLM Foundry builds loggers and callbacks by name from the train config, with
+the config's kwargs; ours need the running rank's JobContext, which they find
+in ``hpc_llm.job.context.CURRENT``.
+"""
+
+from __future__ import annotations
+
+RESULTS_LOGGER = "hpc_llm_results"
+PREEMPTION_CALLBACK = "hpc_llm_preemption"
+
+
+def register() -> None:
+    """Make our logger and preemption callback buildable by name from the train config."""
+    from llmfoundry.registry import callbacks, loggers
+
+    from hpc_llm.job.preemption_callback import PreemptionCallback
+    from hpc_llm.job.results_logger import ResultsLogger
+
+    if RESULTS_LOGGER not in loggers.get_all():
+        loggers.register(RESULTS_LOGGER, func=ResultsLogger)
+    if PREEMPTION_CALLBACK not in callbacks.get_all():
+        callbacks.register(PREEMPTION_CALLBACK, func=PreemptionCallback)
+

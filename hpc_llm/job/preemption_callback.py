@@ -1,0 +1,53 @@
+"""The Composer callback that stops every rank at the same batch and saves (in-job only).
+
+See hpc_llm.job.preemption for the whole sequence.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from composer.callbacks import CheckpointSaver
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from hpc_llm.job import context, preemption
+
+
+class PreemptionCallback(Callback):
+    """Registered in LLM Foundry's callbacks as ``hpc_llm_preemption``."""
+
+    def __init__(self, progress_every_s: float = 5.0) -> None:
+        if context.CURRENT is None:
+            raise RuntimeError("hpc_llm_preemption callback used outside an hpc_llm job")
+        self.ctx = context.CURRENT
+        self.progress_every_s = progress_every_s
+        self._last_progress = 0.0
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        # Autoresume has already loaded the checkpoint: this is where we resume.
+        if self.ctx.attempts is not None:
+            self.ctx.attempts.current.resumed_at_batch = int(state.timestamp.batch)
+            self.ctx.attempts.save()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        batch = int(state.timestamp.batch)
+        now = time.time()
+        if now - self._last_progress > self.progress_every_s:
+            self._last_progress = now
+            self.ctx.record_progress(batch)
+        # One tiny all-reduce per batch: every rank stops after the same batch.
+        flag = state.device.tensor_to_device(torch.tensor([1 if preemption.received() else 0], dtype=torch.int32))
+        dist.all_reduce(flag, reduce_operation="MAX")
+        if not int(flag.item()):
+            return
+        t0 = time.time()
+        saver = next((cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)), None)
+        if saver is not None and saver.last_checkpoint_batch != state.timestamp.batch:
+            # Composer 0.32's own save path: writes the checkpoint, then moves latest-rank0.pt.
+            saver._save_checkpoint(state, logger)
+        dist.barrier()
+        got = preemption.received()
+        raise preemption.Preempted(batch, time.time() - t0, got.get("signal", "peer rank"), got.get("time", now))
