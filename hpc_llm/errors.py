@@ -22,3 +22,13 @@ def allowed(values: Iterable[str]) -> str:
     """Format a sorted list of allowed values for an error message."""
     vals = sorted(set(values))
     return ", ".join(vals) if vals else "(none registered)"
+
+
+def require_scheme(key: str, value: str, schemes: Iterable[str], what: str) -> str:
+    """``value`` if it is a URI with one of ``schemes``, else a one-line ConfigError."""
+    scheme = value.split("://", 1)[0] if "://" in value else ""
+    if scheme not in schemes:
+        raise ConfigError(
+            f"{key}={value!r}: not {what}; allowed schemes: " + ", ".join(f"{s}://" for s in schemes)
+        )
+    return value

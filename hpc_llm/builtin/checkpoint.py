@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.plan import JobPlan
 from hpc_llm.plugins.base import CheckpointBackend
 
@@ -90,13 +90,7 @@ class Uri(CheckpointBackend):
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         super().validate(section, plan)
-        loc = str(section.location or "")
-        scheme = loc.split("://", 1)[0] if "://" in loc else ""
-        if scheme not in URI_SCHEMES:
-            raise ConfigError(
-                f"checkpoint.location={loc!r}: not an object-store URI; allowed schemes: "
-                + ", ".join(f"{s}://" for s in URI_SCHEMES)
-            )
+        require_scheme("checkpoint.location", str(section.location or ""), URI_SCHEMES, "an object-store URI")
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         return {"save_folder": str(section.location), **_common(section)}

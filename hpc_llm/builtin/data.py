@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
 from hpc_llm.data.loaders import text_loader
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan
 from hpc_llm.plugins.base import DataSource
@@ -92,12 +92,7 @@ class RemoteStreaming(DataSource):
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         super().validate(section, plan)
         remote = _require(section, "remote", self.name, "a remote MDS location")
-        scheme = remote.split("://", 1)[0] if "://" in remote else ""
-        if scheme not in REMOTE_SCHEMES:
-            raise ConfigError(
-                f"data.remote={remote!r}: unsupported scheme; allowed: "
-                + ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
-            )
+        require_scheme("data.remote", remote, REMOTE_SCHEMES, "a location Streaming can read")
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         # Without data.path, shards are cached node-locally (cwd is node-local scratch).
