@@ -7,6 +7,8 @@
     hpc-llm logs RUN [--rank N] [-f]
     hpc-llm cancel RUN
     hpc-llm dev-cluster up|down [--nodes N] [--root DIR]
+    hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
+    hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -169,6 +171,47 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpc_llm import report
+
+    groups, paths = report.write_report(Path(args.sweep_dir), args.baseline_nodes)
+    text = {"md": report.to_markdown, "csv": report.to_csv, "json": report.to_json}[args.format](groups)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    print(f"wrote {paths['md']}, {paths['csv']}, {paths['png']}", file=sys.stderr)
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from hpc_llm import estimate
+
+    cfg = compose(args.overrides)
+    train = OmegaConf.to_container(cfg.train, resolve=True)
+    node_counts = args.nodes or [int(cfg.resources.nodes)]
+    results = [
+        estimate.estimate(
+            train,  # type: ignore[arg-type]
+            nodes=n,
+            gpus_per_node=int(cfg.resources.gpus_per_node),
+            peak_flops_per_gpu=cfg.cluster.peak_flops_per_gpu,
+            tokens=args.tokens,
+            mfu=args.mfu,
+            mfu_from=Path(args.mfu_from) if args.mfu_from else None,
+            efficiency=args.efficiency,
+            sweep=Path(args.sweep) if args.sweep else None,
+            from_experiment=str(cfg.experiment) != "default",
+        )
+        for n in node_counts
+    ]
+    sys.stdout.write(estimate.render(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpc-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -198,6 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="state/config directory (default ~/.hpc_llm/dev-cluster; not under /tmp)")
     p.add_argument("--port", type=int, default=16817, help="slurmctld port; node i's slurmd uses port+i")
     p.set_defaults(func=cmd_dev_cluster)
+    p = sub.add_parser("report", help="tables (md, csv) and a scaling plot from a sweep's results.json files")
+    p.add_argument("sweep_dir")
+    p.add_argument("--format", choices=["md", "csv", "json"], default="md")
+    p.add_argument("--baseline-nodes", type=int, default=None, help="node count speedups are measured against")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("estimate", help="time and GPU-hours to train, with the assumptions used")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides (model=mpt-70b cluster=h100 resources.nodes=8)")
+    p.add_argument("--nodes", type=int, nargs="+", help="node counts to estimate (default: resources.nodes)")
+    p.add_argument("--tokens", type=float, help="tokens to train (default: from max_duration, else 20 per parameter)")
+    p.add_argument("--mfu", type=float, help="model FLOPs utilisation, 0-1 (default: by model size)")
+    p.add_argument("--mfu-from", help="a results.json whose measured mfu to use")
+    p.add_argument("--efficiency", type=float, help="scaling efficiency vs one node (default 0.9)")
+    p.add_argument("--sweep", help="a sweep dir whose measured scaling efficiency to use")
+    p.set_defaults(func=cmd_estimate)
     return parser
 
 

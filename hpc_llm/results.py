@@ -54,6 +54,34 @@ def base_results(plan: JobPlan, status: str) -> dict[str, Any]:
     }
 
 
+def run_info(cfg: Any) -> dict[str, Any]:
+    """What was trained, for reports: model, parameters, data, duration, eval interval."""
+    from omegaconf import OmegaConf
+
+    train = OmegaConf.to_container(cfg.train, resolve=True) if cfg.get("train") is not None else {}
+    info: dict[str, Any] = {
+        "model": None,
+        "n_params": None,
+        "flops_per_token": None,
+        "data": str(cfg.data.name) + (f" ({cfg.data.path or cfg.data.remote})" if cfg.data.path or cfg.data.remote else ""),
+        "max_duration": str(train.get("max_duration")) if isinstance(train, dict) else None,
+        "eval_interval": str(cfg.eval.interval) if cfg.eval.evaluators else None,
+        "global_train_batch_size": train.get("global_train_batch_size") if isinstance(train, dict) else None,
+        "max_seq_len": train.get("max_seq_len") if isinstance(train, dict) else None,
+    }
+    model = train.get("model") if isinstance(train, dict) else None
+    if isinstance(model, dict) and model.get("name") == "mpt_causal_lm":
+        from hpc_llm.flops import human_params, model_flops_per_token
+
+        try:
+            n, fpt = model_flops_per_token(train)
+        except (KeyError, TypeError, ValueError):
+            pass
+        else:
+            info.update(model=f"MPT-{human_params(n)}", n_params=n, flops_per_token=fpt)
+    return info
+
+
 def write_results(run_dir: Path | str, data: dict[str, Any]) -> Path:
     path = Path(run_dir) / RESULTS_FILE
     tmp = path.with_suffix(f".json.tmp-{os.getpid()}")

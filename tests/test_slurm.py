@@ -62,6 +62,17 @@ def test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger(slurm_env, runs_di
         assert "COMPLETED" in row
     logs = run_cli(["logs", ids[1], "--rank", "3"], slurm_env)
     assert logs.returncode == 0 and "rank3" in logs.stdout
+    # The sweep's report: speedup and efficiency computed from these results.
+    sweep_dir = Path(rs[0]["run_dir"]).parent
+    rep = run_cli(["report", str(sweep_dir), "--format", "json"], slurm_env)
+    assert rep.returncode == 0, explain(rep)
+    [group] = json.loads(rep.stdout)
+    rows = {r["Nodes"]: r for r in group["rows"]}
+    speedup = rs[0]["wallclock_s"] / rs[1]["wallclock_s"]
+    assert rows[2]["Speedup"] == round(speedup, 2) and rows[2]["Ideal"] == 2.0
+    assert rows[2]["Efficiency"] == round(speedup / 2, 3)
+    assert rows[1]["Model"] == "MPT-141K" and rows[1]["Tokens/s"] > 0
+    assert (sweep_dir / "report.md").is_file() and (sweep_dir / "scaling.png").stat().st_size > 5000
 
 
 def test_no_wait_submit_then_cancel(slurm_env, runs_dir, tmp_path):

@@ -54,6 +54,8 @@ class ClusterConfig:
     sbatch: dict[str, Any] = field(default_factory=dict)
     # Shell lines run in the batch script before srun (module load ...).
     setup: list[str] = field(default_factory=list)
+    # Peak dense bf16 FLOP/s of one GPU (hpc-llm estimate; 989e12 for H100 SXM).
+    peak_flops_per_gpu: Optional[float] = None
 
 
 @dataclass

@@ -18,6 +18,8 @@ class JobContext:
     run_dir: Path
     #: node-local working directory of this rank (DESIGN.md hazard 1)
     node_dir: Path
+    #: the job's composed config (hpc_llm keys and ``train``)
+    cfg: Any = None
     #: last value of every metric Composer logged (filled by ResultsLogger)
     metrics: dict[str, Any] = field(default_factory=dict)
     #: (batch, loss) for every logged training loss

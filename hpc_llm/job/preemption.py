@@ -37,6 +37,7 @@ ATTEMPTS_FILE = "attempts.json"
 
 #: set by the signal handler: {"signal": name, "time": epoch seconds}
 _received: dict[str, Any] = {}
+_installed: list[str] = []
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -57,7 +58,19 @@ def install(sig_name: str | None = None) -> str | None:
         return None
     signum = getattr(signal, name if name.startswith("SIG") else f"SIG{name}")
     signal.signal(signum, _on_signal)
+    _installed.append(name)
     return name
+
+
+def mark_ready(run_dir: Path) -> None:
+    """Tell the batch shell this rank's handler is installed (it forwards the signal then)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or not _installed:
+        return
+    rank = os.environ.get("SLURM_PROCID", "0")
+    ready = Path(run_dir) / ".hpc_llm" / "ready"
+    ready.mkdir(parents=True, exist_ok=True)
+    (ready / f"{job}.{os.environ.get('SLURM_RESTART_COUNT') or 0}.{rank}").touch()
 
 
 def received() -> dict[str, Any]:

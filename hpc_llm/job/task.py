@@ -27,6 +27,7 @@ from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import context, distenv, preemption
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.results import collect_results, failed_results, write_results
+from hpc_llm.results import run_info
 from hpc_llm.trainconfig import build_train_config
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f"launched {dist.world_size} ranks but the config asks for {job.plan.world_size} "
             f"({job.plan.nodes} node(s) x {job.plan.tasks_per_node} tasks)"
         )
-    ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist))
+    ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist), cfg=cfg)
     if dist.rank == 0:
         ctx.attempts = preemption.Attempts.load(run_dir)
         ctx.attempts.items.append(
@@ -141,6 +142,9 @@ def _finish_attempt(ctx: JobContext, how: str, batch: int | None = None) -> None
 
 
 def _with_attempts(results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Add what the report needs: run info and the record of every attempt."""
+    if ctx.cfg is not None:
+        results.update(run_info(ctx.cfg))
     if ctx.attempts is None:
         return results
     items = ctx.attempts.items

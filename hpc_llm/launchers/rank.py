@@ -39,6 +39,7 @@ def run_payload(path: Path) -> Any:
     preemption.install()
     if _is_rank0():
         (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
+    preemption.mark_ready(Path(path).parent.parent)
     task_function, config = cloudpickle.loads(Path(path).read_bytes())
     assert isinstance(config, DictConfig)
     HydraConfig.instance().set_config(config)

@@ -36,6 +36,8 @@ class SbatchSpec:
     setup: Sequence[str] = ()
     #: signal the batch shell receives (sbatch --signal=B:SIG) and forwards to srun
     stop_signal: str | None = None
+    #: where ranks mark that their stop-signal handler is installed
+    ready_dir: str | None = None
 
 
 def sbatch_flag(key: str, value: Any) -> str:
@@ -58,6 +60,7 @@ def render(spec: SbatchSpec) -> str:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
     try:
         template = env.get_template(spec.template)
     except jinja2.TemplateNotFound:
@@ -75,6 +78,7 @@ def render(spec: SbatchSpec) -> str:
         srun_args=[shlex.quote(a) for a in spec.srun_args],
         command=[shlex.quote(a) for a in spec.command],
         stop_signal=spec.stop_signal,
+        ready_dir=spec.ready_dir,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
     )

@@ -129,7 +129,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         env=env,
         passthrough=passthrough,
         setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
-        stop_signal=sig,
+        stop_signal=sig if env.get("HPC_LLM_STOP_SIGNAL") else None,
+        ready_dir=str(Path(run_dir) / ".hpc_llm" / "ready"),
     )
 
 

@@ -14,6 +14,26 @@
 
 set -euo pipefail
 
+# Slurm signals only this shell (--signal=B:...): signalling every step would
+# also end the job's extern step, and with it the job container's /tmp, just
+# when the ranks need it to checkpoint. The signal is forwarded to every rank
+# through srun once each rank has installed its handler (it writes a marker
+# in /shared/runs/golden/0/.hpc_llm/ready); a rank still starting Python would die of it.
+srun_pid=""
+stop_pending=0
+forward_stop() {
+  if [ -z "$srun_pid" ]; then stop_pending=1; return 0; fi
+  local i n
+  for i in $(seq 1 1200); do
+    kill -0 "$srun_pid" 2>/dev/null || return 0
+    n=$(find /shared/runs/golden/0/.hpc_llm/ready -maxdepth 1 -name "${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}.*" 2>/dev/null | wc -l)
+    [ "$n" -ge "${SLURM_NTASKS:-1}" ] && break
+    sleep 0.1
+  done
+  kill -s USR2 "$srun_pid" 2>/dev/null
+}
+trap forward_stop USR2
+
 # Rendezvous, resolved on the batch host from the allocation (scontrol may not
 # exist inside a container): the first node's address, a port from the job id.
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -30,11 +50,7 @@ set +e
 srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
   /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit &
 srun_pid=$!
-
-# Slurm signals only this shell (--signal=B:...): signalling every step would
-# also end the job's extern step, and with it the job container's /tmp, just
-# when the ranks need it to checkpoint. srun forwards the signal to every rank.
-trap 'kill -s USR2 "$srun_pid" 2>/dev/null' USR2
+if [ "$stop_pending" = 1 ]; then forward_stop; fi
 
 while true; do
   wait "$srun_pid"

@@ -1,0 +1,211 @@
+"""Time and GPU-hours to train, from model FLOPs, the cluster's peak, an MFU and scaling efficiency.
+
+    time = tokens x FLOPs/token / (GPUs x peak FLOP/s x MFU x scaling efficiency)
+
+FLOPs/token is LLM Foundry's accounting (hpc_llm.flops: 6N + 12 L d T). Every
+assumption is printed with where it came from: a flag, a measured
+results.json or sweep, or a documented default below. Pure (login node).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_llm.errors import ConfigError
+from hpc_llm.flops import human_params, model_flops_per_token
+
+#: MFU by model size on H100 80GB, bf16, seq 2048, FULL_SHARD, from LLM Foundry's
+#: published benchmarks (scripts/train/benchmarking/README.md, "H100 80GB BF16"):
+#: 760m 34.9%, 1b 41.8%, 3b 40.8%, 7b 46.4%, 13b 39.9%, 30b 43.9%, 70b 42.6%.
+#: 125m and 350m have no bf16 entry there; 30% and 33% are our assumption
+#: (small models are bound by kernel launches and communication, not FLOPs).
+DEFAULT_MFU: list[tuple[float, float, str]] = [
+    (200e6, 0.30, "assumed for ~125M (no published H100 bf16 figure)"),
+    (500e6, 0.33, "assumed for ~350M (no published H100 bf16 figure)"),
+    (1.0e9, 0.349, "LLM Foundry H100 bf16 benchmark, 760m"),
+    (2.0e9, 0.418, "LLM Foundry H100 bf16 benchmark, 1b on 8 GPUs"),
+    (5.0e9, 0.408, "LLM Foundry H100 bf16 benchmark, 3b"),
+    (10e9, 0.464, "LLM Foundry H100 bf16 benchmark, 7b"),
+    (20e9, 0.399, "LLM Foundry H100 bf16 benchmark, 13b"),
+    (45e9, 0.439, "LLM Foundry H100 bf16 benchmark, 30b"),
+    (float("inf"), 0.426, "LLM Foundry H100 bf16 benchmark, 70b on 64 GPUs"),
+]
+#: Scaling efficiency of N nodes against one when nothing was measured: 0.90,
+#: a typical figure for FSDP on InfiniBand at a fixed global batch (the seeds'
+#: MPT-7B sweep measured 1.33, 1.07 and 0.72 at 2, 4 and 8 nodes).
+DEFAULT_EFFICIENCY = 0.90
+CHINCHILLA_TOKENS_PER_PARAM = 20
+
+
+@dataclass(frozen=True)
+class Assumption:
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: str
+    n_params: int
+    flops_per_token: float
+    tokens: Assumption
+    nodes: int
+    gpus: int
+    peak_flops_per_gpu: Assumption
+    mfu: Assumption
+    efficiency: Assumption
+
+    @property
+    def total_flops(self) -> float:
+        return self.tokens.value * self.flops_per_token
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.gpus * self.peak_flops_per_gpu.value * self.mfu.value * self.efficiency.value / self.flops_per_token
+
+    @property
+    def seconds(self) -> float:
+        return self.tokens.value / self.tokens_per_sec
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.seconds * self.gpus / 3600.0
+
+
+def default_mfu(n_params: float) -> Assumption:
+    for limit, mfu, source in DEFAULT_MFU:
+        if n_params <= limit:
+            return Assumption(mfu, f"default: {source}")
+    raise AssertionError("unreachable: the last limit is infinite")  # pragma: no cover
+
+
+def tokens_from_train(train: dict[str, Any]) -> Assumption | None:
+    """Tokens the config trains for, when max_duration says (ba or tok)."""
+    dur = str(train.get("max_duration") or "")
+    gbs, seq = train.get("global_train_batch_size"), train.get("max_seq_len")
+    if dur.endswith("tok") and dur[:-3].isdigit():
+        return Assumption(float(dur[:-3]), f"train.max_duration={dur}")
+    if dur.endswith("ba") and dur[:-2].isdigit() and gbs and seq:
+        return Assumption(float(dur[:-2]) * gbs * seq, f"train.max_duration={dur} x batch {gbs} x seq {seq}")
+    return None
+
+
+def measured_mfu(results_path: Path) -> Assumption:
+    data = json.loads(Path(results_path).read_text())
+    if data.get("mfu") is None:
+        raise ConfigError(f"--mfu-from={results_path}: results.json has no mfu (CPU run, or not finished)")
+    return Assumption(float(data["mfu"]), f"measured: {results_path} ({data.get('nodes')} node(s))")
+
+
+def measured_efficiency(sweep_dir: Path, nodes: int) -> Assumption | None:
+    from hpc_llm.report import build
+
+    points = sorted(
+        (row["Nodes"], row["Efficiency"])
+        for g in build(sweep_dir)
+        for row in g.rows
+        if row["Efficiency"] is not None and isinstance(row["Nodes"], int)
+    )
+    if not points:
+        return None
+    exact = [e for n, e in points if n == nodes]
+    if exact:
+        return Assumption(exact[-1], f"measured at {nodes} node(s) in {sweep_dir}")
+    n, e = max(p for p in points if p[0] <= nodes) if any(p[0] <= nodes for p in points) else points[0]
+    return Assumption(e, f"measured at {n} node(s) in {sweep_dir}, carried to {nodes}")
+
+
+def estimate(
+    train: dict[str, Any],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    peak_flops_per_gpu: float | None,
+    tokens: float | None = None,
+    mfu: float | None = None,
+    mfu_from: Path | None = None,
+    efficiency: float | None = None,
+    sweep: Path | None = None,
+    from_experiment: bool = True,
+) -> Estimate:
+    """``from_experiment``: the config is a real experiment, so its
+    max_duration says how many tokens to train (else: Chinchilla)."""
+    if "model" not in train:
+        raise ConfigError("train.model is not set; pick one with model=mpt-70b or +experiment=NAME")
+    if nodes < 1:
+        raise ConfigError(f"resources.nodes={nodes}: must be >= 1")
+    if gpus_per_node < 1:
+        raise ConfigError("resources.gpus_per_node is 0: estimates are for GPU clusters; use cluster=h100")
+    if not peak_flops_per_gpu:
+        raise ConfigError("cluster.peak_flops_per_gpu is not set; use cluster=h100 or set it (FLOP/s, bf16 dense)")
+    if not from_experiment:
+        # Only a model was picked: train at the model's own context length.
+        train = {**train, "max_seq_len": train["model"].get("max_seq_len", train.get("max_seq_len"))}
+    n, fpt = model_flops_per_token(train)
+    tok = (
+        Assumption(float(tokens), "--tokens")
+        if tokens
+        else (tokens_from_train(train) if from_experiment else None)
+        or Assumption(float(CHINCHILLA_TOKENS_PER_PARAM * n), f"default: Chinchilla, {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter")
+    )
+    if mfu is not None:
+        if not 0 < mfu <= 1:
+            raise ConfigError(f"--mfu={mfu}: must be in (0, 1]")
+        m = Assumption(mfu, "--mfu")
+    elif mfu_from is not None:
+        m = measured_mfu(mfu_from)
+    else:
+        m = default_mfu(n)
+    if efficiency is not None:
+        if not 0 < efficiency <= 2:
+            raise ConfigError(f"--efficiency={efficiency}: must be in (0, 2]")
+        eff = Assumption(efficiency, "--efficiency")
+    else:
+        measured = measured_efficiency(sweep, nodes) if sweep is not None else None
+        eff = measured or (
+            Assumption(1.0, "one node: no inter-node scaling")
+            if nodes == 1
+            else Assumption(DEFAULT_EFFICIENCY, "default: typical FSDP over InfiniBand at a fixed global batch")
+        )
+    return Estimate(
+        model=f"MPT-{human_params(n)}",
+        n_params=n,
+        flops_per_token=fpt,
+        tokens=tok,
+        nodes=nodes,
+        gpus=nodes * gpus_per_node,
+        peak_flops_per_gpu=Assumption(float(peak_flops_per_gpu), "cluster.peak_flops_per_gpu"),
+        mfu=m,
+        efficiency=eff,
+    )
+
+
+def duration(seconds: float) -> str:
+    days = seconds / 86400
+    if days >= 14:
+        return f"{days / 7:.1f} weeks ({days:.1f} days)"
+    if days >= 1:
+        return f"{days:.1f} days"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def render(estimates: list[Estimate]) -> str:
+    e0 = estimates[0]
+    lines = [
+        f"{e0.model}: {e0.n_params:,} parameters, {e0.flops_per_token:.4g} FLOPs/token (6N + 12 L d T)",
+        f"tokens: {e0.tokens.value:.4g}  [{e0.tokens.source}]",
+        f"peak: {e0.peak_flops_per_gpu.value / 1e12:.0f} TFLOP/s per GPU  [{e0.peak_flops_per_gpu.source}]",
+        f"MFU: {e0.mfu.value:.1%}  [{e0.mfu.source}]",
+        "",
+        "| nodes | GPUs | scaling efficiency | tokens/s | time | GPU-hours |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in estimates:
+        lines.append(
+            f"| {e.nodes} | {e.gpus} | {e.efficiency.value:.2f} ({e.efficiency.source}) | {e.tokens_per_sec:,.0f} | "
+            f"{duration(e.seconds)} | {e.gpu_hours:,.0f} |"
+        )
+    return "\n".join(lines) + "\n"

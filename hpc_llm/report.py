@@ -1,0 +1,246 @@
+"""results.json files of a sweep -> the seeds' tables: Markdown, CSV, a scaling plot.
+
+Pure (login node): reads only the run directories (and sacct when the
+cluster keeps accounting). Rows that failed or have not finished yet are
+shown with their status, never dropped. Runs of different experiments in one
+directory are grouped, each with its own baseline.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_llm.errors import ConfigError
+from hpc_llm.results import RESULTS_FILE
+
+COLUMNS = [
+    "Model", "Data", "Max duration", "Eval interval", "Nodes", "GPUs / ranks", "Wallclock", "Wallclock (s)",
+    "Speedup", "Ideal", "Efficiency", "Tokens/s", "MFU", "Peak memory / rank (GB)", "Checkpoint",
+    "Conversion, inference & eval OK?", "Eval accuracy", "Restarts", "Status",
+]
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return str(self.results.get("status") or "running")
+
+    @property
+    def experiment(self) -> str:
+        return str(self.results.get("experiment") or _experiment_from_hydra(self.run_dir) or "?")
+
+    @property
+    def nodes(self) -> int | None:
+        n = self.results.get("nodes")
+        return int(n) if n is not None else _nodes_from_hydra(self.run_dir)
+
+
+def _hydra_cfg(run_dir: Path) -> dict[str, Any]:
+    import yaml
+
+    path = run_dir / ".hydra" / "config.yaml"
+    return yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+
+def _experiment_from_hydra(run_dir: Path) -> str | None:
+    return _hydra_cfg(run_dir).get("experiment")
+
+
+def _nodes_from_hydra(run_dir: Path) -> int | None:
+    return (_hydra_cfg(run_dir).get("resources") or {}).get("nodes")
+
+
+def find_runs(sweep_dir: Path) -> list[Run]:
+    """Every run directory under ``sweep_dir``: one with results.json or a Hydra config."""
+    sweep_dir = Path(sweep_dir)
+    dirs = {p.parent for p in sweep_dir.rglob(RESULTS_FILE)}
+    dirs |= {p.parent.parent for p in sweep_dir.rglob(".hydra/config.yaml")}
+    runs = []
+    for d in sorted(dirs, key=lambda p: (str(p.parent), int(p.name) if p.name.isdigit() else 0, p.name)):
+        res = d / RESULTS_FILE
+        runs.append(Run(d, json.loads(res.read_text()) if res.is_file() else {}))
+    return runs
+
+
+def hms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    m, s = divmod(float(seconds), 60)
+    h, m = divmod(int(m), 60)
+    return f"{h}h{m}m{s:06.3f}s" if h else f"{m}m{s:06.3f}s"
+
+
+def human_bytes(n: float | None) -> str:
+    if not n:
+        return "-"
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{int(n)}B"
+
+
+def _yn(value: Any) -> str:
+    return "-" if value is None else ("Y" if value else "N")
+
+
+@dataclass
+class Group:
+    experiment: str
+    runs: list[Run]
+    baseline_nodes: int | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
+    runs = find_runs(sweep_dir)
+    if not runs:
+        raise ConfigError(f"no runs under {sweep_dir} (no {RESULTS_FILE} and no .hydra/config.yaml); is it a sweep directory?")
+    by_exp: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_exp[r.experiment].append(r)
+    groups = []
+    for exp, members in sorted(by_exp.items()):
+        done = [r for r in members if r.status == "completed" and r.results.get("wallclock_s")]
+        node_counts = sorted({r.nodes for r in done if r.nodes is not None})
+        if baseline_nodes is not None and node_counts and baseline_nodes not in node_counts:
+            raise ConfigError(
+                f"--baseline-nodes={baseline_nodes} is not in this sweep ({exp}); completed node counts: "
+                + ", ".join(str(n) for n in node_counts)
+            )
+        base_n = baseline_nodes if baseline_nodes is not None else (node_counts[0] if node_counts else None)
+        base = next((r for r in done if r.nodes == base_n), None)
+        g = Group(exp, members, base_n)
+        for r in sorted(members, key=lambda r: (r.nodes or 0, str(r.run_dir))):
+            g.rows.append(_row(r, base))
+        groups.append(g)
+    return groups
+
+
+def _row(r: Run, base: Run | None) -> dict[str, Any]:
+    res = r.results
+    wall = res.get("wallclock_s") if r.status == "completed" else None
+    speedup = ideal = eff = None
+    if wall and base is not None and r.nodes and base.nodes:
+        speedup = float(base.results["wallclock_s"]) / float(wall)
+        ideal = r.nodes / base.nodes
+        eff = speedup / ideal
+    ev = res.get("eval") or {}
+    tasks = res.get("tasks_per_node")
+    return {
+        "Model": res.get("model") or r.experiment,
+        "Data": res.get("data") or "-",
+        "Max duration": res.get("max_duration") or "-",
+        "Eval interval": res.get("eval_interval") or "-",
+        "Nodes": r.nodes if r.nodes is not None else "-",
+        "GPUs / ranks": res.get("world_size") or (r.nodes * tasks if r.nodes and tasks else "-"),
+        "Wallclock": hms(wall),
+        "Wallclock (s)": round(float(wall), 1) if wall else None,
+        "Speedup": round(speedup, 2) if speedup is not None else None,
+        "Ideal": round(ideal, 2) if ideal is not None else None,
+        "Efficiency": round(eff, 3) if eff is not None else None,
+        "Tokens/s": round(float(res["tokens_per_sec"])) if res.get("tokens_per_sec") else None,
+        "MFU": round(float(res["mfu"]), 3) if res.get("mfu") is not None else None,
+        "Peak memory / rank (GB)": round(res["peak_memory_bytes"] / 1e9, 2) if res.get("peak_memory_bytes") else None,
+        "Checkpoint": human_bytes(res.get("checkpoint_bytes")),
+        "Conversion, inference & eval OK?": "/".join(
+            (_yn(res.get("conversion_ok")), _yn(res.get("inference_ok")), _yn(bool(ev) if r.status == "completed" else None))
+        ),
+        "Eval accuracy": round(float(ev["token_accuracy"]), 3) if "token_accuracy" in ev else None,
+        "Restarts": res.get("restarts", 0) if res else "-",
+        "Status": r.status + (f" ({res['error']})" if res.get("error") and r.status == "failed" else ""),
+    }
+
+
+def _fmt(v: Any, col: str) -> str:
+    if v is None:
+        return "-"
+    if col == "Speedup" or col == "Ideal":
+        return f"{v:.2f}x"
+    if col == "Tokens/s":
+        return f"{v:,}"
+    return str(v)
+
+
+def to_markdown(groups: list[Group]) -> str:
+    out = []
+    if len(groups) > 1:
+        out.append(f"Note: this directory holds {len(groups)} experiments ({', '.join(g.experiment for g in groups)}); "
+                   "each has its own table and baseline.\n")
+    for g in groups:
+        base = f"{g.baseline_nodes} node(s)" if g.baseline_nodes is not None else "none completed"
+        out.append(f"### {g.experiment} (speedup vs {base})\n")
+        out.append("| " + " | ".join(COLUMNS) + " |")
+        out.append("|" + "---|" * len(COLUMNS))
+        for row in g.rows:
+            out.append("| " + " | ".join(_fmt(row[c], c).replace("|", "/") for c in COLUMNS) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def to_csv(groups: list[Group]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["Experiment", *COLUMNS])
+    for g in groups:
+        for row in g.rows:
+            w.writerow([g.experiment, *("" if row[c] is None else row[c] for c in COLUMNS)])
+    return buf.getvalue()
+
+
+def to_json(groups: list[Group]) -> str:
+    return json.dumps([{"experiment": g.experiment, "baseline_nodes": g.baseline_nodes, "rows": g.rows} for g in groups],
+                      indent=2)
+
+
+def plot(groups: list[Group], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    max_n = 1
+    for g in groups:
+        pts = [(r["Nodes"], r["Speedup"], r["Tokens/s"]) for r in g.rows if r["Speedup"] is not None]
+        if not pts:
+            continue
+        pts.sort()
+        max_n = max(max_n, pts[-1][0])
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=g.experiment)
+        ax2.plot([p[0] for p in pts], [p[2] or 0 for p in pts], "o-", label=g.experiment)
+    base = min((g.baseline_nodes for g in groups if g.baseline_nodes), default=1)
+    xs = [base, max_n]
+    ax1.plot(xs, [1.0, max_n / base], "k--", label="ideal")
+    ax1.set_xlabel("nodes")
+    ax1.set_ylabel("speedup vs baseline")
+    ax1.set_title("Speedup")
+    ax2.set_xlabel("nodes")
+    ax2.set_ylabel("tokens/s")
+    ax2.set_title("Throughput")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(sweep_dir: Path, baseline_nodes: int | None = None) -> tuple[list[Group], dict[str, Path]]:
+    groups = build(sweep_dir, baseline_nodes)
+    sweep_dir = Path(sweep_dir)
+    paths = {"md": sweep_dir / "report.md", "csv": sweep_dir / "report.csv", "png": sweep_dir / "scaling.png"}
+    paths["md"].write_text(to_markdown(groups))
+    paths["csv"].write_text(to_csv(groups))
+    plot(groups, paths["png"])
+    return groups, paths

@@ -1,0 +1,136 @@
+"""Sweep reports from results.json files, and the time/cost estimator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpc_llm import report
+from hpc_llm.errors import ConfigError
+from hpc_llm.estimate import DEFAULT_EFFICIENCY, estimate
+from hpc_llm.flops import model_flops_per_token
+from tests.conftest import ROOT, explain, run_cli
+
+GOLDEN = ROOT / "tests" / "golden" / "report.md"
+
+
+def write_run(sweep: Path, num: int, **fields) -> Path:
+    d = sweep / str(num)
+    d.mkdir(parents=True)
+    base = {
+        "experiment": "mpt7b_dolly", "status": "completed", "model": "MPT-6.7B", "data": "mosaicml/dolly_hhrlhf",
+        "max_duration": "2ep", "eval_interval": "1ep", "tasks_per_node": 8, "mfu": 0.41, "restarts": 0,
+        "peak_memory_bytes": 24.9e9, "checkpoint_bytes": 80 * (1 << 30), "conversion_ok": True, "inference_ok": True,
+        "eval": {"loss": 0.5, "token_accuracy": 0.85},
+    }
+    base.update(fields)
+    base.setdefault("world_size", base["nodes"] * 8)
+    (d / "results.json").write_text(json.dumps(base))
+    return d
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    s = tmp_path / "sweep"
+    # the seeds' Table 2 wall-clock times for 1, 2, 4 nodes, and a run that failed at 8
+    write_run(s, 0, nodes=1, wallclock_s=4708.121, tokens_per_sec=7124)
+    write_run(s, 1, nodes=2, wallclock_s=1764.485, tokens_per_sec=13844, restarts=1)
+    write_run(s, 2, nodes=4, wallclock_s=1101.026, tokens_per_sec=28959)
+    write_run(s, 3, nodes=8, status="failed", error="NCCL timeout", wallclock_s=None, tokens_per_sec=None)
+    running = s / "4" / ".hydra"  # submitted, no results yet
+    running.mkdir(parents=True)
+    (running / "config.yaml").write_text("experiment: mpt7b_dolly\nresources:\n  nodes: 16\n")
+    return s
+
+
+def test_speedup_and_efficiency_arithmetic(sweep):
+    [g] = report.build(sweep)
+    rows = {r["Nodes"]: r for r in g.rows}
+    assert g.baseline_nodes == 1
+    assert rows[2]["Speedup"] == round(4708.121 / 1764.485, 2) == 2.67  # as in the seeds' Table 2
+    assert rows[4]["Speedup"] == round(4708.121 / 1101.026, 2) == 4.28
+    assert rows[4]["Ideal"] == 4.0
+    assert rows[4]["Efficiency"] == round((4708.121 / 1101.026) / 4, 3)
+    assert rows[8]["Status"].startswith("failed") and rows[8]["Speedup"] is None  # shown, not dropped
+    assert rows[16]["Status"] == "running"
+    assert rows[1]["Wallclock"] == "1h18m28.121s"
+    [g2] = report.build(sweep, baseline_nodes=2)
+    assert {r["Nodes"]: r["Speedup"] for r in g2.rows}[4] == round(1764.485 / 1101.026, 2)
+
+
+def test_golden_markdown_and_files(sweep):
+    groups, paths = report.write_report(sweep)
+    md = paths["md"].read_text()
+    if not GOLDEN.exists():
+        GOLDEN.write_text(md)
+        pytest.fail(f"wrote missing golden file {GOLDEN}; check it and commit it")
+    assert md == GOLDEN.read_text(), f"report changed; delete {GOLDEN} to regenerate"
+    png = paths["png"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    csv_lines = paths["csv"].read_text().splitlines()
+    assert csv_lines[0].startswith("Experiment,Model,Data") and len(csv_lines) == 6
+
+
+def test_mixed_experiments_are_grouped(tmp_path):
+    s = tmp_path / "mixed"
+    write_run(s, 0, nodes=1, wallclock_s=100.0, tokens_per_sec=1)
+    write_run(s, 1, nodes=2, wallclock_s=60.0, tokens_per_sec=2, experiment="mpt_tiny")
+    groups = report.build(s)
+    assert [g.experiment for g in groups] == ["mpt7b_dolly", "mpt_tiny"]
+    assert report.to_markdown(groups).startswith("Note: this directory holds 2 experiments")
+
+
+def test_bad_report_input(tmp_path, sweep, app_env):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli(["report", str(empty)], app_env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no runs under" in proc.stderr
+    with pytest.raises(ConfigError, match="--baseline-nodes=3 is not in this sweep"):
+        report.build(sweep, baseline_nodes=3)
+    proc = run_cli(["report", str(sweep), "--format", "csv"], app_env)
+    assert proc.returncode == 0, explain(proc)
+    assert proc.stdout.startswith("Experiment,")
+
+
+def test_estimate_arithmetic_by_hand():
+    from hpc_llm.cli import compose
+    from omegaconf import OmegaConf
+
+    train = OmegaConf.to_container(compose(["model=mpt-70b", "cluster=h100"]).train, resolve=True)
+    e8 = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=989e12, from_experiment=False)
+    n, fpt = 64862437376, 6 * 64862437376 + 12 * 80 * 8192 * 2048
+    assert (e8.n_params, e8.flops_per_token) == (n, fpt)
+    assert e8.tokens.value == 20 * n
+    assert e8.mfu.value == 0.426 and e8.efficiency.value == DEFAULT_EFFICIENCY
+    seconds = 20 * n * fpt / (64 * 989e12 * 0.426 * 0.9)
+    assert e8.seconds == pytest.approx(seconds)
+    assert e8.gpu_hours == pytest.approx(seconds * 64 / 3600)
+    e64 = estimate(train, nodes=64, gpus_per_node=8, peak_flops_per_gpu=989e12, from_experiment=False)
+    assert e8.seconds / e64.seconds == pytest.approx(8.0)  # same efficiency: 8x the nodes, 1/8 the time
+    assert 200 < e8.seconds / 86400 < 300 and 25 < e64.seconds / 86400 < 40
+    measured = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=989e12, mfu=0.5, efficiency=0.8,
+                        tokens=1e12, from_experiment=False)
+    assert measured.seconds == pytest.approx(1e12 * fpt / (64 * 989e12 * 0.5 * 0.8))
+
+
+def test_estimate_cli_answers_the_70b_question(app_env):
+    proc = run_cli(["estimate", "model=mpt-70b", "cluster=h100", "--nodes", "8", "64"], app_env)
+    assert proc.returncode == 0, explain(proc)
+    assert "64,862,437,376 parameters" in proc.stdout
+    assert "| 8 | 64 |" in proc.stdout and "| 64 | 512 |" in proc.stdout
+    assert "Chinchilla" in proc.stdout and "LLM Foundry H100 bf16 benchmark, 70b" in proc.stdout
+    bad = run_cli(["estimate", "model=mpt-70b"], app_env)  # the local CPU profile has no peak FLOP/s
+    assert bad.returncode == 2 and "resources.gpus_per_node is 0" in bad.stderr
+
+
+def test_estimate_uses_a_measured_sweep(sweep):
+    from hpc_llm.cli import compose
+    from omegaconf import OmegaConf
+
+    train = OmegaConf.to_container(compose(["model=mpt-7b"]).train, resolve=True)
+    e = estimate(train, nodes=4, gpus_per_node=8, peak_flops_per_gpu=989e12, sweep=sweep, from_experiment=False)
+    assert e.efficiency.value == round((4708.121 / 1101.026) / 4, 3)
+    assert "measured at 4 node(s)" in e.efficiency.source
+    assert model_flops_per_token({**train, "max_seq_len": 2048})[0] == e.n_params
