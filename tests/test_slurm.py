@@ -53,6 +53,7 @@ def test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger(slurm_env, runs_di
     rs = results_of(runs_dir)
     assert [(r["nodes"], r["world_size"]) for r in rs] == [(1, 2), (2, 4)]
     assert all(r["status"] == "completed" and r["batches_done"] == 8 for r in rs)
+    assert Path(rs[0]["run_dir"]).parent == Path(rs[1]["run_dir"]).parent  # one sweep dir
     ids = [r["slurm_job_ids"][0] for r in rs]
     assert len(set(ids)) == 2
     status = run_cli(["status"], slurm_env)

@@ -53,6 +53,9 @@ class ValidatingSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         check_job: Callable[[DictConfig], None] | None = getattr(self.launcher, "check_job", None)
         validate = get_method(self.validate) if self.validate else None
+        # Resolve ${now:...} in the sweep dir on the master config first: every job
+        # config copies its resolver cache, so all jobs land in the same sweep dir.
+        str(self.config.hydra.sweep.dir)
         jobs = self.compose_jobs(arguments)
         for cfg in jobs.values():
             if validate:
