@@ -45,7 +45,9 @@ def run_hpc_llm(runs: Path, env: dict[str, str], max_duration: str) -> tuple[flo
 
 def run_foundry(run_dir: Path, workdir: Path, env: dict[str, str]) -> tuple[float, float]:
     cfg = yaml.safe_load((run_dir / "train_config.yaml").read_text())
+    # hpc_llm's own logger and preemption callback are not registered in plain LLM Foundry.
     cfg["loggers"].pop("hpc_llm_results", None)
+    cfg.get("callbacks", {}).pop("hpc_llm_preemption", None)
     if not cfg["loggers"]:
         cfg.pop("loggers")
     cfg["save_folder"] = str(workdir / "checkpoints")
@@ -57,8 +59,10 @@ def run_foundry(run_dir: Path, workdir: Path, env: dict[str, str]) -> tuple[floa
         [sys.executable, "-m", "composer.cli.launcher", "-n", "2", "--master_port", "29533",
          str(HERE / "_foundry_train.py"), str(path)],
         env=dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // 2))), cwd=workdir,
-        check=True, capture_output=True, text=True,
+        capture_output=True, text=True,
     )
+    if proc.returncode != 0:
+        raise RuntimeError(f"baseline failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     wall = time.perf_counter() - t0
     m = FIT.search(proc.stdout + proc.stderr)
     if not m:
