@@ -170,6 +170,9 @@ class LocalLauncher(BaseLauncher):
                 f"log: {logs / f'rank{rank}.log'}"
             )
         ret = pdir / RETURN
+        results = run_dir / "results.json"
+        print(f"job {sweep_config.hydra.job.num}: completed; "
+              f"{results if results.exists() else run_dir}", flush=True)
         return cloudpickle.loads(ret.read_bytes()) if ret.exists() else None
 
     def _wait(self, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:

@@ -6,6 +6,7 @@ or unreachable cluster is reported before anything is submitted.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ def _run(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[st
 
 
 def partitions() -> dict[str, Partition]:
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        # sinfo would first spend ~20 s on DNS SRV look-ups for a config server
+        raise ConfigError(f"no Slurm reachable: SLURM_CONF={conf} does not exist; {HOW_TO_START}")
     out = _run(["sinfo", "-h", "-o", "%P|%D|%c|%a"])
     if out.returncode != 0:
         err = (out.stderr.strip().splitlines() or ["no output"])[-1]
