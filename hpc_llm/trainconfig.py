@@ -9,6 +9,7 @@ override any loader or FSDP key), then interpolations such as
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -36,8 +37,11 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
     if cfg.preemption.enabled:
         ours["callbacks"] = {PREEMPTION_CALLBACK: {}}
     fragments.append(ours)
-    merged = OmegaConf.merge(*[OmegaConf.create(f) for f in fragments], cfg.train)
-    out = OmegaConf.to_container(merged, resolve=True)
+    merged: dict[str, Any] = {}
+    for fragment in [*fragments, OmegaConf.to_container(cfg.train, resolve=False)]:
+        _deep_merge(merged, fragment)  # type: ignore[arg-type]
+    # one OmegaConf pass resolves ${max_seq_len}-style references against the result
+    out = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     if not isinstance(out, dict):  # pragma: no cover - merge of mappings is a mapping
         raise TypeError("train config did not compose to a mapping")
     check_train_keys(OmegaConf.create(out))
@@ -48,3 +52,16 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
                 f"data source '{job.data.name}' sets it"
             )
     return out  # type: ignore[return-value]
+
+
+def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    """Merge ``new`` into ``into`` (mappings recursively, anything else replaced).
+
+    OmegaConf.merge does the same but costs ~0.1 s per job on the login node;
+    plain dicts keep a 4-point sweep's submit near a second or two.
+    """
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)

@@ -112,7 +112,7 @@ class SlurmLauncher(BaseLauncher):
                                     list(overrides), [], "DRY_RUN")
                 submitted.append((cfg, run_dir, None, run))
                 continue
-            job = self._submit(cfg, run_dir)
+            job = self._submit(cfg, run_dir, script)
             run = ledger.record(run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm",
                                 list(overrides), [str(job.job_id)], "SUBMITTED")
             print(f"job {idx}: submitted Slurm job {job.job_id}, run dir {run_dir}  [{shown}]", flush=True)
@@ -140,16 +140,14 @@ class SlurmLauncher(BaseLauncher):
         (pdir / PAYLOAD).write_bytes(cloudpickle.dumps((self.task_function, cfg)))
         return run_dir
 
-    def _submit(self, cfg: DictConfig, run_dir: str) -> Any:
+    def _submit(self, cfg: DictConfig, run_dir: str, script: str) -> Any:
         import submitit
 
-        spec_cfg = cfg
-        opts = self.opts
-
         class TemplateExecutor(submitit.SlurmExecutor):
-            # submitit builds its own sbatch text; ours comes from sbatch_templates/.
+            # submitit builds its own sbatch text; ours was rendered from
+            # sbatch_templates/ (its command is the one submitit would run).
             def _make_submission_file_text(self, command: str, uid: str) -> str:
-                return render(build_spec(spec_cfg, opts, run_dir))
+                return script
 
         python = self.opts.python or shlex.quote(sys.executable)
         executor = TemplateExecutor(folder=str(submitit_folder(run_dir)), python=python)
@@ -161,7 +159,7 @@ class SlurmLauncher(BaseLauncher):
 
     def _job_return(self, cfg: DictConfig, value: Any, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:
         ret = JobReturn()
-        ret.cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        ret.cfg = cfg  # Hydra's sweeper only reads return_value; no copy (login latency)
         ret.hydra_cfg = cfg
         ret.overrides = list(cfg.hydra.overrides.task)
         ret.working_dir = os.getcwd()
