@@ -68,7 +68,7 @@ def format_omegaconf(exc: BaseException) -> str:
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    from hpc_llm.launchers.local import JobFailed
+    from hpc_llm.launchers.base import JobFailed
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield

@@ -44,7 +44,7 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
     out = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     if not isinstance(out, dict):  # pragma: no cover - merge of mappings is a mapping
         raise TypeError("train config did not compose to a mapping")
-    check_train_keys(OmegaConf.create(out))
+    check_train_keys(out)
     for key in ("model", "tokenizer", "train_loader", "max_duration", "max_seq_len"):
         if key not in out:
             raise ConfigError(

@@ -6,6 +6,7 @@ the hpc_llm sweeper), and again inside the job. Pure: no training stack.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
@@ -26,7 +27,7 @@ class ResolvedJob:
     evaluators: tuple[Evaluator, ...]
 
 
-def check_train_keys(train: DictConfig) -> None:
+def check_train_keys(train: Mapping[str, object]) -> None:
     for key in train:
         if key not in TRAIN_CONFIG_KEYS:
             close = sorted(k for k in TRAIN_CONFIG_KEYS if k[:4] == str(key)[:4])

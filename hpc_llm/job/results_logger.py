@@ -32,7 +32,10 @@ class ResultsLogger(LoggerDestination):
                 continue
             self.ctx.metrics[key] = value
             if key == "loss/train/total":
-                self.ctx.loss_history.append((int(step if step is not None else self._batch), value))
+                # Composer logs the train loss with step = batches completed before
+                # this one; record the (1-based) batch that produced it.
+                batch = int(step) + 1 if step is not None else self._batch
+                self.ctx.loss_history.append((batch, value))
 
 
 def _scalar(value: Any) -> float | None:

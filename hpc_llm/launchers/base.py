@@ -10,6 +10,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 
+class JobFailed(RuntimeError):
+    """A launched job ended badly; the message is one line naming where to look."""
+
+
 class BaseLauncher(Launcher):
     #: prefix of hydra.job.id ("local_3", "slurm_3")
     kind = "base"

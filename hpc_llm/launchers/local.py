@@ -26,14 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
-from hpc_llm.launchers.base import BaseLauncher
+from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.rank import PAYLOAD, RETURN, payload_dir
 
 log = logging.getLogger(__name__)
-
-
-class JobFailed(RuntimeError):
-    """A launched job ended badly; the message is one line naming where to look."""
 
 
 def free_port() -> int:

@@ -32,8 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
-from hpc_llm.launchers.base import BaseLauncher
-from hpc_llm.launchers.local import JobFailed
+from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.rank import PAYLOAD, RETURN, RankEntry, payload_dir
 from hpc_llm.launchers.sweeper import job_run_dir
 from hpc_llm.slurm import query
