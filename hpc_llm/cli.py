@@ -9,6 +9,7 @@
     hpc-llm dev-cluster up|down [--nodes N] [--root DIR]
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
+    hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -212,6 +213,44 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_container(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from hpc_llm import containers
+
+    if args.action == "build":
+        if len(args.args) != 2:
+            raise SystemExit("usage: hpc-llm container build DEF IMAGE [--force] [--no-fakeroot] [--src DIR]")
+        image = containers.build(Path(args.args[0]), Path(args.args[1]), fakeroot=not args.no_fakeroot,
+                                 force=args.force, src=Path(args.src) if args.src else None)
+        print(f"built {image}")
+        return 0
+    if args.action == "inspect":
+        if len(args.args) != 1:
+            raise SystemExit("usage: hpc-llm container inspect IMAGE")
+        print(json.dumps(containers.inspect(Path(args.args[0])), indent=2, sort_keys=True))
+        return 0
+    overrides = list(args.args)
+    if not any(o.startswith("container=") for o in overrides):
+        overrides.append("container=apptainer")
+    cfg = compose(overrides)
+    from hpc_llm.launchers.sweeper import job_run_dir
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.hydra.job.num = 0
+    report = containers.check(cfg, job_run_dir(cfg))
+    for name, want in report.expected.items():
+        have = report.versions.get(name)
+        mark = "ok" if have == want else "MISMATCH"
+        print(f"{name:20s} image {have or '-':12s} expected {want:12s} {mark}")
+    for problem in report.problems:
+        print(f"problem: {problem}")
+    print(f"{report.image}: {'ok' if report.ok else 'NOT OK'}")
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpc-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -255,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--efficiency", type=float, help="scaling efficiency vs one node (default 0.9)")
     p.add_argument("--sweep", help="a sweep dir whose measured scaling efficiency to use")
     p.set_defaults(func=cmd_estimate)
+    p = sub.add_parser("container", help="build, check or inspect an Apptainer image (spython)")
+    p.add_argument("action", choices=["build", "check", "inspect"])
+    p.add_argument("args", nargs="*", help="build: DEF IMAGE; check: Hydra overrides; inspect: IMAGE")
+    p.add_argument("--force", action="store_true", help="build: overwrite IMAGE")
+    p.add_argument("--no-fakeroot", action="store_true", help="build: without --fakeroot (needs root)")
+    p.add_argument("--src", help="build: hpc_llm source checkout copied into the image (default: this one)")
+    p.set_defaults(func=cmd_container)
     return parser
 
 

@@ -18,6 +18,11 @@ class ConfigError(ValueError):
         super().__init__(" ".join(message.split()))
 
 
+class Failed(RuntimeError):
+    """Something hpc_llm ran (a job, apptainer build) failed; the message is one
+    line naming where to look. Entry points exit with status 1."""
+
+
 def allowed(values: Iterable[str]) -> str:
     """Format a sorted list of allowed values for an error message."""
     vals = sorted(set(values))

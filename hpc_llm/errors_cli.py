@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from hpc_llm.errors import ConfigError, allowed
+from hpc_llm.errors import ConfigError, Failed, allowed
 
 EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
@@ -68,8 +68,6 @@ def format_omegaconf(exc: BaseException) -> str:
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    from hpc_llm.launchers.base import JobFailed
-
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield
         return
@@ -91,7 +89,7 @@ def one_line_errors() -> Iterator[None]:
         if isinstance(cause, ConfigError):
             _die(str(cause), EXIT_BAD_INPUT)
         _die(format_omegaconf(exc), EXIT_BAD_INPUT)
-    except JobFailed as exc:
+    except Failed as exc:
         _die(str(exc), EXIT_JOB_FAILED)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -40,6 +40,12 @@ def containers_dir() -> Path:
     return _data_dir("containers")
 
 
+def source_root() -> Path | None:
+    """The repository checkout this package runs from (editable install), if any."""
+    root = _PKG.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "containers").is_dir() else None
+
+
 def assets_dir() -> Path:
     """Small files shipped inside the package (the bundled tiny corpus)."""
     return _PKG / "assets"

@@ -129,6 +129,31 @@ class PreemptionConfig:
 
 
 @dataclass
+class ContainerConfig:
+    # Container runtime plugin: none (the node's Python), apptainer, or a package's.
+    name: str = "none"
+    # Image the tasks run in (apptainer: a .sif file on a filesystem every node sees).
+    image: Optional[str] = None
+    # Extra binds, "src[:dest[:ro|rw]]". The run dir, data.path, checkpoint folder,
+    # the hpc_llm cache and cluster.scratch are bound automatically.
+    binds: list[str] = field(default_factory=list)
+    # Extra runtime flags, e.g. ["--writable-tmpfs"].
+    flags: list[str] = field(default_factory=list)
+    # Variables passed into the container by name only (added to the cluster's).
+    env_passthrough: list[str] = field(default_factory=list)
+    # Python inside the image.
+    python: str = "python3"
+    # GPU support (apptainer --nv); None: on when cluster.device=gpu.
+    gpus: Optional[bool] = None
+    # Copy the image to node-local scratch first (slow squashfuse on a shared FS).
+    stage: bool = False
+    # One quick exec per node before training; a node that fails is named.
+    check: bool = True
+    # The runtime's executable on the nodes.
+    executable: str = "apptainer"
+
+
+@dataclass
 class PluginsConfig:
     # Plugins (entry-point or distribution names) not to load.
     block: list[str] = field(default_factory=list)
@@ -145,6 +170,7 @@ class HpcLlmConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     # LLM Foundry train config (model, optimizer, max_duration, ...).
     train: dict[str, Any] = field(default_factory=dict)

@@ -14,7 +14,13 @@ from omegaconf import DictConfig
 from hpc_llm.config.llmfoundry_keys import TRAIN_CONFIG_KEYS
 from hpc_llm.errors import ConfigError
 from hpc_llm.plan import JobPlan, make_plan
-from hpc_llm.plugins.base import CheckpointBackend, DataSource, Evaluator, ParallelismStrategy
+from hpc_llm.plugins.base import (
+    CheckpointBackend,
+    ContainerRuntime,
+    DataSource,
+    Evaluator,
+    ParallelismStrategy,
+)
 from hpc_llm.plugins.manager import get_plugins
 
 
@@ -25,6 +31,7 @@ class ResolvedJob:
     parallelism: ParallelismStrategy
     checkpoint: CheckpointBackend
     evaluators: tuple[Evaluator, ...]
+    container: ContainerRuntime
 
 
 def check_train_keys(train: Mapping[str, object]) -> None:
@@ -45,6 +52,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     par = plugins.get("parallelism", cfg.parallelism.name)
     ckpt = plugins.get("checkpoint", cfg.checkpoint.name)
     evals = tuple(plugins.get("evaluator", name) for name in cfg.eval.evaluators)
+    container = plugins.get("container", cfg.container.name)
     if len(set(cfg.eval.evaluators)) != len(cfg.eval.evaluators):
         raise ConfigError(f"eval.evaluators={list(cfg.eval.evaluators)} lists an evaluator twice")
     data.validate(cfg.data, plan)
@@ -52,5 +60,6 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     ckpt.validate(cfg.checkpoint, plan)
     for ev in evals:
         ev.validate(cfg.eval, plan)
+    container.validate(cfg.container, plan)
     check_train_keys(cfg.train)
-    return ResolvedJob(plan, data, par, ckpt, evals)  # type: ignore[arg-type]
+    return ResolvedJob(plan, data, par, ckpt, evals, container)  # type: ignore[arg-type]

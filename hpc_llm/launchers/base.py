@@ -9,8 +9,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from hpc_llm.errors import Failed
 
-class JobFailed(RuntimeError):
+
+class JobFailed(Failed):
     """A launched job ended badly; the message is one line naming where to look."""
 
 

@@ -62,6 +62,18 @@ def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, thre
     return env
 
 
+def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
+    """This interpreter, or the image's Python under the container runtime."""
+    entry = ["-m", "hpc_llm.launchers.rank", str(payload)]
+    container = OmegaConf.select(cfg, "container", default=None)
+    if container is None or container.name == "none":
+        return [sys.executable, *entry]
+    from hpc_llm import containers
+
+    mounts = containers.mounts_for(cfg, str(run_dir))
+    return containers.runtime(cfg).wrap(container, mounts, [str(container.python), *entry])
+
+
 class LocalLauncher(BaseLauncher):
     kind = "local"
 
@@ -133,6 +145,7 @@ class LocalLauncher(BaseLauncher):
         logs.mkdir(exist_ok=True)
         port = free_port()
         threads = max(1, (os.cpu_count() or 1) // ranks)
+        command = rank_command(sweep_config, run_dir, pdir / PAYLOAD)
         procs: list[subprocess.Popen[bytes]] = []
         files: list[IO[bytes]] = []
         pumps: list[threading.Thread] = []
@@ -142,7 +155,7 @@ class LocalLauncher(BaseLauncher):
                 files.append(out)
                 stream = self.stream and rank == 0
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "hpc_llm.launchers.rank", str(pdir / PAYLOAD)],
+                    command,
                     env=slurm_like_env(dict(os.environ), rank, ranks, port, threads),
                     stdout=subprocess.PIPE if stream else out,
                     stderr=subprocess.STDOUT,

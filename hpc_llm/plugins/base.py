@@ -126,9 +126,59 @@ class Evaluator(Component):
         return {}
 
 
+class ContainerRuntime(Component):
+    """Wraps each task's command in a container (``container.name``).
+
+    Everything here is pure and runs on the login node: the runtime turns the
+    task command into the command srun starts, and adds shell lines to the
+    batch script (image staging, a per-node check, variables passed by name).
+    """
+
+    kind = "container runtime"
+    selector = "container.name"
+
+    def wrap(self, section: DictConfig, mounts: Mounts, command: list[str]) -> list[str]:
+        """The command srun runs for every task; ``command[0]`` is the image's Python."""
+        return command
+
+    def script_lines(self, section: DictConfig, mounts: Mounts, passthrough: list[str]) -> list[str]:
+        """Batch-script lines run once before the training step (after the rendezvous)."""
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Mounts:
+    """Host paths a task needs to see, resolved on the login node."""
+
+    #: the run directory (results, logs, submitit payload)
+    run_dir: str
+    #: (source, purpose) of every other path: data, checkpoints, cache, scratch
+    paths: tuple[tuple[str, str], ...] = ()
+    #: node-local scratch (exists on the nodes only; not checked on the login node)
+    scratch: str | None = None
+    #: whether the job uses GPUs
+    gpus: bool = False
+
+
+class HealthCheck(Component):
+    """A check run inside the job before training (``preflight.checks``)."""
+
+    kind = "health check"
+    selector = "preflight.checks"
+
+    def run(self, section: DictConfig, ctx: JobContext) -> dict[str, Any]:
+        """Run on every rank; return figures for results.json (rank 0's are kept).
+
+        Raise :class:`hpc_llm.job.health.CheckFailed` to stop the job before training.
+        """
+        return {}
+
+
 KINDS: dict[str, type[Component]] = {
     "data": DataSource,
     "parallelism": ParallelismStrategy,
     "checkpoint": CheckpointBackend,
     "evaluator": Evaluator,
+    "container": ContainerRuntime,
+    "health_check": HealthCheck,
 }

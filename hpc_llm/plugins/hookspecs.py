@@ -27,8 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from hpc_llm.plugins.base import (
         CheckpointBackend,
+        ContainerRuntime,
         DataSource,
         Evaluator,
+        HealthCheck,
         ParallelismStrategy,
     )
 
@@ -70,4 +72,26 @@ def hpc_llm_register_evaluators(register: Callable[[Evaluator], None]) -> None:
     An evaluator may add keys to the train config (eval loaders, intervals)
     and returns metrics after training; they land in ``results.json`` under
     ``eval``.
+    """
+
+
+@hookspec
+def hpc_llm_register_container_runtimes(register: Callable[[ContainerRuntime], None]) -> None:
+    """Register container runtimes (selected by ``container.name``).
+
+    A runtime wraps each Slurm task's command (``apptainer exec ... IMAGE
+    python -m ...``) and may add batch-script lines (image staging, a per-node
+    check). Built-ins: ``none`` and ``apptainer``; a site package can add
+    enroot/pyxis or podman-hpc.
+    """
+
+
+@hookspec
+def hpc_llm_register_health_checks(register: Callable[[HealthCheck], None]) -> None:
+    """Register health checks (listed in ``preflight.checks``).
+
+    Checks run inside the job on every rank before training when
+    ``preflight.enabled=true`` (and alone under ``hpc-llm preflight``); their
+    figures land in ``results.json`` under ``preflight``, and a check below its
+    threshold stops the job before the first batch.
     """

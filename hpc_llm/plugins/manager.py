@@ -36,12 +36,16 @@ BUILTIN_MODULES = (
     "hpc_llm.builtin.parallelism",
     "hpc_llm.builtin.checkpoint",
     "hpc_llm.builtin.evaluators",
+    "hpc_llm.builtin.containers",
+    "hpc_llm.builtin.health",
 )
 HOOK_FOR_KIND = {
     "data": "hpc_llm_register_data_sources",
     "parallelism": "hpc_llm_register_parallelism",
     "checkpoint": "hpc_llm_register_checkpoint_backends",
     "evaluator": "hpc_llm_register_evaluators",
+    "container": "hpc_llm_register_container_runtimes",
+    "health_check": "hpc_llm_register_health_checks",
 }
 
 

@@ -34,6 +34,8 @@ class SbatchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     passthrough: Sequence[str] = ()
     setup: Sequence[str] = ()
+    #: lines from the container runtime (staging, per-node check), already shell
+    container_lines: Sequence[str] = ()
     #: signal the batch shell receives (sbatch --signal=B:SIG) and forwards to srun
     stop_signal: str | None = None
     #: where ranks mark that their stop-signal handler is installed
@@ -73,6 +75,7 @@ def render(spec: SbatchSpec) -> str:
         run_dir=spec.run_dir,
         sbatch_flags=flags,
         setup=list(spec.setup),
+        container_lines=list(spec.container_lines),
         env=[(_check_env_name(k), shlex.quote(str(v))) for k, v in sorted(spec.env.items())],
         passthrough=[_check_env_name(n) for n in sorted(spec.passthrough)],
         srun_args=[shlex.quote(a) for a in spec.srun_args],

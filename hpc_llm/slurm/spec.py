@@ -117,8 +117,20 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         *[str(a) for a in opts.srun_args or []],
     ]
     folder = Path(run_dir) / SUBMITIT_DIR
-    command = [*python_command(opts), "-u", "-m", "submitit.core._submit", str(folder)]
+    entry = ["-u", "-m", "submitit.core._submit", str(folder)]
     passthrough = sorted({*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or [])})
+    container = OmegaConf.select(cfg, "container", default=None)
+    container_lines: list[str] = []
+    if container is not None and container.name != "none":
+        from hpc_llm import containers
+
+        runtime = containers.runtime(cfg)
+        mounts = containers.mounts_for(cfg, run_dir)
+        passthrough = containers.passthrough_names(cfg, passthrough)
+        command = runtime.wrap(container, mounts, [str(container.python), *entry])
+        container_lines = runtime.script_lines(container, mounts, passthrough)
+    else:
+        command = [*python_command(opts), *entry]
     return SbatchSpec(
         run_dir=run_dir,
         cluster=str(cluster.get("name", "default")),
@@ -129,6 +141,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         env=env,
         passthrough=passthrough,
         setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
+        container_lines=container_lines,
         stop_signal=sig if env.get("HPC_LLM_STOP_SIGNAL") else None,
         ready_dir=str(Path(run_dir) / ".hpc_llm" / "ready"),
     )

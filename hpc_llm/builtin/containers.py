@@ -1,0 +1,197 @@
+"""Built-in container runtimes: ``none`` (the node's Python) and ``apptainer``.
+
+With ``container=apptainer`` every srun task runs::
+
+    apptainer exec [--nv] --bind <run dir> --bind <data> ... IMAGE python3 -u -m <entrypoint>
+
+Binds are identity binds (same path inside and out), so every path in the
+config means the same thing in the container. Ranks come from the SLURM_*
+variables srun sets per task and MASTER_ADDR/PORT exported by the batch
+script; Apptainer passes the host environment into the container by default,
+which is why ``--cleanenv`` is refused. Secrets are passed by name through
+``APPTAINERENV_<NAME>`` (Apptainer sets NAME inside from it): ``--env`` takes
+NAME=VALUE, which would put the value on the command line (``ps``, logs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from omegaconf import DictConfig
+
+from hpc_llm import hookimpl
+from hpc_llm.errors import ConfigError
+from hpc_llm.plan import JobPlan
+from hpc_llm.plugins.base import ContainerRuntime, Mounts
+
+#: flags hpc_llm sets itself, or that would break the task (see module docstring)
+REFUSED_FLAGS = {
+    "--cleanenv": "it drops the SLURM_* rank variables and MASTER_ADDR srun gives each task",
+    "-e": "it is --cleanenv, which drops the SLURM_* rank variables and MASTER_ADDR srun gives each task",
+    "--nv": "set container.gpus (default: on when cluster.device=gpu)",
+    "--bind": "list binds in container.binds",
+    "-B": "list binds in container.binds",
+    "--env": "pass variables by name with container.env_passthrough",
+}
+BIND_OPTIONS = ("ro", "rw")
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        sys.stderr.write(f"hpc_llm: warning: {message}\n")
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    dest: str
+    mode: str = "rw"
+    #: where it came from, for error messages
+    origin: str = "container.binds"
+
+    def spec(self) -> str:
+        return self.source if (self.dest == self.source and self.mode == "rw") else f"{self.source}:{self.dest}:{self.mode}"
+
+
+def parse_bind(text: str) -> Bind:
+    parts = str(text).split(":")
+    if not parts[0] or len(parts) > 3:
+        raise ConfigError(f"container.binds: {text!r} is not a bind; allowed: SRC, SRC:DEST or SRC:DEST:ro|rw")
+    source = parts[0]
+    dest = parts[1] if len(parts) > 1 and parts[1] else source
+    mode = parts[2] if len(parts) > 2 else "rw"
+    if mode not in BIND_OPTIONS:
+        raise ConfigError(f"container.binds: {text!r} has mode {mode!r}; allowed: {', '.join(BIND_OPTIONS)}")
+    for what, path in (("source", source), ("destination", dest)):
+        if not path.startswith("/"):
+            raise ConfigError(f"container.binds: {text!r}: the {what} must be an absolute path")
+    return Bind(os.path.normpath(source), os.path.normpath(dest), mode)
+
+
+def all_binds(section: DictConfig, mounts: Mounts) -> list[Bind]:
+    """The automatic identity binds plus the user's, deduplicated; conflicts are an error."""
+    binds = [Bind(mounts.run_dir, mounts.run_dir, origin="the run directory")]
+    binds += [Bind(os.path.normpath(p), os.path.normpath(p), origin=why) for p, why in mounts.paths]
+    if mounts.scratch:
+        binds.append(Bind(mounts.scratch, mounts.scratch, origin="cluster.scratch"))
+    binds += [parse_bind(b) for b in section.binds or []]
+    by_dest: dict[str, Bind] = {}
+    out: list[Bind] = []
+    for b in binds:
+        seen = by_dest.get(b.dest)
+        if seen is None:
+            by_dest[b.dest] = b
+            out.append(b)
+        elif (seen.source, seen.mode) != (b.source, b.mode):
+            raise ConfigError(
+                f"container.binds: conflicting binds for {b.dest} in the container: "
+                f"{seen.spec()} ({seen.origin}) and {b.spec()} ({b.origin}); keep one"
+            )
+    # a parent bound after a child would hide it: mount parents first
+    return sorted(out, key=lambda b: (b.dest.count("/"), b.dest))
+
+
+def staged_image(section: DictConfig, mounts: Mounts) -> str:
+    """Where ``container.stage=true`` copies the image on each node."""
+    digest = hashlib.sha1(str(Path(section.image).resolve()).encode()).hexdigest()[:12]
+    base = mounts.scratch or "/tmp"
+    return f"{base}/hpc_llm-image-{digest}{Path(section.image).suffix or '.sif'}"
+
+
+class NoContainer(ContainerRuntime):
+    name = "none"
+    description = "no container: tasks run on the node's Python"
+
+
+class Apptainer(ContainerRuntime):
+    name = "apptainer"
+    description = "apptainer exec [--nv] --bind ... IMAGE (a .sif on a shared filesystem)"
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        image = section.image
+        if not image:
+            raise ConfigError("container.image is required for container=apptainer (path of a .sif image)")
+        if "://" in str(image):
+            raise ConfigError(
+                f"container.image={image!r}: a registry URI would be pulled by every node; "
+                "allowed: a local .sif file or sandbox directory (build one with hpc-llm container build)"
+            )
+        path = Path(image).expanduser()
+        if not path.exists():
+            raise ConfigError(f"container.image={str(image)!r} does not exist")
+        if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
+            raise ConfigError(f"container.image={str(image)!r} is not readable by this user")
+        for flag in section.flags or []:
+            bare = str(flag).split("=", 1)[0]
+            if bare in REFUSED_FLAGS:
+                raise ConfigError(f"container.flags: {flag!r} is not allowed: {REFUSED_FLAGS[bare]}")
+        for b in section.binds or []:
+            bind = parse_bind(b)
+            if not os.path.exists(bind.source):
+                raise ConfigError(f"container.binds: bind source {bind.source!r} does not exist")
+        if shutil.which(section.executable) is None:
+            warn_once(
+                f"'{section.executable}' is not on PATH here; the job checks for it on every node "
+                "before training (container.check)"
+            )
+
+    def _image(self, section: DictConfig, mounts: Mounts) -> str:
+        return staged_image(section, mounts) if section.stage else str(Path(section.image).expanduser().resolve())
+
+    def _gpus(self, section: DictConfig, mounts: Mounts) -> bool:
+        return mounts.gpus if section.gpus is None else bool(section.gpus)
+
+    def exec_prefix(self, section: DictConfig, mounts: Mounts) -> list[str]:
+        cmd = [str(section.executable), "exec"]
+        if self._gpus(section, mounts):
+            cmd.append("--nv")
+        for bind in all_binds(section, mounts):
+            cmd += ["--bind", bind.spec()]
+        cmd += [str(f) for f in section.flags or []]
+        cmd.append(self._image(section, mounts))
+        return cmd
+
+    def wrap(self, section: DictConfig, mounts: Mounts, command: list[str]) -> list[str]:
+        return [*self.exec_prefix(section, mounts), *command]
+
+    def script_lines(self, section: DictConfig, mounts: Mounts, passthrough: list[str]) -> list[str]:
+        lines: list[str] = []
+        created = [p for p, why in mounts.paths if why in ("checkpoint folder", "hpc_llm cache")]
+        if created:
+            lines += ["# bind sources the job writes to must exist before apptainer starts",
+                      f"mkdir -p {' '.join(shlex.quote(p) for p in created)}"]
+        if passthrough:
+            lines.append("# by name into the container: Apptainer sets NAME from APPTAINERENV_NAME")
+            lines += [
+                f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough
+            ]
+        per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1'
+        if section.stage:
+            src = shlex.quote(str(Path(section.image).expanduser().resolve()))
+            lines += ["# stage the image on every node's local disk (container.stage=true)",
+                      f"srun {per_node} --kill-on-bad-exit=1 cp -f {src} {shlex.quote(self._image(section, mounts))}"]
+        if section.check:
+            exe = shlex.quote(str(section.executable))
+            probe = shlex.join([*self.exec_prefix(section, mounts), str(section.python), "-c", "import hpc_llm"])
+            inner = (
+                f'command -v {exe} >/dev/null || {{ echo "hpc_llm: {section.executable} not found on '
+                f'${{SLURMD_NODENAME:-$(hostname)}}" >&2; exit 1; }}; out=$({probe} 2>&1) || {{ echo "hpc_llm: container check '
+                f'failed on ${{SLURMD_NODENAME:-$(hostname)}}: $out" >&2; exit 1; }}'
+            )
+            lines += ["# one quick exec per node before training; a node that fails is named",
+                      f"srun {per_node} --kill-on-bad-exit=0 bash -c {shlex.quote(inner)} || "
+                      '{ echo "hpc_llm: container check failed; not training" >&2; exit 1; }']
+        return lines
+
+
+@hookimpl
+def hpc_llm_register_container_runtimes(register) -> None:
+    register(NoContainer())
+    register(Apptainer())
