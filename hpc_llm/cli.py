@@ -10,6 +10,7 @@
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
+    hpc-llm data prepare NAME --out DIR [--source DIR] [--splits S ...] [overrides]
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -251,6 +252,17 @@ def cmd_container(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from hpc_llm.plugins.manager import get_plugins
+
+    cfg = compose([f"data={args.name}", *args.overrides])
+    source = get_plugins(cfg.plugins.block).get("data", cfg.data.name)
+    written = source.prepare_data(cfg.data, args.out, args.source, list(args.splits or []))  # type: ignore[attr-defined]
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpc-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -301,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fakeroot", action="store_true", help="build: without --fakeroot (needs root)")
     p.add_argument("--src", help="build: hpc_llm source checkout copied into the image (default: this one)")
     p.set_defaults(func=cmd_container)
+    p = sub.add_parser("data", help="prepare a dataset (C4 -> MDS, hub finetuning data -> jsonl); needs [train]")
+    p.add_argument("action", choices=["prepare"])
+    p.add_argument("name", help="a data config (conf/data/NAME.yaml): c4, dolly_hhrlhf, instruct_v3, ...")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides (data.options.tokenizer=...)")
+    p.add_argument("--out", required=True, help="output directory (shared filesystem) or remote URI")
+    p.add_argument("--source", help="local files in the dataset's schema instead of the hub")
+    p.add_argument("--splits", nargs="+", help="splits to write (default: the data source's)")
+    p.set_defaults(func=cmd_data)
     return parser
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm.config.validate import ResolvedJob, check_train_keys
+from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab
 from hpc_llm.errors import ConfigError
 from hpc_llm.job.foundry import PREEMPTION_CALLBACK, RESULTS_LOGGER
 
@@ -51,6 +51,7 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
                 f"train.{key} is required by LLM Foundry and neither the experiment nor "
                 f"data source '{job.data.name}' sets it"
             )
+    check_vocab(out)
     return out  # type: ignore[return-value]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
-from hpc_llm.data.loaders import text_loader
+from hpc_llm.data.loaders import finetuning_loader, text_loader, workers_for
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan
@@ -79,9 +79,10 @@ class LocalMds(DataSource):
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         local = str(Path(section.path).expanduser().resolve())
+        w = workers_for(plan.device)
         return {
-            "train_loader": text_loader(section.train_split, local=local, train=True),
-            "eval_loader": text_loader(section.eval_split, local=local, train=False),
+            "train_loader": text_loader(section.train_split, local=local, train=True, workers=w),
+            "eval_loader": text_loader(section.eval_split, local=local, train=False, workers=w),
         }
 
 
@@ -97,10 +98,114 @@ class RemoteStreaming(DataSource):
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         # Without data.path, shards are cached node-locally (cwd is node-local scratch).
         local = str(section.path) if section.path else "streaming_cache"
+        w = workers_for(plan.device)
         return {
-            "train_loader": text_loader(section.train_split, local=local, remote=section.remote, train=True),
-            "eval_loader": text_loader(section.eval_split, local=local, remote=section.remote, train=False),
+            "train_loader": text_loader(section.train_split, local=local, remote=section.remote, train=True, workers=w),
+            "eval_loader": text_loader(section.eval_split, local=local, remote=section.remote, train=False, workers=w),
         }
+
+
+class C4(DataSource):
+    name = "c4"
+    description = "C4 as MDS (hpc-llm data prepare c4), local or streamed from data.remote"
+
+    @dataclass
+    class Options:
+        # Tokenizer the shards are built with and the model trains with.
+        tokenizer: str = "EleutherAI/gpt-neox-20b"
+        # Tokens per MDS sample when preparing (LLM Foundry's --concat_tokens).
+        concat_tokens: int = 2048
+        # MDS shard compression when preparing.
+        compression: Optional[str] = "zstd"
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        self.options(section)
+        if section.remote:
+            require_scheme("data.remote", str(section.remote), REMOTE_SCHEMES, "a location Streaming can read")
+            return
+        path = Path(_require(section, "path", self.name, "the MDS directory `hpc-llm data prepare c4` wrote"))
+        for split in (section.train_split, section.eval_split):
+            if not (path.expanduser() / split / "index.json").is_file():
+                raise ConfigError(
+                    f"data.path={str(path)!r} has no MDS split '{split}'; build it with "
+                    f"`hpc-llm data prepare c4 --out {path} --splits {split}` (or set data.remote)"
+                )
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        opts = self.options(section)
+        w = workers_for(plan.device)
+        remote = str(section.remote) if section.remote else None
+        # remote shards are cached node-locally (the rank's cwd is node-local scratch)
+        local = str(Path(section.path).expanduser().resolve()) if section.path else "streaming_cache/c4"
+        return {
+            "tokenizer": {"name": opts.tokenizer, "kwargs": {"model_max_length": "${max_seq_len}"}},
+            "train_loader": text_loader(section.train_split, local=local, remote=remote, train=True, workers=w),
+            "eval_loader": text_loader(section.eval_split, local=local, remote=remote, train=False, workers=w),
+        }
+
+    def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
+        from hpc_llm.data import prepare
+
+        opts = self.options(section)
+        return prepare.c4_to_mds(out, source=source, splits=splits, tokenizer=opts.tokenizer,
+                                 concat_tokens=opts.concat_tokens, compression=opts.compression)
+
+
+class Finetuning(DataSource):
+    name = "finetuning"
+    description = "prompt/response rows from the hub (datasets) or local jsonl/json/csv/parquet files"
+
+    @dataclass
+    class Options:
+        # Hugging Face dataset name (mosaicml/dolly_hhrlhf); ignored when data.path is set.
+        hf_name: Optional[str] = None
+        # Columns holding the prompt and the response (renamed for LLM Foundry).
+        prompt_column: str = "prompt"
+        response_column: str = "response"
+        # Tokenizer (hub name or local directory); None: train.tokenizer decides.
+        tokenizer: Optional[str] = None
+        # LLM Foundry packing_ratio (null, a number >= 1, or auto).
+        packing_ratio: Optional[Any] = None
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        from hpc_llm.data import schema
+
+        opts = self.options(section)
+        if section.path:
+            for split in (section.train_split, section.eval_split):
+                schema.check_prompt_response(Path(section.path).expanduser(), split,
+                                             opts.prompt_column, opts.response_column)
+        elif not opts.hf_name:
+            raise ConfigError(
+                "data source 'finetuning' needs data.options.hf_name (a Hugging Face dataset) "
+                "or data.path (a directory of <split>.jsonl files)"
+            )
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        opts = self.options(section)
+        hf_name = str(Path(section.path).expanduser().resolve()) if section.path else str(opts.hf_name)
+        # Always map the columns: it also drops extra ones (LLM Foundry rejects them).
+        fn = {"prompt": opts.prompt_column, "response": opts.response_column}
+        w = workers_for(plan.device)
+        out: dict[str, Any] = {
+            "train_loader": finetuning_loader(section.train_split, hf_name=hf_name, train=True, workers=w,
+                                              preprocessing_fn=fn, packing_ratio=opts.packing_ratio),
+            "eval_loader": finetuning_loader(section.eval_split, hf_name=hf_name, train=False, workers=w,
+                                             preprocessing_fn=fn, packing_ratio=opts.packing_ratio),
+        }
+        if opts.tokenizer:
+            out["tokenizer"] = {"name": opts.tokenizer, "kwargs": {"model_max_length": "${max_seq_len}"}}
+        return out
+
+    def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
+        from hpc_llm.data import prepare
+
+        opts = self.options(section)
+        name = source or opts.hf_name
+        if not name:
+            raise ConfigError("nothing to prepare: set data.options.hf_name or pass --source DIR")
+        return prepare.finetuning_to_jsonl(out, name, splits or [section.train_split, section.eval_split],
+                                           opts.prompt_column, opts.response_column)
 
 
 @hookimpl
@@ -108,3 +213,5 @@ def hpc_llm_register_data_sources(register) -> None:
     register(TinyCorpus())
     register(LocalMds())
     register(RemoteStreaming())
+    register(C4())
+    register(Finetuning())

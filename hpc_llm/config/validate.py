@@ -6,8 +6,11 @@ the hpc_llm sweeper), and again inside the job. Pure: no training stack.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -45,6 +48,72 @@ def check_train_keys(train: Mapping[str, object]) -> None:
             )
 
 
+#: len(tokenizer) of hub tokenizers the shipped experiments use (their tokenizer.json
+#: is not on the login node); local tokenizer directories are counted instead
+KNOWN_TOKENIZER_SIZES = {
+    "EleutherAI/gpt-neox-20b": 50277,
+    "mosaicml/mpt-7b": 50277,
+    "mosaicml/mpt-30b": 50277,
+}
+
+
+def tokenizer_size(name: str) -> int | None:
+    """Tokens in a tokenizer (regular + added), from its tokenizer.json; None if unknown here."""
+    path = Path(str(name)).expanduser() / "tokenizer.json"
+    if not path.is_file():
+        return KNOWN_TOKENIZER_SIZES.get(str(name))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    ids = list((data.get("model") or {}).get("vocab", {}).values())
+    ids += [t.get("id", -1) for t in data.get("added_tokens") or []]
+    return max(ids) + 1 if ids else None
+
+
+def check_vocab(train: Mapping[str, Any]) -> None:
+    """A tokenizer with more tokens than the model's embedding fails at the first batch."""
+    model = train.get("model") or {}
+    if model.get("name") != "mpt_causal_lm" or not model.get("vocab_size"):
+        return  # pretrained HF models bring their own vocabulary
+    tok = (train.get("tokenizer") or {}).get("name")
+    n = tokenizer_size(tok) if tok else None
+    vocab = int(model["vocab_size"])
+    if n is not None and n > vocab:
+        padded = -(-n // 64) * 64
+        raise ConfigError(
+            f"train.tokenizer.name={tok!r} has {n} tokens but train.model.vocab_size={vocab}; "
+            f"allowed: vocab_size >= {n} (e.g. {padded}, a multiple of 64), or a smaller tokenizer"
+        )
+
+
+def batch_split(global_batch: int, micro: object, world_size: int) -> tuple[int, object, object]:
+    """(per-rank batch, micro-batch, gradient accumulation) as LLM Foundry derives them.
+
+    The global batch is fixed across node counts; each rank gets
+    ``global / world`` samples in ``grad_accum`` micro-batches. Unlike LLM
+    Foundry (which rounds the accumulation up and trains on a short last
+    micro-batch), an uneven split is an error here, before submitting.
+    """
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ConfigError(f"train.global_train_batch_size={global_batch!r}: must be an integer >= 1")
+    if global_batch % world_size:
+        raise ConfigError(
+            f"train.global_train_batch_size={global_batch} is not divisible by the world size {world_size}; "
+            f"allowed: a multiple of {world_size} (or another node count)"
+        )
+    per_rank = global_batch // world_size
+    if micro == "auto":
+        return per_rank, "auto", "auto"
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ConfigError(f"train.device_train_microbatch_size={micro!r}: must be an integer >= 1 or 'auto'")
+    micro = min(micro, per_rank)  # LLM Foundry lowers it the same way
+    if per_rank % micro:
+        raise ConfigError(
+            f"train.global_train_batch_size={global_batch} is not divisible by world size {world_size} x "
+            f"micro-batch {micro} ({per_rank} samples per rank); allowed: a multiple of {world_size * micro}, "
+            "or a micro-batch that divides the per-rank batch"
+        )
+    return per_rank, micro, per_rank // micro
+
+
 def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     plan = make_plan(cfg, run_dir)
     plugins = get_plugins(cfg.plugins.block)
@@ -55,6 +124,12 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     container = plugins.get("container", cfg.container.name)
     if len(set(cfg.eval.evaluators)) != len(cfg.eval.evaluators):
         raise ConfigError(f"eval.evaluators={list(cfg.eval.evaluators)} lists an evaluator twice")
+    for key in cfg.eval.options or {}:
+        if key not in cfg.eval.evaluators:
+            raise ConfigError(
+                f"eval.options.{key}: '{key}' is not in eval.evaluators; "
+                f"allowed: {', '.join(cfg.eval.evaluators) or '(none)'}"
+            )
     data.validate(cfg.data, plan)
     par.validate(cfg.parallelism, plan)
     ckpt.validate(cfg.checkpoint, plan)
@@ -62,4 +137,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
         ev.validate(cfg.eval, plan)
     container.validate(cfg.container, plan)
     check_train_keys(cfg.train)
+    if "global_train_batch_size" in cfg.train:
+        batch_split(cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"),
+                    plan.world_size)
     return ResolvedJob(plan, data, par, ckpt, evals, container)  # type: ignore[arg-type]

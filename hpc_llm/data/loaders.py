@@ -4,8 +4,32 @@ from __future__ import annotations
 
 from typing import Any
 
+#: dataloader worker processes per rank on GPU nodes (LLM Foundry's yamls use 8)
+GPU_WORKERS = 8
 
-def text_loader(split: str, *, local: str, remote: str | None = None, train: bool) -> dict[str, Any]:
+
+def workers_for(device: str) -> int:
+    """Workers > 0 fork per rank: worth it on GPU nodes, not for CPU test runs."""
+    return GPU_WORKERS if device == "gpu" else 0
+
+
+def _loader(dataset: dict[str, Any], name: str, *, train: bool, workers: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "dataset": dataset,
+        "drop_last": train,
+        "num_workers": workers,
+        # torch rejects a prefetch_factor without workers
+        "prefetch_factor": 2 if workers else None,
+        "persistent_workers": bool(workers),
+        "pin_memory": bool(workers),
+        "timeout": 0,
+    }
+
+
+def text_loader(
+    split: str, *, local: str, remote: str | None = None, train: bool, workers: int = 0
+) -> dict[str, Any]:
     """An LLM Foundry ``text`` dataloader section over MDS shards."""
     dataset: dict[str, Any] = {
         "local": local,
@@ -16,14 +40,33 @@ def text_loader(split: str, *, local: str, remote: str | None = None, train: boo
     }
     if remote:
         dataset["remote"] = remote
-    return {
-        "name": "text",
-        "dataset": dataset,
-        "drop_last": train,
-        # Workers > 0 fork per rank; 0 keeps CPU runs light. prefetch_factor must
-        # then be null (torch rejects a prefetch_factor without workers).
-        "num_workers": 0,
-        "prefetch_factor": None,
-        "persistent_workers": False,
-        "pin_memory": False,
+    return _loader(dataset, "text", train=train, workers=workers)
+
+
+def finetuning_loader(
+    split: str,
+    *,
+    hf_name: str,
+    train: bool,
+    workers: int = 0,
+    preprocessing_fn: Any = None,
+    packing_ratio: Any = None,
+    hf_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An LLM Foundry ``finetuning`` dataloader section (prompt/response or chat rows)."""
+    dataset: dict[str, Any] = {
+        "hf_name": hf_name,
+        "split": split,
+        "max_seq_len": "${max_seq_len}",
+        "decoder_only_format": True,
+        "allow_pad_trimming": False,
+        "shuffle": train,
+        "shuffle_seed": "${seed}",
     }
+    if preprocessing_fn is not None:
+        dataset["preprocessing_fn"] = preprocessing_fn
+    if packing_ratio is not None:
+        dataset["packing_ratio"] = packing_ratio
+    if hf_kwargs:
+        dataset["hf_kwargs"] = hf_kwargs
+    return _loader(dataset, "finetuning", train=train, workers=workers)

@@ -26,6 +26,8 @@ class JobContext:
     loss_history: list[tuple[int, float]] = field(default_factory=list)
     #: this run's attempts across requeues (kept by global rank 0)
     attempts: Attempts | None = None
+    #: what post-train evaluators produced for later ones (``hf_model_dir``)
+    artifacts: dict[str, Any] = field(default_factory=dict)
 
     def record_progress(self, batch: int) -> None:
         if self.attempts is not None:

@@ -32,6 +32,8 @@ from hpc_llm.trainconfig import build_train_config
 
 log = logging.getLogger(__name__)
 
+POST_TRAIN_KEYS = ("conversion_ok", "hf_model_dir", "hf_model_bytes", "inference_ok")
+
 
 def node_local_dir(cfg: DictConfig, run_dir: Path, dist: distenv.DistEnv) -> Path:
     """Per-node working directory outside the shared run dir (DESIGN.md hazard 1)."""
@@ -121,9 +123,12 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
     eval_metrics: dict[str, Any] = {}
     for ev in job.evaluators:
         eval_metrics.update(ev.after_train(cfg.eval, trainer, ctx))
+    # the post-train verdicts the report's "conversion, inference & evaluation OK?" reads
+    top = {k: eval_metrics.pop(k) for k in POST_TRAIN_KEYS if k in eval_metrics}
     results = collect_results(
         cfg, job, ctx, trainer, eval_metrics=eval_metrics, train_s=train_s, job_s=time.time() - started
     )
+    results.update(top)
     if ctx.dist.rank == 0:
         _finish_attempt(ctx, "completed", int(trainer.state.timestamp.batch))
         write_results(ctx.run_dir, _with_attempts(results, ctx))

@@ -42,7 +42,9 @@ class Component:
 
     def options(self, section: DictConfig) -> Any:
         """Return ``section.options`` checked against ``Options`` (if any)."""
-        raw = section.get("options") or {}
+        return self._typed_options(section.get("options") or {}, f"{self.selector.split('.')[0]}.options")
+
+    def _typed_options(self, raw: Any, where: str) -> Any:
         if self.Options is None:
             return raw
         if not dataclasses.is_dataclass(self.Options):
@@ -53,8 +55,8 @@ class Component:
             key = getattr(exc, "key", None) or "?"
             fields = [f.name for f in dataclasses.fields(self.Options)]
             raise ConfigError(
-                f"{self.selector.split('.')[0]}.options.{key}: not an option of "
-                f"{self.kind} '{self.name}'; allowed: {', '.join(fields) or '(none)'}"
+                f"{where}.{key}: not an option of {self.kind} '{self.name}'; "
+                f"allowed: {', '.join(fields) or '(none)'}"
             ) from None
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
@@ -75,6 +77,13 @@ class DataSource(Component):
         """LLM Foundry keys: ``train_loader``, ``eval_loader`` (held-out split)
         and optionally ``tokenizer``."""
         raise NotImplementedError
+
+    def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
+        """``hpc-llm data prepare``: build this source's data under ``out`` (a
+        shared directory or remote URI) from the hub or from ``source`` (local
+        files in the same schema); return what was written. Runs where the
+        ``train`` extra is installed (a login node with it, or a job)."""
+        raise ConfigError(f"data source '{self.name}' has nothing to prepare")
 
 
 class ParallelismStrategy(Component):
@@ -114,6 +123,11 @@ class Evaluator(Component):
 
     kind = "evaluator"
     selector = "eval.evaluators"
+
+    def options(self, section: DictConfig) -> Any:
+        """``eval.options.<name>``: each evaluator has its own options."""
+        raw = (section.get("options") or {}).get(self.name) or {}
+        return self._typed_options(raw, f"eval.options.{self.name}")
 
     def train_config(
         self, section: DictConfig, plan: JobPlan, data: dict[str, Any]
