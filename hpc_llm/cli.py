@@ -10,7 +10,7 @@
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
-    hpc-llm data prepare NAME --out DIR [--source DIR] [--splits S ...] [overrides]
+    hpc-llm data prepare NAME --out DIR [--source DIR] [--splits A,B] [overrides]
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides (data.options.tokenizer=...)")
     p.add_argument("--out", required=True, help="output directory (shared filesystem) or remote URI")
     p.add_argument("--source", help="local files in the dataset's schema instead of the hub")
-    p.add_argument("--splits", nargs="+", help="splits to write (default: the data source's)")
+    p.add_argument("--splits", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+                   help="comma-separated splits to write, e.g. train,val_small (default: the data source's)")
     p.set_defaults(func=cmd_data)
     return parser
 
@@ -327,7 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     from hpc_llm.errors_cli import one_line_errors
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # overrides may follow options (`data prepare c4 --out D key=value`); argparse
+    # stops collecting positionals at the first option, so gather the rest here
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not isinstance(getattr(args, "overrides", None), list) or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides.extend(extra)
     with one_line_errors():
         code = args.func(args)
     raise SystemExit(code)

@@ -28,8 +28,14 @@ def check_completed(r: dict, *, parallelism: str, world_size: int) -> None:
     # The loss falls: the last logged training loss is well below the first.
     assert r["train_loss"] < r["train_loss_first"] - 1.0, (r["train_loss_first"], r["train_loss"])
     assert len(r["train_loss_history"]) == 40
-    assert set(r["eval"]) == {"loss", "perplexity", "token_accuracy"}
+    assert {"loss", "perplexity", "token_accuracy"} <= set(r["eval"])
     assert r["eval"]["loss"] < r["train_loss_first"]
+    # the post-train stage (eval=full, the default): HF model written, loaded, generated from
+    assert r["conversion_ok"] is True and r["inference_ok"] is True, r["eval"]
+    assert r["eval"]["inference_new_tokens"] == 8 and r["hf_model_bytes"] > 100_000
+    hf = json.loads((Path(r["hf_model_dir"]) / "config.json").read_text())
+    assert hf["attn_config"]["attn_impl"] == "torch" and hf["init_device"] == "cpu"
+    assert hf["auto_map"]["AutoModelForCausalLM"] == "modeling_mpt.MPTForCausalLM"
     assert r["eval"]["perplexity"] == pytest.approx(2.718281828 ** r["eval"]["loss"], rel=1e-3)
     ckpt = Path(r["checkpoint"])
     assert ckpt.exists() and ckpt.name.startswith("ep") and "ba40" in ckpt.name
@@ -51,6 +57,24 @@ def test_ddp_two_ranks(app_env, runs_dir, tmp_path):
     assert (run_dir / "logs" / "rank0.log").is_file() and (run_dir / "logs" / "rank1.log").is_file()
     # The launching (login-node) process never imported the training stack.
     assert not TRAINING_STACK.search(proc.stderr), TRAINING_STACK.findall(proc.stderr)[:5]
+    # The converted model is an ordinary HF directory: plain transformers (no
+    # llmfoundry import) loads it and its greedy continuation is what the run recorded.
+    code = (
+        "import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "d = sys.argv[1]; tok = AutoTokenizer.from_pretrained(d)\n"
+        "m = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True, torch_dtype=torch.float32)\n"
+        "ids = tok('The', return_tensors='pt')['input_ids']\n"
+        "out = m.generate(input_ids=ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.eos_token_id)\n"
+        "print(repr(tok.decode(out[0][ids.shape[1]:], skip_special_tokens=True)))\n"
+        "assert 'llmfoundry' not in sys.modules\n"
+    )
+    import subprocess
+    import sys
+
+    check = subprocess.run([sys.executable, "-c", code, r["hf_model_dir"]], capture_output=True, text=True,
+                           env=app_env, timeout=300)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert check.stdout.strip() == repr(r["eval"]["inference_sample"])
 
 
 def test_fsdp_two_ranks(app_env, runs_dir, tmp_path):
@@ -90,7 +114,7 @@ def test_third_party_jsonl_source_trains(app_env, runs_dir, tmp_path, cache_dir)
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "completed" and r["batches_done"] == 10
-    assert set(r["eval"]) == {"loss", "perplexity", "token_accuracy"}
+    assert {"loss", "perplexity", "token_accuracy"} <= set(r["eval"])
     assert r["train_loss"] < r["train_loss_first"]
 
 
