@@ -10,6 +10,7 @@
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
+    hpc-llm preflight [overrides]    health checks (all-reduce busbw table, GPUs) on an allocation like the run's
     hpc-llm data prepare NAME --out DIR [--source DIR] [--splits A,B] [overrides]
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
@@ -252,6 +253,38 @@ def cmd_container(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """Submit just the checks (the run's own job, stopped before training) and print the table."""
+    import json
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from hpc_llm.preflight import summary
+
+    overrides = list(args.overrides)
+    sweep = Path(os.environ.get("HPC_LLM_RUNS", "outputs")) / "preflight" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    overrides += ["preflight.enabled=true", "preflight.only=true", f"hydra.sweep.dir={sweep.resolve()}"]
+    if any(o in ("hydra/launcher=slurm",) for o in overrides) and not any(
+            o.startswith("hydra.launcher.wait=") for o in overrides):
+        overrides.append("hydra.launcher.wait=true")
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # keep the app's one-line errors
+    proc = subprocess.run([sys.executable, "-m", "hpc_llm", *overrides], env=env)
+    found = sorted(sweep.rglob("results.json"))
+    for path in found:
+        record = json.loads(path.read_text()).get("preflight")
+        if record:
+            sys.stdout.write(summary(record))
+    if proc.returncode == 2:
+        return 2  # bad input: the app printed the one line
+    if not found:
+        print(f"hpc_llm: error: the preflight job wrote no results; see {sweep}", file=sys.stderr)
+        return 1
+    ok = all((json.loads(p.read_text()).get("preflight") or {}).get("passed") for p in found)
+    return 0 if ok and proc.returncode == 0 else 1
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     from hpc_llm.plugins.manager import get_plugins
 
@@ -313,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fakeroot", action="store_true", help="build: without --fakeroot (needs root)")
     p.add_argument("--src", help="build: hpc_llm source checkout copied into the image (default: this one)")
     p.set_defaults(func=cmd_container)
+    p = sub.add_parser("preflight", help="run the health checks alone on an allocation like the run's")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides (hydra/launcher=slurm resources.nodes=2 ...)")
+    p.set_defaults(func=cmd_preflight)
     p = sub.add_parser("data", help="prepare a dataset (C4 -> MDS, hub finetuning data -> jsonl); needs [train]")
     p.add_argument("action", choices=["prepare"])
     p.add_argument("name", help="a data config (conf/data/NAME.yaml): c4, dolly_hhrlhf, instruct_v3, ...")

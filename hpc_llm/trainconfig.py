@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab
 from hpc_llm.errors import ConfigError
-from hpc_llm.job.foundry import PREEMPTION_CALLBACK, RESULTS_LOGGER
+from hpc_llm.job.foundry import PREEMPTION_CALLBACK, RESULTS_LOGGER, WATCHDOG_CALLBACK
 
 
 
@@ -34,8 +34,16 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
         data.pop("eval_loader", None)
     fragments.extend(eval_fragments)
     ours: dict[str, Any] = {"run_name": run_name, "loggers": {RESULTS_LOGGER: {}}}
+    callbacks: dict[str, Any] = {}
+    if cfg.watchdog.enabled:
+        w = cfg.watchdog
+        callbacks[WATCHDOG_CALLBACK] = {"window": w.window, "fraction": w.fraction, "patience": w.patience,
+                                        "action": w.action}
     if cfg.preemption.enabled:
-        ours["callbacks"] = {PREEMPTION_CALLBACK: {}}
+        # after the watchdog: a stop it requests is acted on at the same batch
+        callbacks[PREEMPTION_CALLBACK] = {}
+    if callbacks:
+        ours["callbacks"] = callbacks
     fragments.append(ours)
     merged: dict[str, Any] = {}
     for fragment in [*fragments, OmegaConf.to_container(cfg.train, resolve=False)]:

@@ -87,10 +87,13 @@ def test_fsdp_two_ranks(app_env, runs_dir, tmp_path):
 
 
 def test_hsdp_four_ranks_two_by_two(app_env, runs_dir, tmp_path):
-    proc = run_app(["+experiment=mpt_tiny", "parallelism=hsdp", "resources.tasks_per_node=4"], app_env, cwd=tmp_path)
+    # with the preflight on: Composer must train on the process group the checks opened
+    proc = run_app(["+experiment=mpt_tiny", "parallelism=hsdp", "resources.tasks_per_node=4",
+                    "preflight.enabled=true", "preflight.max_bytes=4096"], app_env, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     check_completed(r, parallelism="hsdp", world_size=4)
+    assert r["preflight"]["passed"] is True and r["preflight"]["checks"]["allreduce"]["ranks"] == 4
     assert r["device_mesh"] == {"data_parallel_replicate": 2, "data_parallel_shard": 2}
 
 

@@ -129,6 +129,46 @@ class PreemptionConfig:
 
 
 @dataclass
+class PreflightConfig:
+    # Run the health checks inside the job before training (hpc-llm preflight runs them alone).
+    enabled: bool = False
+    # Set by `hpc-llm preflight`: stop after the checks, do not train.
+    only: bool = False
+    # Health-check plugins, in order: allreduce, gpu, container, or a package's.
+    checks: list[str] = field(default_factory=lambda: ["allreduce", "gpu", "container"])
+    # All-reduce message sizes run from 8 B up to this many bytes (powers of two);
+    # None: 256 MiB on GPUs, 1 MiB on CPU.
+    max_bytes: Optional[int] = None
+    # Timed all-reduces per size, after `warmup` untimed ones.
+    iters: int = 5
+    warmup: int = 2
+    # Stop before training when the peak all-reduce bus bandwidth (GB/s) is lower.
+    min_busbw_gbps: Optional[float] = None
+    # Stop before training when a GPU's bf16 matmul TFLOP/s is lower (H100 SXM: ~700-800).
+    min_tflops: Optional[float] = None
+    # Square bf16 matmul size for the GPU check.
+    matmul_size: int = 8192
+    # On failure, requeue the job excluding the node(s) the checks named (when they
+    # are only part of the allocation; counts against preemption.max_requeues).
+    exclude_bad_nodes: bool = False
+
+
+@dataclass
+class WatchdogConfig:
+    # Watch training throughput (tokens/s; MFU on GPUs is proportional to it).
+    enabled: bool = False
+    # Batches in the running median.
+    window: int = 20
+    # Warn when a batch runs below this fraction of the running median...
+    fraction: float = 0.5
+    # ...for this many batches in a row.
+    patience: int = 3
+    # warn: log it (and record it in results.json); requeue: also checkpoint and
+    # requeue the job, as on preemption.
+    action: str = "warn"
+
+
+@dataclass
 class ContainerConfig:
     # Container runtime plugin: none (the node's Python), apptainer, or a package's.
     name: str = "none"
@@ -171,6 +211,8 @@ class HpcLlmConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     # LLM Foundry train config (model, optimizer, max_duration, ...).
     train: dict[str, Any] = field(default_factory=dict)

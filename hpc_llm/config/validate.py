@@ -22,6 +22,7 @@ from hpc_llm.plugins.base import (
     ContainerRuntime,
     DataSource,
     Evaluator,
+    HealthCheck,
     ParallelismStrategy,
 )
 from hpc_llm.plugins.manager import get_plugins
@@ -35,6 +36,7 @@ class ResolvedJob:
     checkpoint: CheckpointBackend
     evaluators: tuple[Evaluator, ...]
     container: ContainerRuntime
+    health_checks: tuple[HealthCheck, ...] = ()
 
 
 def check_train_keys(train: Mapping[str, object]) -> None:
@@ -114,6 +116,22 @@ def batch_split(global_batch: int, micro: object, world_size: int) -> tuple[int,
     return per_rank, micro, per_rank // micro
 
 
+WATCHDOG_ACTIONS = ("warn", "requeue")
+
+
+def check_watchdog(cfg: DictConfig) -> None:
+    w = cfg.watchdog
+    if w.action not in WATCHDOG_ACTIONS:
+        raise ConfigError(f"watchdog.action={w.action!r}; allowed: {', '.join(WATCHDOG_ACTIONS)}")
+    if not 0 < float(w.fraction) < 1:
+        raise ConfigError(f"watchdog.fraction={w.fraction}: must be between 0 and 1 (a fraction of the median)")
+    if int(w.window) < 3 or int(w.patience) < 1:
+        raise ConfigError(f"watchdog.window={w.window}, patience={w.patience}: need window >= 3 and patience >= 1")
+    if w.enabled and w.action == "requeue" and not cfg.preemption.enabled:
+        raise ConfigError("watchdog.action=requeue saves and requeues like a preemption; "
+                          "it needs preemption.enabled=true")
+
+
 def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     plan = make_plan(cfg, run_dir)
     plugins = get_plugins(cfg.plugins.block)
@@ -122,6 +140,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     ckpt = plugins.get("checkpoint", cfg.checkpoint.name)
     evals = tuple(plugins.get("evaluator", name) for name in cfg.eval.evaluators)
     container = plugins.get("container", cfg.container.name)
+    health = tuple(plugins.get("health_check", name) for name in cfg.preflight.checks)
     if len(set(cfg.eval.evaluators)) != len(cfg.eval.evaluators):
         raise ConfigError(f"eval.evaluators={list(cfg.eval.evaluators)} lists an evaluator twice")
     for key in cfg.eval.options or {}:
@@ -136,8 +155,12 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     for ev in evals:
         ev.validate(cfg.eval, plan)
     container.validate(cfg.container, plan)
+    if cfg.preflight.enabled:
+        for check in health:
+            check.validate(cfg.preflight, plan)
+    check_watchdog(cfg)
     check_train_keys(cfg.train)
     if "global_train_batch_size" in cfg.train:
         batch_split(cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"),
                     plan.world_size)
-    return ResolvedJob(plan, data, par, ckpt, evals, container)  # type: ignore[arg-type]
+    return ResolvedJob(plan, data, par, ckpt, evals, container, health)  # type: ignore[arg-type]

@@ -28,6 +28,10 @@ class JobContext:
     attempts: Attempts | None = None
     #: what post-train evaluators produced for later ones (``hf_model_dir``)
     artifacts: dict[str, Any] = field(default_factory=dict)
+    #: the preflight record (hpc_llm.job.health), once checks have run
+    preflight: dict[str, Any] | None = None
+    #: slowdowns the throughput watchdog reported (global rank 0)
+    watchdog_events: list[dict[str, Any]] = field(default_factory=list)
 
     def record_progress(self, batch: int) -> None:
         if self.attempts is not None:

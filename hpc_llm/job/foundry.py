@@ -9,17 +9,21 @@ from __future__ import annotations
 
 RESULTS_LOGGER = "hpc_llm_results"
 PREEMPTION_CALLBACK = "hpc_llm_preemption"
+WATCHDOG_CALLBACK = "hpc_llm_watchdog"
 
 
 def register() -> None:
-    """Make our logger and preemption callback buildable by name from the train config."""
+    """Make our logger and callbacks buildable by name from the train config."""
     from llmfoundry.registry import callbacks, loggers
 
     from hpc_llm.job.preemption_callback import PreemptionCallback
     from hpc_llm.job.results_logger import ResultsLogger
+    from hpc_llm.job.watchdog_callback import Watchdog
 
     if RESULTS_LOGGER not in loggers.get_all():
         loggers.register(RESULTS_LOGGER, func=ResultsLogger)
     if PREEMPTION_CALLBACK not in callbacks.get_all():
         callbacks.register(PREEMPTION_CALLBACK, func=PreemptionCallback)
+    if WATCHDOG_CALLBACK not in callbacks.get_all():
+        callbacks.register(WATCHDOG_CALLBACK, func=Watchdog)
 

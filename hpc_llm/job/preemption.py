@@ -73,6 +73,12 @@ def mark_ready(run_dir: Path) -> None:
     (ready / f"{job}.{os.environ.get('SLURM_RESTART_COUNT') or 0}.{rank}").touch()
 
 
+def request_stop(reason: str) -> None:
+    """Stop at the next batch boundary as if signalled (the watchdog's requeue)."""
+    if not _received:
+        _received.update(signal=reason, time=time.time())
+
+
 def received() -> dict[str, Any]:
     return dict(_received)
 

@@ -31,6 +31,10 @@ def failed_results(plan: JobPlan, ctx: JobContext | None, error: str) -> dict[st
     if ctx is not None and ctx.loss_history:
         out["batches_done"] = ctx.loss_history[-1][0]
         out["train_loss"] = ctx.loss_history[-1][1]
+    if ctx is not None and ctx.preflight is not None:
+        out["preflight"] = ctx.preflight
+    if ctx is not None and ctx.watchdog_events:
+        out["watchdog_events"] = ctx.watchdog_events
     out["finished_at"] = time.time()
     return out
 
@@ -67,6 +71,9 @@ def collect_results(
     out["checkpoint"] = job.checkpoint.latest(cfg.checkpoint, job.plan)
     out["checkpoint_bytes"] = job.checkpoint.size_bytes(cfg.checkpoint, job.plan)
     out["eval"] = eval_metrics
+    if ctx.preflight is not None:
+        out["preflight"] = ctx.preflight
+    out["watchdog_events"] = ctx.watchdog_events
     mesh = getattr(state, "device_mesh", None)
     if mesh is not None and mesh.mesh_dim_names:
         out["device_mesh"] = dict(zip(mesh.mesh_dim_names, (int(s) for s in mesh.mesh.shape)))

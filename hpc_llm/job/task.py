@@ -24,10 +24,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import context, distenv, preemption
+from hpc_llm.job import context, distenv, health, preemption
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.results import collect_results, failed_results, write_results
-from hpc_llm.results import run_info
+from hpc_llm.results import base_results, run_info
 from hpc_llm.trainconfig import build_train_config
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except preemption.Preempted as stop:
         _after_preemption(cfg, job, ctx, stop)
         raise SystemExit(0) from None
+    except health.CheckFailed as failed:
+        _after_failed_preflight(cfg, job, ctx, failed)
+        raise SystemExit(1) from None  # the reason is logged and in results.json
     except BaseException as exc:
         if dist.rank == 0:
             _finish_attempt(ctx, "failed")
@@ -93,6 +96,11 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
     os.chdir(ctx.node_dir)
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
     os.environ.update(job.parallelism.env(cfg.parallelism, job.plan))
+    if cfg.preflight.enabled:
+        # before anything else touches the allocation: a bad node stops the job here
+        health.run_preflight(cfg, job.health_checks, ctx)
+        if cfg.preflight.only:
+            return _preflight_only(job, ctx, started)
     train_cfg = build_train_config(cfg, job, run_name=run_name(job.plan.experiment, ctx.run_dir))
     if ctx.dist.rank == 0:
         (ctx.run_dir / "train_config.yaml").write_text(yaml.safe_dump(train_cfg, sort_keys=False))
@@ -134,6 +142,45 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
         write_results(ctx.run_dir, _with_attempts(results, ctx))
     trainer.close()
     return results
+
+
+def _preflight_only(job: ResolvedJob, ctx: JobContext, started: float) -> dict[str, Any]:
+    """``hpc-llm preflight``: the checks passed; record them and stop without training."""
+    results = base_results(job.plan, "completed")
+    results.update(preflight=ctx.preflight, batches_done=0, wallclock_s=round(time.time() - started, 3),
+                   finished_at=time.time())
+    if ctx.dist.rank == 0:
+        _finish_attempt(ctx, "completed", 0)
+        write_results(ctx.run_dir, _with_attempts(results, ctx))
+    return results
+
+
+def _after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: health.CheckFailed) -> None:
+    """Record why (rank 0); with preflight.exclude_bad_nodes, requeue away from the named nodes.
+
+    Every rank reaches the same decision from the same figures, so all exit 0
+    together when the job is requeued (a rank exiting 1 first would make srun
+    kill rank 0 before it requeues).
+    """
+    job_id = os.environ.get("SLURM_JOB_ID")
+    everyone = set((ctx.preflight or {}).get("nodes") or [])
+    requeue = bool(cfg.preflight.exclude_bad_nodes and job_id and failed.nodes
+                   and set(failed.nodes) < everyone and restart_count() < cfg.preemption.max_requeues)
+    if ctx.dist.rank == 0:
+        where = f" (nodes: {', '.join(failed.nodes)})" if failed.nodes else ""
+        reason = f"preflight check '{(ctx.preflight or {}).get('failed_check')}' failed: {failed.reason}{where}"
+        _finish_attempt(ctx, "preflight failed", 0)
+        results = failed_results(job.plan, ctx, reason)
+        results["batches_done"] = 0
+        if requeue:
+            health.exclude_and_requeue(str(job_id), failed.nodes)
+            results.update(status="requeued", excluded_nodes=failed.nodes)
+            log.warning("%s; job %s requeued excluding %s", reason, job_id, ", ".join(failed.nodes))
+        else:
+            log.error("%s; not training", reason)
+        write_results(ctx.run_dir, _with_attempts(results, ctx))
+    if requeue:
+        raise SystemExit(0)
 
 
 def _finish_attempt(ctx: JobContext, how: str, batch: int | None = None) -> None:
