@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import explain, run_app
 
 CASES = [
-    (["+experiment=nope"], "unknown experiment 'nope'; allowed: mpt_tiny"),
+    (["+experiment=nope"], "unknown experiment 'nope'; allowed: mpt125m_c4, mpt13b_c4"),
     (["data.name=nope"], "unknown data source 'nope' (data.name); allowed:"),
     (["parallelism=nope"], "unknown parallelism 'nope'; allowed: ddp, fsdp, hsdp"),
     (["parallelism.name=nope"], "unknown parallelism 'nope' (parallelism.name); allowed: ddp, fsdp, hsdp"),

@@ -39,16 +39,21 @@ def test_vendored_train_keys_match_installed_llmfoundry():
     assert TRAIN_CONFIG_KEYS == real
 
 
-def test_every_experiment_composes_and_builds_a_train_config():
+def test_every_experiment_composes_and_builds_a_train_config(tmp_path):
     names = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
-    assert "mpt_tiny" in names
+    assert "mpt_tiny" in names and len(names) >= 12
+    for split in ("train", "val_small"):  # C4 experiments check that the shards exist
+        (tmp_path / "c4" / split).mkdir(parents=True)
+        (tmp_path / "c4" / split / "index.json").write_text('{"version": 2, "shards": []}')
     for name in names:
-        cfg = compose([f"+experiment={name}"])
+        extra = [f"data.path={tmp_path / 'c4'}"] if name.endswith("_c4") else []
+        cfg = compose([f"+experiment={name}", *extra])
         job = resolve_job(cfg, run_dir="/shared/runs/x/0")
         train = build_train_config(cfg, job, run_name="t")
         assert train["run_name"] == "t"
         assert train["save_folder"] == "/shared/runs/x/0/checkpoints"
-        assert train["model"]["max_seq_len"] == train["max_seq_len"]
+        model = train["model"]
+        assert model.get("max_seq_len", model.get("config_overrides", {}).get("max_seq_len")) == train["max_seq_len"]
         assert "hpc_llm_results" in train["loggers"]
 
 

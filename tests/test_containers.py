@@ -49,7 +49,8 @@ def calls(env: dict[str, str]) -> list[dict]:
 @pytest.mark.parametrize("container", ["none", "apptainer"])
 def test_render_h100_8_nodes_matches_golden(container, app_env, image):
     env = dict(app_env, HPC_LLM_CACHE="/shared/cache/hpc_llm")
-    args = ["+experiment=mpt_tiny", "cluster=h100", "resources.nodes=8", f"container={container}", *FIXED]
+    args = ["+experiment=mpt_tiny", "cluster=h100", "resources.nodes=8", "train.global_train_batch_size=256",
+            f"container={container}", *FIXED]
     if container == "apptainer":
         args.append(f"container.image={image}")
     proc = run_cli(["render", *args], env)
@@ -66,6 +67,7 @@ def test_apptainer_render_wraps_every_task_with_gpus_and_binds(app_env, image, t
     data = tmp_path / "extra"
     data.mkdir()
     proc = run_cli(["render", "+experiment=mpt_tiny", "cluster=h100", "resources.nodes=2", "container=apptainer",
+                    "train.global_train_batch_size=64",
                     f"container.image={image}", f"container.binds=[{data}:/data:ro]",
                     f"checkpoint.location={tmp_path / 'ckpt'}", *FIXED], app_env)
     assert proc.returncode == 0, explain(proc)

@@ -72,7 +72,9 @@ def test_builtins_are_registered_through_the_same_manager():
     assert plugins.names("parallelism") == ["ddp", "fsdp", "hsdp"]
     assert set(plugins.names("data")) >= {"tiny_corpus", "mds", "hf"}
     assert plugins.names("checkpoint") == ["folder", "uri"]
-    assert plugins.names("evaluator") == ["heldout"]
+    assert plugins.names("evaluator") == ["heldout", "hf_convert", "inference"]
+    assert plugins.names("container") == ["apptainer", "none"]
+    assert plugins.names("health_check") == ["allreduce", "container", "gpu"]
     assert {e.package for e in plugins.entries()} == {"hpc-llm (built-in)"}
 
 

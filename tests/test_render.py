@@ -18,6 +18,7 @@ FIXED = ["hydra.launcher.python=/opt/hpc_llm/venv/bin/python", "hydra.sweep.dir=
 CASES = {
     "sbatch_local_2nodes.sh": ["+experiment=mpt_tiny", "resources.nodes=2"],
     "sbatch_h100_4nodes.sh": ["+experiment=mpt_tiny", "cluster=h100", "resources.nodes=4",
+                              "train.global_train_batch_size=256",
                               "hydra.launcher.partition=gpu", "hydra.launcher.account=llm team"],
 }
 

@@ -153,7 +153,7 @@ class C4(DataSource):
 
 class Finetuning(DataSource):
     name = "finetuning"
-    description = "prompt/response rows from the hub (datasets) or local jsonl/json/csv/parquet files"
+    description = "prompt/response rows from the hub (datasets) or local .json[l]/.csv/.parquet files"
 
     @dataclass
     class Options:
