@@ -245,7 +245,7 @@ def cmd_container(args: argparse.Namespace) -> int:
     report = containers.check(cfg, job_run_dir(cfg))
     for name, want in report.expected.items():
         have = report.versions.get(name)
-        mark = "ok" if have == want else "MISMATCH"
+        mark = "ok" if containers.public_version(have) == want else "MISMATCH"
         print(f"{name:20s} image {have or '-':12s} expected {want:12s} {mark}")
     for problem in report.problems:
         print(f"problem: {problem}")
@@ -286,11 +286,16 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    from hpc_llm.errors import ConfigError
     from hpc_llm.plugins.manager import get_plugins
 
     cfg = compose([f"data={args.name}", *args.overrides])
     source = get_plugins(cfg.plugins.block).get("data", cfg.data.name)
-    written = source.prepare_data(cfg.data, args.out, args.source, list(args.splits or []))  # type: ignore[attr-defined]
+    try:
+        written = source.prepare_data(cfg.data, args.out, args.source, list(args.splits or []))  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise ConfigError(f"hpc-llm data prepare needs the training stack ({exc.name} is missing); "
+                          "install it with: pip install 'hpc-llm[train]'") from None
     for path in written:
         print(f"wrote {path}")
     return 0

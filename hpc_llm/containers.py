@@ -145,6 +145,11 @@ VERSIONS_PY = (
 )
 
 
+def public_version(version: str | None) -> str | None:
+    """'2.7.0+cpu' -> '2.7.0': a local build tag (CPU or CUDA wheel) is the same release."""
+    return version.split("+", 1)[0] if version else version
+
+
 @dataclass
 class CheckReport:
     image: str
@@ -191,6 +196,6 @@ def check(cfg: DictConfig, run_dir: str) -> CheckReport:
         return report
     for name, want in report.expected.items():
         have = report.versions.get(name)
-        if have != want:
+        if public_version(have) != want:
             report.problems.append(f"{name} is {have or 'missing'} in the image, {want} expected")
     return report

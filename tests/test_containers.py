@@ -94,7 +94,7 @@ def test_stage_copies_the_image_to_node_local_disk(app_env, image):
     proc = run_cli(["render", "+experiment=mpt_tiny", "container=apptainer", f"container.image={image}",
                     "container.stage=true", "cluster.scratch=/local/scratch", *FIXED], app_env)
     assert proc.returncode == 0, explain(proc)
-    staged = re.search(r"cp -f \S+ (/local/scratch/hpc_llm-image-[0-9a-f]{12}\.sif)", proc.stdout)
+    staged = re.search(r"mv -f \S+ (/local/scratch/hpc_llm-image-[0-9a-f]{12}\.sif)", proc.stdout)
     assert staged, proc.stdout
     [task_line] = [ln for ln in proc.stdout.splitlines() if "submitit.core._submit" in ln]
     assert f" {staged.group(1)} python3 " in task_line and "--bind /local/scratch " in task_line

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -77,11 +76,16 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
             if log and re.search(r"\[batch=1[5-9]/", log.read_text(errors="replace")):
                 break
             time.sleep(0.2)
-        pids = subprocess.run(["pgrep", "-f", f"hpc_llm.launchers.rank {runs_dir}"], capture_output=True,
-                              text=True).stdout.split()
         ranks = {}
-        for pid in pids:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        for proc_dir in Path("/proc").iterdir():  # the rank processes of this run, by their command line
+            try:
+                cmd = (proc_dir / "cmdline").read_bytes().split(b"\0")
+                if b"hpc_llm.launchers.rank" not in cmd or not any(str(runs_dir).encode() in c for c in cmd):
+                    continue
+                env = (proc_dir / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            pid = proc_dir.name
             rank = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SLURM_PROCID=")), None)
             if rank is not None:
                 ranks[rank.decode()] = int(pid)

@@ -23,6 +23,23 @@ SEED_EXPERIMENTS = [f"mpt{s}_c4" for s in ("125m", "350m", "760m", "1b", "3b", "
 FIXED = ["hydra.sweep.dir=/shared/runs/golden", "hydra.launcher.python=/opt/hpc_llm/venv/bin/python"]
 
 
+@pytest.fixture
+def cli(monkeypatch, capsys, c4_mds):
+    """``hpc-llm`` in this process (the same main(); dozens of config/render calls stay fast)."""
+    from hpc_llm.cli import main
+
+    monkeypatch.setenv("HPC_LLM_DATA", str(c4_mds.parent))
+
+    def call(*args: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(list(args))
+        out = capsys.readouterr()
+        assert exc.value.code == 0, out.err
+        return out.out
+
+    return call
+
+
 @pytest.fixture(scope="module")
 def tiny_tokenizer(cache_dir: Path) -> Path:
     """The bundled corpus' BPE tokenizer (512 tokens), from the session's shared cache."""
@@ -94,12 +111,9 @@ def test_pretraining_on_prepared_c4(c4_mds, tiny_tokenizer, app_env, runs_dir, t
 
 
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
-def test_every_seed_experiment_prints_its_llm_foundry_config(name, c4_mds, app_env):
+def test_every_seed_experiment_prints_its_llm_foundry_config(name, c4_mds, cli):
     assert name in EXPERIMENTS
-    env = dict(app_env, HPC_LLM_DATA=str(c4_mds.parent))
-    proc = run_cli(["config", f"+experiment={name}"], env)
-    assert proc.returncode == 0, explain(proc)
-    train = yaml.safe_load(proc.stdout)
+    train = yaml.safe_load(cli("config", f"+experiment={name}"))
     assert train["precision"] == "amp_bf16" and train["fsdp_config"]["sharding_strategy"] == "FULL_SHARD"
     assert train["train_loader"]["num_workers"] == 8  # H100 nodes load data in worker processes
     if name.endswith("_c4"):
@@ -120,45 +134,40 @@ TABLE_1 = {
 
 
 @pytest.mark.parametrize("name", sorted(TABLE_1))
-def test_pretraining_experiments_follow_the_seeds_and_llm_foundry(name, c4_mds, app_env):
-    env = dict(app_env, HPC_LLM_DATA=str(c4_mds.parent))
-    train = yaml.safe_load(run_cli(["config", f"+experiment={name}"], env).stdout)
+def test_pretraining_experiments_follow_the_seeds_and_llm_foundry(name, cli):
+    train = yaml.safe_load(cli("config", f"+experiment={name}"))
     duration, interval, gbs, lr = TABLE_1[name]
     assert (train["max_duration"], train["eval_interval"], train["global_train_batch_size"]) == (duration, interval, gbs)
     assert train["optimizer"]["lr"] == lr and train["max_seq_len"] == 2048
 
 
-def test_finetuning_experiments_use_the_seeds_datasets(app_env):
-    dolly = yaml.safe_load(run_cli(["config", "+experiment=mpt7b_dolly"], app_env).stdout)
+def test_finetuning_experiments_use_the_seeds_datasets(cli):
+    dolly = yaml.safe_load(cli("config", "+experiment=mpt7b_dolly"))
     assert dolly["train_loader"]["dataset"]["hf_name"] == "mosaicml/dolly_hhrlhf"
     assert dolly["eval_loader"]["dataset"]["split"] == "test"
     assert dolly["model"]["pretrained_model_name_or_path"] == "mosaicml/mpt-7b"
-    instruct = yaml.safe_load(run_cli(["config", "+experiment=mpt30b_instruct"], app_env).stdout)
+    instruct = yaml.safe_load(cli("config", "+experiment=mpt30b_instruct"))
     assert instruct["train_loader"]["dataset"]["hf_name"] == "kowndinya23/instruct-v3"
     assert instruct["eval_loader"]["dataset"]["split"] == "validation"
     assert instruct["train_loader"]["dataset"]["packing_ratio"] == 9 and instruct["max_seq_len"] == 8192
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 4, 8])
-def test_mpt125m_c4_renders_for_h100_nodes(nodes, c4_mds, app_env):
-    env = dict(app_env, HPC_LLM_DATA=str(c4_mds.parent))
-    proc = run_cli(["render", "+experiment=mpt125m_c4", f"resources.nodes={nodes}", *FIXED], env)
-    assert proc.returncode == 0, explain(proc)
+def test_mpt125m_c4_renders_for_h100_nodes(nodes, cli):
+    text = cli("render", "+experiment=mpt125m_c4", f"resources.nodes={nodes}", *FIXED)
     golden = GOLDEN / f"sbatch_mpt125m_c4_h100_{nodes}nodes.sh"
     if not golden.exists():
-        golden.write_text(proc.stdout)
+        golden.write_text(text)
         pytest.fail(f"wrote missing golden file {golden}; check it and commit it")
-    assert proc.stdout == golden.read_text(), f"render changed; delete {golden} to regenerate"
+    assert text == golden.read_text(), f"render changed; delete {golden} to regenerate"
 
 
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
-def test_every_seed_experiment_renders_for_8_h100_nodes(name, c4_mds, app_env):
-    env = dict(app_env, HPC_LLM_DATA=str(c4_mds.parent))
-    proc = run_cli(["render", f"+experiment={name}", "resources.nodes=8", *FIXED], env)
-    assert proc.returncode == 0, explain(proc)
+def test_every_seed_experiment_renders_for_8_h100_nodes(name, cli):
+    text = cli("render", f"+experiment={name}", "resources.nodes=8", *FIXED)
     for line in ("#SBATCH --nodes=8", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
                  f"#SBATCH --job-name=hpc_llm-{name}", "export NCCL_IB_HCA="):
-        assert line in proc.stdout
+        assert line in text
 
 
 def write_dolly_like(root: Path, columns=("prompt", "response"), splits=("train", "test")) -> Path:

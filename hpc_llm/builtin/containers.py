@@ -33,6 +33,8 @@ from hpc_llm.plugins.base import ContainerRuntime, Mounts
 REFUSED_FLAGS = {
     "--cleanenv": "it drops the SLURM_* rank variables and MASTER_ADDR srun gives each task",
     "-e": "it is --cleanenv, which drops the SLURM_* rank variables and MASTER_ADDR srun gives each task",
+    "--containall": "it implies --cleanenv, which drops the SLURM_* rank variables srun gives each task",
+    "-C": "it is --containall, which implies --cleanenv and drops the SLURM_* rank variables",
     "--nv": "set container.gpus (default: on when cluster.device=gpu)",
     "--bind": "list binds in container.binds",
     "-B": "list binds in container.binds",
@@ -173,10 +175,19 @@ class Apptainer(ContainerRuntime):
                 f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough
             ]
         per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1'
+        if mounts.scratch is None:
+            lines += ["# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too",
+                      'if [ -n "${TMPDIR:-}" ]; then '
+                      'export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi']
         if section.stage:
-            src = shlex.quote(str(Path(section.image).expanduser().resolve()))
+            src = str(Path(section.image).expanduser().resolve())
+            dst = self._image(section, mounts)
+            # copy under a job-private name, then rename: a job still running from
+            # the staged image keeps its (old) file
+            copy = (f"mkdir -p {shlex.quote(os.path.dirname(dst))} && cp -f {shlex.quote(src)} "
+                    f'{shlex.quote(dst)}."$SLURM_JOB_ID" && mv -f {shlex.quote(dst)}."$SLURM_JOB_ID" {shlex.quote(dst)}')
             lines += ["# stage the image on every node's local disk (container.stage=true)",
-                      f"srun {per_node} --kill-on-bad-exit=1 cp -f {src} {shlex.quote(self._image(section, mounts))}"]
+                      f"srun {per_node} --kill-on-bad-exit=1 bash -c {shlex.quote(copy)}"]
         if section.check:
             exe = shlex.quote(str(section.executable))
             probe = shlex.join([*self.exec_prefix(section, mounts), str(section.python), "-c", "import hpc_llm"])

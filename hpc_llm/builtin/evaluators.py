@@ -80,11 +80,11 @@ class HfConvert(Evaluator):
     def after_train(self, section: DictConfig, trainer: Any, ctx: Any) -> dict[str, Any]:
         from hpc_llm.job import hf_export
 
-        try:  # every rank: the full state dict is gathered collectively
-            path = hf_export.export(trainer, Path(ctx.run_dir), self.options(section).precision)
-        except Exception as exc:  # recorded, not fatal: training itself succeeded
-            log.exception("conversion to a Hugging Face model failed")
-            return {"conversion_ok": False, "conversion_error": f"{type(exc).__name__}: {exc}"}
+        # every rank: the full state dict is gathered collectively; a failure is
+        # recorded, not fatal (training itself succeeded)
+        path, error = hf_export.export(trainer, Path(ctx.run_dir), self.options(section).precision)
+        if error is not None:
+            return {"conversion_ok": False, "conversion_error": error}
         ctx.artifacts["hf_model_dir"] = str(path)
         ok = (path / "config.json").is_file()
         return {"conversion_ok": ok, "hf_model_dir": str(path),

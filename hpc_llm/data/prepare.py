@@ -93,8 +93,10 @@ def finetuning_to_jsonl(out: str, name: str, splits: list[str], prompt: str, res
     for split in splits:
         try:
             ds = datasets.load_dataset(name, split=split)
+        except datasets.exceptions.DatasetNotFoundError:
+            raise ConfigError(f"dataset {name!r} not found (on the hub, or as a local directory)") from None
         except ValueError as exc:
-            raise ConfigError(f"{name}: no split '{split}' ({exc})") from None
+            raise ConfigError(f"{name}: no split '{split}' ({str(exc).splitlines()[0]})") from None
         missing = [c for c in (prompt, response) if c not in ds.column_names]
         if missing:
             raise ConfigError(f"{name} split '{split}' has columns {', '.join(ds.column_names)}; "

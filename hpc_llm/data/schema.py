@@ -36,8 +36,11 @@ def first_row_columns(path: Path) -> list[str] | None:
             return next(csv.reader(f), [])
         head = f.read(1 << 20).lstrip()
     if head.startswith("["):  # a JSON array of rows
-        rows = json.loads(head if head.rstrip().endswith("]") else Path(path).read_text(encoding="utf-8"))
-        return list(rows[0]) if rows else []
+        try:
+            rows = json.loads(head if head.rstrip().endswith("]") else Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"data.path: {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return list(rows[0]) if rows and isinstance(rows[0], dict) else []
     line = next((ln for ln in head.splitlines() if ln.strip()), "")
     try:
         row = json.loads(line) if line else {}

@@ -141,8 +141,11 @@ def _nvidia_smi() -> dict[str, Any] | None:
     if exe is None:
         return None
     fields = "index,name,ecc.errors.uncorrected.volatile.total,temperature.gpu"
-    proc = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=60)
+    try:  # never raise here: the other ranks are waiting to gather this
+        proc = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-300:]}
     rows = [[c.strip() for c in line.split(",")] for line in proc.stdout.strip().splitlines()]

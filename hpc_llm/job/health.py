@@ -33,16 +33,18 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def init_process_group(device: str, timeout_s: int = 600) -> None:
+def init_process_group(timeout_s: int = 600) -> None:
     import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    if device == "gpu":
+    # the backend Composer picks (NCCL whenever CUDA is there), so it reuses this group
+    gpu = torch.cuda.is_available()
+    if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
-        backend="nccl" if device == "gpu" else "gloo", init_method="env://",
+        backend="nccl" if gpu else "gloo", init_method="env://",
         timeout=datetime.timedelta(seconds=timeout_s),
     )
 
@@ -62,7 +64,7 @@ def node_names() -> list[str]:
 
 def run_preflight(cfg: Any, checks: tuple[Any, ...], ctx: Any) -> dict[str, Any]:
     """Run ``checks`` in order; returns the record for results.json or raises CheckFailed."""
-    init_process_group(ctx.plan.device)
+    init_process_group()
     names = node_names()
     out: dict[str, Any] = {"passed": True, "nodes": sorted(set(names)), "checks": {}}
     ctx.preflight = out
@@ -86,8 +88,26 @@ def _log(out: dict[str, Any], ctx: Any) -> None:
         log.info("preflight:\n%s", summary(out))
 
 
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def exclude_and_requeue(job_id: str, nodes: list[str]) -> None:
-    """Requeue this job so that Slurm will not place it on ``nodes`` again."""
-    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
-                   check=True, capture_output=True, text=True, timeout=60)
+    """Requeue this job so that Slurm will not place it on ``nodes`` again.
+
+    The requeue starts ending this very job (SIGTERM to its steps), and the
+    exclusion can only be set once it is pending again, so SIGTERM is ignored
+    while the two commands run.
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
+                       check=True, capture_output=True, text=True, timeout=60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

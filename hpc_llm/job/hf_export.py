@@ -22,16 +22,37 @@ log = logging.getLogger(__name__)
 FOLDER = "hf_model"
 
 
-def export(trainer: Any, run_dir: Path, precision: str = "bfloat16") -> Path:
-    """Write the trainer's model under ``<run_dir>/hf_model``; returns the HF directory."""
-    from llmfoundry.callbacks import HuggingFaceCheckpointer
+def export(trainer: Any, run_dir: Path, precision: str = "bfloat16") -> tuple[Path, str | None]:
+    """Write the trainer's model under ``<run_dir>/hf_model/huggingface/final`` (call on every rank).
 
-    saver = HuggingFaceCheckpointer(
-        save_folder=str(run_dir / FOLDER), save_interval="1dur", huggingface_folder_name="final",
-        precision=precision,
-    )
-    saver._save_checkpoint(trainer.state, trainer.logger, upload_to_save_folder=True, register_to_mlflow=False)
-    return run_dir / FOLDER / "huggingface" / "final"
+    Returns (directory, error or None), the same on every rank. The gather is
+    collective; only rank 0 writes, and its outcome is shared afterwards, so a
+    failing write cannot leave the other ranks waiting in a barrier.
+    """
+    import os
+
+    from composer.utils import dist
+    from llmfoundry.callbacks import HuggingFaceCheckpointer
+    from llmfoundry.utils.huggingface_hub_utils import edit_files_for_hf_compatibility
+
+    out = run_dir / FOLDER / "huggingface" / "final"
+    saver = HuggingFaceCheckpointer(save_folder=str(run_dir / FOLDER), save_interval="1dur", precision=precision)
+    error: str | None = None
+    try:  # gathers the full state dict from every rank (DDP, FSDP, HSDP) into a fresh HF model
+        model, tokenizer = saver._get_hf_model(trainer.state)
+    except Exception as exc:  # symmetric: every rank fails the same collective
+        model, tokenizer, error = None, None, f"{type(exc).__name__}: {exc}"
+    if dist.get_global_rank() == 0 and error is None:
+        try:  # what HuggingFaceCheckpointer._save_checkpoint does on rank 0, minus uploads/MLflow
+            model.save_pretrained(out, max_shard_size=os.environ.get("LLM_FOUNDRY_SAVE_FOLDER_HF_MAX_SHARD_SIZE", "1GB"))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out)
+            if model.config.model_type == "mpt":
+                edit_files_for_hf_compatibility(str(out), saver.flatten_imports)
+        except Exception as exc:
+            log.exception("writing the Hugging Face model failed")
+            error = f"{type(exc).__name__}: {exc}"
+    return out, dist.all_gather_object(error)[0]
 
 
 def generate_check(model_dir: Path, prompt: str, max_new_tokens: int) -> dict[str, Any]:

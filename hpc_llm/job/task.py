@@ -129,8 +129,15 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
     train_s = time.time() - t0
 
     eval_metrics: dict[str, Any] = {}
+    waiting = _post_train_group()
     for ev in job.evaluators:
         eval_metrics.update(ev.after_train(cfg.eval, trainer, ctx))
+    if waiting is not None:
+        # rank 0 may spend long on a rank-0-only step (loading a 30B model for the
+        # inference check); the others wait here, past the training group's timeout
+        import torch.distributed as tdist
+
+        tdist.barrier(group=waiting)
     # the post-train verdicts the report's "conversion, inference & evaluation OK?" reads
     top = {k: eval_metrics.pop(k) for k in POST_TRAIN_KEYS if k in eval_metrics}
     results = collect_results(
@@ -142,6 +149,20 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
         write_results(ctx.run_dir, _with_attempts(results, ctx))
     trainer.close()
     return results
+
+
+POST_TRAIN_TIMEOUT_S = 4 * 3600
+
+
+def _post_train_group() -> Any:
+    """A gloo group with a long timeout for the ranks to wait on each other after training."""
+    import datetime
+
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized() or tdist.get_world_size() == 1:
+        return None
+    return tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=POST_TRAIN_TIMEOUT_S))
 
 
 def _preflight_only(job: ResolvedJob, ctx: JobContext, started: float) -> dict[str, Any]:
@@ -158,9 +179,9 @@ def _preflight_only(job: ResolvedJob, ctx: JobContext, started: float) -> dict[s
 def _after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: health.CheckFailed) -> None:
     """Record why (rank 0); with preflight.exclude_bad_nodes, requeue away from the named nodes.
 
-    Every rank reaches the same decision from the same figures, so all exit 0
-    together when the job is requeued (a rank exiting 1 first would make srun
-    kill rank 0 before it requeues).
+    Every rank reaches the same decision from the same figures. Rank 0 writes
+    results.json before anyone exits (a rank exiting 1 first would make srun
+    kill rank 0), and all exit 0 together when the job is requeued.
     """
     job_id = os.environ.get("SLURM_JOB_ID")
     everyone = set((ctx.preflight or {}).get("nodes") or [])
@@ -173,12 +194,17 @@ def _after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, 
         results = failed_results(job.plan, ctx, reason)
         results["batches_done"] = 0
         if requeue:
-            health.exclude_and_requeue(str(job_id), failed.nodes)
             results.update(status="requeued", excluded_nodes=failed.nodes)
-            log.warning("%s; job %s requeued excluding %s", reason, job_id, ", ".join(failed.nodes))
+        write_results(ctx.run_dir, _with_attempts(results, ctx))
+        if requeue:
+            log.warning("%s; requeueing job %s excluding %s", reason, job_id, ", ".join(failed.nodes))
+            try:
+                health.exclude_and_requeue(str(job_id), failed.nodes)
+            except Exception as exc:  # the reason is recorded either way
+                log.error("could not requeue job %s excluding %s: %s", job_id, failed.nodes, exc)
         else:
             log.error("%s; not training", reason)
-        write_results(ctx.run_dir, _with_attempts(results, ctx))
+    health.barrier()
     if requeue:
         raise SystemExit(0)
 
