@@ -102,12 +102,13 @@ def test_prepare_refuses_to_overwrite(c4_mds, app_env, tmp_path):
 @pytest.mark.train
 def test_pretraining_on_prepared_c4(c4_mds, tiny_tokenizer, app_env, runs_dir, tmp_path):
     proc = run_app(["+experiment=mpt_tiny", "data=c4", f"data.path={c4_mds}",
-                    f"data.options.tokenizer={tiny_tokenizer}", "train.max_duration=6ba", "eval=heldout"],
+                    f"data.options.tokenizer={tiny_tokenizer}", "train.max_duration=6ba", "eval=heldout",
+                    "resources.tasks_per_node=1"],
                    app_env, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "completed" and r["batches_done"] == 6, r.get("error")
-    assert r["tokens_done"] == 6 * 8 * 128 and r["eval"]["loss"] > 0
+    assert r["tokens_done"] == 6 * 8 * 128 and r["eval"]["loss"] > 0 and r["world_size"] == 1
 
 
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
@@ -191,7 +192,8 @@ def test_finetuning_a_tiny_mpt_on_local_dolly_schema_data(tiny_tokenizer, app_en
     data = write_dolly_like(tmp_path / "dolly")
     proc = run_app(["+experiment=mpt_tiny", "data=finetuning", f"data.path={data}",
                     f"data.options.tokenizer={tiny_tokenizer}", "train.max_duration=2ep", "eval.interval=1ep",
-                    "train.global_train_batch_size=32", "train.device_train_microbatch_size=16"],
+                    "train.global_train_batch_size=32", "train.device_train_microbatch_size=16",
+                    "resources.tasks_per_node=1", "eval=heldout"],
                    app_env, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
@@ -199,7 +201,6 @@ def test_finetuning_a_tiny_mpt_on_local_dolly_schema_data(tiny_tokenizer, app_en
     assert r["batches_done"] == 2 * (200 // 32)  # two epochs of the 200 training rows
     assert r["train_loss"] < r["train_loss_first"]
     assert 0 < r["eval"]["token_accuracy"] <= 1 and r["eval"]["loss"] > 0
-    assert r["conversion_ok"] is True and r["inference_ok"] is True
     config = yaml.safe_load((Path(r["run_dir"]) / "train_config.yaml").read_text())
     assert config["train_loader"]["name"] == "finetuning"
     assert config["train_loader"]["dataset"]["hf_name"] == str(data)

@@ -111,7 +111,7 @@ def test_third_party_jsonl_source_trains(app_env, runs_dir, tmp_path, cache_dir)
     env = dict(app_env, PYTHONPATH=str(site))
     proc = run_app(
         ["+experiment=mpt_tiny", "data.name=jsonl", f"data.path={data}", f"+train.tokenizer.name={tokenizer}",
-         "train.max_duration=10ba"],
+         "train.max_duration=10ba", "resources.tasks_per_node=1", "eval=heldout"],
         env, cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
@@ -122,7 +122,8 @@ def test_third_party_jsonl_source_trains(app_env, runs_dir, tmp_path, cache_dir)
 
 
 def test_a_sweep_runs_each_point_with_its_own_config(app_env, runs_dir, tmp_path):
-    proc = run_app(["+experiment=mpt_tiny", "train.max_duration=4ba,6ba", "eval=none"], app_env, cwd=tmp_path)
+    proc = run_app(["+experiment=mpt_tiny", "train.max_duration=4ba,6ba", "eval=none", "resources.tasks_per_node=1"],
+                   app_env, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     rs = results_of(runs_dir)
     assert [r["batches_done"] for r in rs] == [4, 6]
