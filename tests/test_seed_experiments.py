@@ -100,15 +100,25 @@ def test_prepare_refuses_to_overwrite(c4_mds, app_env, tmp_path):
 
 
 @pytest.mark.train
-def test_pretraining_on_prepared_c4(c4_mds, tiny_tokenizer, app_env, runs_dir, tmp_path):
+def test_pretraining_on_prepared_c4_with_an_icl_task(c4_mds, tiny_tokenizer, app_env, runs_dir, tmp_path):
+    """Held-out eval on the prepared shards, plus an LLM Foundry ICL task from a local file."""
+    from hpc_llm.data import tiny_corpus
+
+    icl = tmp_path / "tiny_lm.jsonl"
+    with icl.open("w") as f:
+        for line in tiny_corpus.corpus_lines()[-30:]:
+            words = line.split()
+            f.write(json.dumps({"context": " ".join(words[:12]), "continuation": " " + " ".join(words[12:15])}) + "\n")
+    task = f"[{{label: tiny_lm, dataset_uri: {icl}, num_fewshot: [0], icl_task_type: language_modeling}}]"
     proc = run_app(["+experiment=mpt_tiny", "data=c4", f"data.path={c4_mds}",
                     f"data.options.tokenizer={tiny_tokenizer}", "train.max_duration=6ba", "eval=heldout",
-                    "resources.tasks_per_node=1"],
+                    "resources.tasks_per_node=1", f"+train.icl_tasks={task}"],
                    app_env, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "completed" and r["batches_done"] == 6, r.get("error")
     assert r["tokens_done"] == 6 * 8 * 128 and r["eval"]["loss"] > 0 and r["world_size"] == 1
+    assert 0 <= r["eval"]["icl"]["tiny_lm/0-shot/InContextLearningLMAccuracy"] <= 1
 
 
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)

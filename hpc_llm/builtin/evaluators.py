@@ -1,6 +1,8 @@
 """Built-in evaluators.
 
-* ``heldout``: loss, perplexity and token accuracy on the held-out split.
+* ``heldout``: loss, perplexity and token accuracy on the held-out split, and
+  the metrics of LLM Foundry's in-context-learning tasks when ``train.icl_tasks``
+  is configured (under ``icl``).
   Composer evaluates the data source's ``eval_loader`` with the model's own
   metrics (LanguageCrossEntropy, LanguagePerplexity, TokenAccuracy for MPT) at
   ``eval.interval`` and at the end of training; the values are read from what
@@ -52,12 +54,17 @@ class HeldOut(Evaluator):
 
     def after_train(self, section: DictConfig, trainer: Any, ctx: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        icl: dict[str, Any] = {}
         for key, value in ctx.metrics.items():
-            if not key.startswith("metrics/eval/"):
-                continue
-            metric = key.rsplit("/", 1)[-1]
-            if metric in METRICS:
-                out[METRICS[metric]] = value
+            if key.startswith("metrics/eval/"):
+                metric = key.rsplit("/", 1)[-1]
+                if metric in METRICS:
+                    out[METRICS[metric]] = value
+            elif key.startswith("metrics/") and not key.startswith("metrics/train/"):
+                # LLM Foundry's ICL evaluators (train.icl_tasks): metrics/<label>/<n>-shot/<metric>
+                icl[key.removeprefix("metrics/")] = value
+        if icl:
+            out["icl"] = icl
         return out
 
 
