@@ -266,7 +266,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     sweep = Path(os.environ.get("HPC_LLM_RUNS", "outputs")) / "preflight" / time.strftime("%Y-%m-%d_%H-%M-%S")
     overrides += ["preflight.enabled=true", "preflight.only=true", f"hydra.sweep.dir={sweep.resolve()}"]
-    if any(o in ("hydra/launcher=slurm",) for o in overrides) and not any(
+    if "hydra/launcher=slurm" in overrides and not any(
             o.startswith("hydra.launcher.wait=") for o in overrides):
         overrides.append("hydra.launcher.wait=true")
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # keep the app's one-line errors

@@ -40,6 +40,14 @@ def containers_dir() -> Path:
     return _data_dir("containers")
 
 
+def size_bytes(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory (checkpoints, HF model dirs)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def source_root() -> Path | None:
     """The repository checkout this package runs from (editable install), if any."""
     root = _PKG.parent

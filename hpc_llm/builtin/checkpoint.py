@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
 from hpc_llm.errors import ConfigError, require_scheme
+from hpc_llm.paths import size_bytes
 from hpc_llm.plan import JobPlan
 from hpc_llm.plugins.base import CheckpointBackend
 
@@ -78,10 +79,7 @@ class Folder(CheckpointBackend):
         latest = self.latest(section, plan)
         if latest is None:
             return None
-        p = Path(latest)
-        if p.is_file():
-            return p.stat().st_size
-        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        return size_bytes(Path(latest))
 
 
 class Uri(CheckpointBackend):

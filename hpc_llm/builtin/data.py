@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
-from hpc_llm.data.loaders import finetuning_loader, text_loader, workers_for
+from hpc_llm.data.loaders import finetuning_loader, text_loaders, tokenizer_section, workers_for
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan
@@ -42,9 +42,8 @@ class TinyCorpus(DataSource):
         root = self._root(section)
         mds = str(root / "mds")
         return {
-            "tokenizer": {"name": str(root / "tokenizer"), "kwargs": {"model_max_length": "${max_seq_len}"}},
-            "train_loader": text_loader(section.train_split, local=mds, train=True),
-            "eval_loader": text_loader(section.eval_split, local=mds, train=False),
+            "tokenizer": tokenizer_section(str(root / "tokenizer")),
+            **text_loaders(section, local=mds),
         }
 
     def prepare(self, section: DictConfig, ctx: Any) -> None:
@@ -61,6 +60,13 @@ def _require(section: DictConfig, key: str, source: str, what: str) -> str:
     return str(value)
 
 
+def _check_mds_splits(path: Path, section: DictConfig, missing: str) -> None:
+    """Each split is <path>/<split>/index.json; ``missing`` ends the error (what to do)."""
+    for split in (section.train_split, section.eval_split):
+        if not (path.expanduser() / split / "index.json").is_file():
+            raise ConfigError(f"data.path={str(path)!r} has no MDS split '{split}'; " + missing.format(split=split))
+
+
 class LocalMds(DataSource):
     name = "mds"
     description = "MDS shards in a directory every node sees (<path>/<split>/index.json)"
@@ -70,20 +76,11 @@ class LocalMds(DataSource):
         path = Path(_require(section, "path", self.name, "a directory of MDS splits")).expanduser()
         if not path.is_dir():
             raise ConfigError(f"data.path={str(path)!r} does not exist or is not a directory")
-        for split in (section.train_split, section.eval_split):
-            if not (path / split / "index.json").is_file():
-                raise ConfigError(
-                    f"data.path={str(path)!r} has no MDS split '{split}' "
-                    f"(expected {path / split / 'index.json'})"
-                )
+        _check_mds_splits(path, section, f"expected {path}/{{split}}/index.json")
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         local = str(Path(section.path).expanduser().resolve())
-        w = workers_for(plan.device)
-        return {
-            "train_loader": text_loader(section.train_split, local=local, train=True, workers=w),
-            "eval_loader": text_loader(section.eval_split, local=local, train=False, workers=w),
-        }
+        return text_loaders(section, local=local, workers=workers_for(plan.device))
 
 
 class RemoteStreaming(DataSource):
@@ -98,11 +95,7 @@ class RemoteStreaming(DataSource):
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         # Without data.path, shards are cached node-locally (cwd is node-local scratch).
         local = str(section.path) if section.path else "streaming_cache"
-        w = workers_for(plan.device)
-        return {
-            "train_loader": text_loader(section.train_split, local=local, remote=section.remote, train=True, workers=w),
-            "eval_loader": text_loader(section.eval_split, local=local, remote=section.remote, train=False, workers=w),
-        }
+        return text_loaders(section, local=local, remote=section.remote, workers=workers_for(plan.device))
 
 
 class C4(DataSource):
@@ -124,23 +117,17 @@ class C4(DataSource):
             require_scheme("data.remote", str(section.remote), REMOTE_SCHEMES, "a location Streaming can read")
             return
         path = Path(_require(section, "path", self.name, "the MDS directory `hpc-llm data prepare c4` wrote"))
-        for split in (section.train_split, section.eval_split):
-            if not (path.expanduser() / split / "index.json").is_file():
-                raise ConfigError(
-                    f"data.path={str(path)!r} has no MDS split '{split}'; build it with "
-                    f"`hpc-llm data prepare c4 --out {path} --splits {split}` (or set data.remote)"
-                )
+        _check_mds_splits(path, section, f"build it with `hpc-llm data prepare c4 --out {path} "
+                                         "--splits {split}` (or set data.remote)")
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         opts = self.options(section)
-        w = workers_for(plan.device)
         remote = str(section.remote) if section.remote else None
         # remote shards are cached node-locally (the rank's cwd is node-local scratch)
         local = str(Path(section.path).expanduser().resolve()) if section.path else "streaming_cache/c4"
         return {
-            "tokenizer": {"name": opts.tokenizer, "kwargs": {"model_max_length": "${max_seq_len}"}},
-            "train_loader": text_loader(section.train_split, local=local, remote=remote, train=True, workers=w),
-            "eval_loader": text_loader(section.eval_split, local=local, remote=remote, train=False, workers=w),
+            "tokenizer": tokenizer_section(opts.tokenizer),
+            **text_loaders(section, local=local, remote=remote, workers=workers_for(plan.device)),
         }
 
     def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
@@ -194,7 +181,7 @@ class Finetuning(DataSource):
                                              preprocessing_fn=fn, packing_ratio=opts.packing_ratio),
         }
         if opts.tokenizer:
-            out["tokenizer"] = {"name": opts.tokenizer, "kwargs": {"model_max_length": "${max_seq_len}"}}
+            out["tokenizer"] = tokenizer_section(opts.tokenizer)
         return out
 
     def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
 from hpc_llm.errors import ConfigError
+from hpc_llm.paths import size_bytes
 from hpc_llm.plan import JobPlan
 from hpc_llm.plugins.base import Evaluator
 
@@ -95,7 +96,7 @@ class HfConvert(Evaluator):
         ctx.artifacts["hf_model_dir"] = str(path)
         ok = (path / "config.json").is_file()
         return {"conversion_ok": ok, "hf_model_dir": str(path),
-                "hf_model_bytes": hf_export.dir_bytes(path) if ok else None}
+                "hf_model_bytes": size_bytes(path) if ok else None}
 
 
 class Inference(Evaluator):

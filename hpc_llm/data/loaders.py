@@ -43,6 +43,21 @@ def text_loader(
     return _loader(dataset, "text", train=train, workers=workers)
 
 
+def text_loaders(
+    section: Any, *, local: str, remote: str | None = None, workers: int = 0
+) -> dict[str, Any]:
+    """``train_loader`` and ``eval_loader`` over the data section's two MDS splits."""
+    return {
+        "train_loader": text_loader(section.train_split, local=local, remote=remote, train=True, workers=workers),
+        "eval_loader": text_loader(section.eval_split, local=local, remote=remote, train=False, workers=workers),
+    }
+
+
+def tokenizer_section(name: str) -> dict[str, Any]:
+    """An LLM Foundry ``tokenizer`` section whose context follows ``max_seq_len``."""
+    return {"name": name, "kwargs": {"model_max_length": "${max_seq_len}"}}
+
+
 def finetuning_loader(
     split: str,
     *,

@@ -104,9 +104,11 @@ def exclude_and_requeue(job_id: str, nodes: list[str]) -> None:
     """
     import signal
 
+    from hpc_llm.job import preemption
+
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
+        preemption.requeue(job_id)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
                        check=True, capture_output=True, text=True, timeout=60)
     finally:

@@ -87,7 +87,3 @@ def generate_check(model_dir: Path, prompt: str, max_new_tokens: int) -> dict[st
     text = tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     del model
     return {"inference_new_tokens": new_tokens, "inference_sample": text, "inference_s": round(time.time() - t0, 3)}
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
