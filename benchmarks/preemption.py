@@ -63,11 +63,11 @@ def main() -> None:
         ).stdout
         run_dir = Path(out.split("run dir ")[1].split()[0])
         for i in range(args.preemptions):
-            wait(lambda: len(attempts(run_dir)) == i + 1 and attempts(run_dir)[-1]["last_batch"]
+            wait(lambda i=i: len(attempts(run_dir)) == i + 1 and attempts(run_dir)[-1]["last_batch"]
                  > attempts(run_dir)[-1]["resumed_at_batch"] + 3, 300, f"attempt {i + 1} to train")
             subprocess.run(["sbatch", "-p", "high", "-N", "3", "--exclusive", "--wrap", "sleep 1"],
                            env=env, check=True, capture_output=True)
-            wait(lambda: attempts(run_dir)[i]["ended"] == "preempted", 120, f"preemption {i + 1}")
+            wait(lambda i=i: attempts(run_dir)[i]["ended"] == "preempted", 120, f"preemption {i + 1}")
         r = wait(lambda: json.loads((run_dir / "results.json").read_text())
                  if (run_dir / "results.json").exists()
                  and json.loads((run_dir / "results.json").read_text())["status"] in ("completed", "failed")
@@ -80,7 +80,7 @@ def main() -> None:
     items = attempts(run_dir)
     print(f"run: mpt_tiny, 2 nodes x 1 rank (CPU, gloo), {args.batches} batches; status {r['status']}")
     print("preemption | signal->requeue s | save s | stopped at batch | next attempt resumed at | restart wait s")
-    for i, (a, nxt) in enumerate(zip(items, items[1:]), 1):
+    for i, (a, nxt) in enumerate(zip(items, items[1:], strict=False), 1):
         wait_s = nxt["started_at"] - (a["signal_time"] or nxt["started_at"])
         print(f"{i:10d} | {a['signal_to_requeue_s']:17.3f} | {a['save_s']:6.3f} | {a['stopped_at_batch']:16d} | "
               f"{nxt['resumed_at_batch']:23d} | {wait_s:14.1f}")

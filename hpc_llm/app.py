@@ -29,11 +29,8 @@ def validate_job(cfg: DictConfig, run_dir: str) -> None:
 
     job = resolve_job(cfg, run_dir)
     build_train_config(cfg, job, run_name="validate")
-    if cfg.container.name != "none":
-        from hpc_llm import containers
-
-        # binds depend on the whole config (data, checkpoints, run dir): conflicts show here
-        job.container.wrap(cfg.container, containers.mounts_for(cfg, run_dir), ["python"])
+    # binds depend on the whole config (data, checkpoints, run dir): conflicts show here
+    job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -95,7 +95,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     with open_dict(cfg):
         cfg.hydra.job.num = 0
-    opts = OmegaConf.merge(OmegaConf.structured(SlurmLauncherConf), {
+    opts: DictConfig = OmegaConf.merge(OmegaConf.structured(SlurmLauncherConf), {  # type: ignore[assignment]
         k: v for k, v in cfg.hydra.launcher.items() if k in SlurmLauncherConf.__dataclass_fields__
     })
     run_dir = job_run_dir(cfg)
@@ -219,33 +219,34 @@ def cmd_container(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from hpc_llm import containers
+    from hpc_llm import images
 
     if args.action == "build":
         if len(args.args) != 2:
             raise SystemExit("usage: hpc-llm container build DEF IMAGE [--force] [--no-fakeroot] [--src DIR]")
-        image = containers.build(Path(args.args[0]), Path(args.args[1]), fakeroot=not args.no_fakeroot,
+        image = images.build(Path(args.args[0]), Path(args.args[1]), fakeroot=not args.no_fakeroot,
                                  force=args.force, src=Path(args.src) if args.src else None)
         print(f"built {image}")
         return 0
     if args.action == "inspect":
         if len(args.args) != 1:
             raise SystemExit("usage: hpc-llm container inspect IMAGE")
-        print(json.dumps(containers.inspect(Path(args.args[0])), indent=2, sort_keys=True))
+        print(json.dumps(images.inspect(Path(args.args[0])), indent=2, sort_keys=True))
         return 0
     overrides = list(args.args)
     if not any(o.startswith("container=") for o in overrides):
         overrides.append("container=apptainer")
     cfg = compose(overrides)
-    from hpc_llm.launchers.sweeper import job_run_dir
     from omegaconf import open_dict
+
+    from hpc_llm.launchers.sweeper import job_run_dir
 
     with open_dict(cfg):
         cfg.hydra.job.num = 0
-    report = containers.check(cfg, job_run_dir(cfg))
+    report = images.check(cfg, job_run_dir(cfg))
     for name, want in report.expected.items():
         have = report.versions.get(name)
-        mark = "ok" if containers.public_version(have) == want else "MISMATCH"
+        mark = "ok" if images.public_version(have) == want else "MISMATCH"
         print(f"{name:20s} image {have or '-':12s} expected {want:12s} {mark}")
     for problem in report.problems:
         print(f"problem: {problem}")

@@ -8,6 +8,7 @@ without a traceback.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 
@@ -37,3 +38,13 @@ def require_scheme(key: str, value: str, schemes: Iterable[str], what: str) -> s
             f"{key}={value!r}: not {what}; allowed schemes: " + ", ".join(f"{s}://" for s in schemes)
         )
     return value
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """One line on stderr (``hpc_llm: warning: ...``), once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        sys.stderr.write(f"hpc_llm: warning: {' '.join(message.split())}\n")

@@ -59,10 +59,6 @@ class Estimate:
     efficiency: Assumption
 
     @property
-    def total_flops(self) -> float:
-        return self.tokens.value * self.flops_per_token
-
-    @property
     def tokens_per_sec(self) -> float:
         return self.gpus * self.peak_flops_per_gpu.value * self.mfu.value * self.efficiency.value / self.flops_per_token
 

@@ -7,7 +7,7 @@ Pure and cheap (login node): no plugins, no training stack. Raises
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
@@ -15,6 +15,13 @@ from omegaconf import DictConfig
 from hpc_llm.errors import ConfigError
 
 DEVICES = ("cpu", "gpu")
+
+#: The rendezvous port every rank of a job agrees on without talking:
+#: MASTER_PORT = PORT_BASE + job id % PORT_SPAN (the batch script computes the same).
+#: 20000-31999 stays below Linux's ephemeral range (32768-60999), where an
+#: outgoing connection of any process on the node could already hold it.
+PORT_BASE = 20000
+PORT_SPAN = 12000
 
 
 @dataclass(frozen=True)
@@ -29,9 +36,6 @@ class JobPlan:
     parallelism: str
     time_limit_s: int
     run_dir: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _TIME_FORMATS = (
@@ -52,7 +56,7 @@ def parse_time_limit(value: Any) -> int:
     for pattern, units in _TIME_FORMATS:
         m = pattern.match(text)
         if m:
-            seconds = sum(int(v) * _UNIT_S[u] for v, u in zip(m.groups(), units))
+            seconds = sum(int(v) * _UNIT_S[u] for v, u in zip(m.groups(), units, strict=True))
             if seconds <= 0:
                 break
             return seconds

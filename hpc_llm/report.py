@@ -1,7 +1,7 @@
 """results.json files of a sweep -> the seeds' tables: Markdown, CSV, a scaling plot.
 
-Pure (login node): reads only the run directories (and sacct when the
-cluster keeps accounting). Rows that failed or have not finished yet are
+Pure (login node): reads only the run directories' results.json files (and
+their Hydra configs for runs that wrote none yet). Rows that failed or have not finished yet are
 shown with their status, never dropped. Runs of different experiments in one
 directory are grouped, each with its own baseline.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.results import RESULTS_FILE
+from hpc_llm.record import RESULTS_FILE
 
 COLUMNS = [
     "Model", "Data", "Max duration", "Eval interval", "Nodes", "GPUs / ranks", "Wallclock", "Wallclock (s)",

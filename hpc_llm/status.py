@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from hpc_llm import ledger
-from hpc_llm.results import read_results
+from hpc_llm.record import read_results
 from hpc_llm.slurm import query
 
 

@@ -10,15 +10,18 @@ override any loader or FSDP key), then interpolations such as
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab
 from hpc_llm.errors import ConfigError
-from hpc_llm.job.foundry import PREEMPTION_CALLBACK, RESULTS_LOGGER, WATCHDOG_CALLBACK
 
-
+#: names under which the job registers hpc_llm's logger and callbacks in LLM
+#: Foundry's registries (hpc_llm.job.foundry), so the train config can list them
+RESULTS_LOGGER = "hpc_llm_results"
+PREEMPTION_CALLBACK = "hpc_llm_preemption"
+WATCHDOG_CALLBACK = "hpc_llm_watchdog"
 
 def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> dict[str, Any]:
     plan = job.plan
@@ -49,9 +52,10 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
     for fragment in [*fragments, OmegaConf.to_container(cfg.train, resolve=False)]:
         _deep_merge(merged, fragment)  # type: ignore[arg-type]
     # one OmegaConf pass resolves ${max_seq_len}-style references against the result
-    out = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
-    if not isinstance(out, dict):  # pragma: no cover - merge of mappings is a mapping
+    resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
+    if not isinstance(resolved, dict):  # pragma: no cover - merge of mappings is a mapping
         raise TypeError("train config did not compose to a mapping")
+    out = cast("dict[str, Any]", resolved)
     check_train_keys(out)
     for key in ("model", "tokenizer", "train_loader", "max_duration", "max_seq_len"):
         if key not in out:
@@ -60,7 +64,7 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
                 f"data source '{job.data.name}' sets it"
             )
     check_vocab(out)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:

@@ -1,7 +1,5 @@
 """Config tree, typed schemas, plan arithmetic and the login-node import rule."""
 
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -36,7 +34,7 @@ def test_vendored_train_keys_match_installed_llmfoundry():
     from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS as real
 
     assert llmfoundry.__version__ == LLMFOUNDRY_VERSION
-    assert TRAIN_CONFIG_KEYS == real
+    assert real == TRAIN_CONFIG_KEYS
 
 
 def test_every_experiment_composes_and_builds_a_train_config(tmp_path):
@@ -96,19 +94,3 @@ def test_hsdp_degree_arithmetic():
 def test_gpu_profile_needs_one_rank_per_gpu():
     with pytest.raises(ConfigError, match="must equal resources.gpus_per_node"):
         make_plan(compose(["cluster.device=gpu", "resources.gpus_per_node=8", "resources.tasks_per_node=2"]))
-
-
-def test_login_path_imports_no_training_stack():
-    code = (
-        "import sys\n"
-        "from hpc_llm.cli import compose\n"
-        "from hpc_llm.config.validate import resolve_job\n"
-        "from hpc_llm.trainconfig import build_train_config\n"
-        "import hpc_llm.app, hpc_llm.launchers.local, hpc_llm.launchers.sweeper\n"
-        "cfg = compose(['+experiment=mpt_tiny', 'parallelism=hsdp', 'resources.tasks_per_node=4'])\n"
-        "build_train_config(cfg, resolve_job(cfg, '/r/0'), run_name='t')\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'composer', 'llmfoundry', 'streaming', 'transformers'))\n"
-        "print(bad)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from tests.conftest import ROOT, explain, results_of, run_app, run_cli
+from tests.conftest import PY, ROOT, explain, results_of, run_app, run_cli
 
 STANDINS = ROOT / "tests" / "standins"
 GOLDEN = ROOT / "tests" / "golden"
@@ -77,7 +78,8 @@ def test_apptainer_render_wraps_every_task_with_gpus_and_binds(app_env, image, t
         assert f"--bind {bind} " in task_line
     assert f"{image} python3 -u -m submitit.core._submit /shared/runs/golden/0/.submitit" in task_line
     # the checkpoint folder exists before apptainer binds it; each node is checked first
-    assert f"mkdir -p {tmp_path / 'ckpt'}" in proc.stdout
+    [mkdir] = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("mkdir -p ")]
+    assert str(tmp_path / "ckpt") in mkdir[2:]
     assert "container check failed on ${SLURMD_NODENAME:-$(hostname)}" in proc.stdout
 
 
@@ -132,11 +134,22 @@ def test_bad_container_input_is_one_line_before_anything(overrides, message, sta
     assert not runs_dir.exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file; the check is for ordinary users")
 def test_unreadable_image_is_refused(app_env, image, tmp_path):
-    image.chmod(0)
-    proc = run_cli(["render", "+experiment=mpt_tiny", "container=apptainer", f"container.image={image}"], app_env)
-    assert proc.returncode == 2 and "is not readable by this user" in proc.stderr
+    """Run as an ordinary user (nobody): root reads any file, so the check is for users."""
+    image.chmod(0o600)
+    for d in (tmp_path, tmp_path.parent):  # pytest makes them 0700; the user must see the run dir
+        d.chmod(0o755)
+    as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
+    cmd = [*as_user, PY, "-c", "from hpc_llm.cli import main; main()", "render", "+experiment=mpt_tiny",
+           "container=apptainer", f"container.image={image}"]
+    env = dict(app_env, HOME=str(tmp_path), HPC_LLM_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, explain(proc)
+    [line] = proc.stderr.strip().splitlines()
+    assert f"container.image='{image}' is not readable by this user" in line
+    image.chmod(0o644)  # and the same command as that user passes once it can read it
+    ok = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert ok.returncode == 0, explain(ok)
 
 
 def test_container_build_inspect_check_through_spython(standin_env, tmp_path):

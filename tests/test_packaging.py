@@ -23,6 +23,7 @@ def test_wheel_ships_and_resolves_package_data(tmp_path: Path):
         "hpc_llm/_data/conf/experiment/mpt_tiny.yaml",
         "hpc_llm/_data/sbatch_templates/default.sh.j2",
         "hpc_llm/assets/tiny_corpus.txt",
+        "hpc_llm/py.typed",
         "hydra_plugins/hpc_llm_launchers/hpc_llm_plugins.py",
     ):
         assert required in names, required

@@ -70,7 +70,7 @@ def site(tmp_path: Path, app_env: dict[str, str]) -> tuple[Path, dict[str, str]]
 def test_builtins_are_registered_through_the_same_manager():
     plugins = Plugins(external=False)
     assert plugins.names("parallelism") == ["ddp", "fsdp", "hsdp"]
-    assert set(plugins.names("data")) >= {"tiny_corpus", "mds", "hf"}
+    assert set(plugins.names("data")) >= {"tiny_corpus", "mds", "remote_mds"}
     assert plugins.names("checkpoint") == ["folder", "uri"]
     assert plugins.names("evaluator") == ["heldout", "hf_convert", "inference"]
     assert plugins.names("container") == ["apptainer", "none"]
@@ -140,3 +140,71 @@ def test_example_plugin_validates_its_file(site, tmp_path):
     proc = run_cli(["config", "data.name=jsonl", f"data.path={bad}"], env)
     assert proc.returncode == 2
     assert "line 1 has no 'text' field" in proc.stderr
+
+
+WRONG_ARGS = """
+    from hpc_llm import hookimpl
+
+    @hookimpl
+    def hpc_llm_register_data_sources(register, config):
+        pass
+"""
+
+UNMARKED = """
+    from hpc_llm import hookimpl
+    from hpc_llm.plugins.base import DataSource
+
+    class Mine(DataSource):
+        name = "mine"
+        def train_config(self, section, plan):
+            return {}
+
+    def hpc_llm_register_data_sources(register):   # no @hookimpl: pluggy ignores it
+        register(Mine())
+"""
+
+HELPER = """
+    from hpc_llm import hookimpl
+    from hpc_llm.plugins.base import DataSource
+
+    class Helped(DataSource):
+        name = "helped"
+        def train_config(self, section, plan):
+            return {}
+
+    def _add_all(register):
+        register(Helped())
+
+    @hookimpl
+    def hpc_llm_register_data_sources(register):
+        _add_all(register)   # registered from a helper: still attributed to this plugin
+"""
+
+
+def test_a_hook_with_wrong_arguments_is_one_line(site, tmp_path):
+    target, env = site
+    pip_install(make_package(tmp_path / "src", "args-plugin", "args", "args_plugin", WRONG_ARGS), target)
+    proc = run_cli(["plugins"], env)
+    assert proc.returncode == 2, explain(proc)
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("hpc_llm: error: plugin 'args' (args-plugin 9.9):") and "config" in line, line
+
+
+def test_an_unmarked_hook_function_is_warned_about(site, tmp_path):
+    target, env = site
+    pip_install(make_package(tmp_path / "src", "unmarked-plugin", "unmarked", "unmarked_plugin", UNMARKED), target)
+    proc = run_cli(["plugins"], env)
+    assert proc.returncode == 0, explain(proc)
+    assert ("hpc_llm: warning: plugin 'unmarked' (unmarked-plugin 9.9) defines hpc_llm_register_data_sources "
+            "without @hpc_llm.hookimpl; it is ignored") in proc.stderr
+    assert " mine " not in proc.stdout
+
+
+def test_components_are_attributed_to_the_plugin_whose_hook_registered_them(site, tmp_path):
+    """Hooks run through pluggy's own calling (pm.hook.<name>), not one by one."""
+    target, env = site
+    pip_install(make_package(tmp_path / "src", "helper-plugin", "helper", "helper_plugin", HELPER), target)
+    proc = run_cli(["plugins"], env)
+    assert proc.returncode == 0, explain(proc)
+    [row] = [ln for ln in proc.stdout.splitlines() if " helped " in ln]
+    assert "helper-plugin 9.9" in row and "helper" in row.split("helper-plugin 9.9")[1]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.job.preemption import Attempt, Attempts
 from hpc_llm.errors import ConfigError
+from hpc_llm.record import Attempt, Attempts
 from hpc_llm.slurm.spec import stop_signal
 from tests.conftest import explain, results_of, run_app, run_cli
 

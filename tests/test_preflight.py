@@ -80,7 +80,7 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
         for proc_dir in Path("/proc").iterdir():  # the rank processes of this run, by their command line
             try:
                 cmd = (proc_dir / "cmdline").read_bytes().split(b"\0")
-                if b"hpc_llm.launchers.rank" not in cmd or not any(str(runs_dir).encode() in c for c in cmd):
+                if b"hpc_llm.job.entry" not in cmd or not any(str(runs_dir).encode() in c for c in cmd):
                     continue
                 env = (proc_dir / "environ").read_bytes().split(b"\0")
             except OSError:

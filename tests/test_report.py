@@ -95,8 +95,9 @@ def test_bad_report_input(tmp_path, sweep, app_env):
 
 
 def test_estimate_arithmetic_by_hand():
-    from hpc_llm.cli import compose
     from omegaconf import OmegaConf
+
+    from hpc_llm.cli import compose
 
     train = OmegaConf.to_container(compose(["model=mpt-70b", "cluster=h100"]).train, resolve=True)
     e8 = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=989e12, from_experiment=False)
@@ -126,8 +127,9 @@ def test_estimate_cli_answers_the_70b_question(app_env):
 
 
 def test_estimate_uses_a_measured_sweep(sweep):
-    from hpc_llm.cli import compose
     from omegaconf import OmegaConf
+
+    from hpc_llm.cli import compose
 
     train = OmegaConf.to_container(compose(["model=mpt-7b"]).train, resolve=True)
     e = estimate(train, nodes=4, gpus_per_node=8, peak_flops_per_gpu=989e12, sweep=sweep, from_experiment=False)

@@ -187,7 +187,7 @@ def write_dolly_like(root: Path, columns=("prompt", "response"), splits=("train"
 
     lines = tiny_corpus.corpus_lines()
     root.mkdir(parents=True, exist_ok=True)
-    for split, rows in zip(splits, (lines[:200], lines[200:260])):
+    for split, rows in zip(splits, (lines[:200], lines[200:260]), strict=True):
         with (root / f"{split}.jsonl").open("w") as f:
             for text in rows:
                 words = text.split()

@@ -18,7 +18,7 @@ from hpc_llm import hookimpl
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import size_bytes
 from hpc_llm.plan import JobPlan
-from hpc_llm.plugins.base import CheckpointBackend
+from hpc_llm.plugins.base import CheckpointBackend, HostPath
 
 # Object stores Composer's checkpoint saver understands (composer.utils.file_helpers).
 URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs", "sftp", "libcloud")
@@ -66,6 +66,13 @@ class Folder(CheckpointBackend):
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         return {"save_folder": str(self.folder(section, plan)), **_common(section)}
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        paths = super().host_paths(section, plan)
+        if section.location:  # the default folder is inside the run dir, which is always there
+            folder = str(self.folder(section, plan).resolve())
+            paths.append(HostPath(folder, "checkpoint folder", created_by_job=True))
+        return paths
 
     def latest(self, section: DictConfig, plan: JobPlan) -> str | None:
         folder = self.folder(section, plan)

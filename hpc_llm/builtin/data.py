@@ -17,7 +17,7 @@ from hpc_llm.data.loaders import finetuning_loader, text_loaders, tokenizer_sect
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan
-from hpc_llm.plugins.base import DataSource
+from hpc_llm.plugins.base import DataSource, HostPath, local_path
 
 # Schemes mosaicml-streaming can download from (streaming.base.storage).
 REMOTE_SCHEMES = ("s3", "gs", "oci", "azure", "azure-dl", "dbfs", "sftp", "hf", "http", "https")
@@ -45,6 +45,9 @@ class TinyCorpus(DataSource):
             "tokenizer": tokenizer_section(str(root / "tokenizer")),
             **text_loaders(section, local=mds),
         }
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        return [HostPath(str(self._root(section).expanduser().resolve()), "tiny corpus cache", created_by_job=True)]
 
     def prepare(self, section: DictConfig, ctx: Any) -> None:
         from hpc_llm.data import tiny_corpus
@@ -83,9 +86,9 @@ class LocalMds(DataSource):
         return text_loaders(section, local=local, workers=workers_for(plan.device))
 
 
-class RemoteStreaming(DataSource):
-    name = "hf"
-    description = "remote MDS (s3/gs/oci/azure/hf/...) streamed by mosaicml-streaming"
+class RemoteMds(DataSource):
+    name = "remote_mds"
+    description = "MDS shards in an object store (s3/gs/oci/azure/hf/...), streamed by mosaicml-streaming"
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         super().validate(section, plan)
@@ -96,6 +99,10 @@ class RemoteStreaming(DataSource):
         # Without data.path, shards are cached node-locally (cwd is node-local scratch).
         local = str(section.path) if section.path else "streaming_cache"
         return text_loaders(section, local=local, remote=section.remote, workers=workers_for(plan.device))
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        local = local_path(section.path)  # a shared cache of the streamed shards, filled by the job
+        return [HostPath(local, "data.path (cache of data.remote)", created_by_job=True)] if local else []
 
 
 class C4(DataSource):
@@ -199,6 +206,6 @@ class Finetuning(DataSource):
 def hpc_llm_register_data_sources(register) -> None:
     register(TinyCorpus())
     register(LocalMds())
-    register(RemoteStreaming())
+    register(RemoteMds())
     register(C4())
     register(Finetuning())

@@ -72,6 +72,7 @@ class HeldOut(Evaluator):
 class HfConvert(Evaluator):
     name = "hf_convert"
     description = "final weights -> Hugging Face model dir (LLM Foundry's HuggingFaceCheckpointer)"
+    top_level_keys = ("conversion_ok", "conversion_error", "hf_model_dir", "hf_model_bytes")
 
     @dataclass
     class Options:
@@ -86,7 +87,7 @@ class HfConvert(Evaluator):
             )
 
     def after_train(self, section: DictConfig, trainer: Any, ctx: Any) -> dict[str, Any]:
-        from hpc_llm.job import hf_export
+        from hpc_llm.builtin import hf_export
 
         # every rank: the full state dict is gathered collectively; a failure is
         # recorded, not fatal (training itself succeeded)
@@ -102,6 +103,7 @@ class HfConvert(Evaluator):
 class Inference(Evaluator):
     name = "inference"
     description = "load the converted model with transformers and generate a few tokens"
+    top_level_keys = ("inference_ok",)
 
     @dataclass
     class Options:
@@ -123,7 +125,7 @@ class Inference(Evaluator):
         model_dir = ctx.artifacts.get("hf_model_dir")
         if not model_dir:
             return {"inference_ok": False, "inference_error": "no converted model (hf_convert failed)"}
-        from hpc_llm.job import hf_export
+        from hpc_llm.builtin import hf_export
 
         opts = self.options(section)
         try:

@@ -1,6 +1,6 @@
 """Built-in health checks (``preflight.checks``): all-reduce bandwidth, GPUs, container.
 
-The measurements live in :mod:`hpc_llm.job.checks` (torch, in-job only); the
+The measurements live in :mod:`hpc_llm.builtin.health_measure` (torch, in-job only); the
 components here validate their settings on the login node.
 """
 
@@ -31,7 +31,7 @@ class AllReduce(HealthCheck):
             raise ConfigError(f"preflight.min_busbw_gbps={section.min_busbw_gbps}: must be >= 0")
 
     def run(self, section: DictConfig, ctx: Any) -> dict[str, Any]:
-        from hpc_llm.job import checks
+        from hpc_llm.builtin import health_measure as checks
 
         return checks.allreduce(section, ctx)
 
@@ -45,7 +45,7 @@ class Gpu(HealthCheck):
             raise ConfigError("preflight.min_tflops is set but cluster.device=cpu; allowed on GPU profiles only")
 
     def run(self, section: DictConfig, ctx: Any) -> dict[str, Any]:
-        from hpc_llm.job import checks
+        from hpc_llm.builtin import health_measure as checks
 
         return checks.gpu(section, ctx)
 
@@ -55,7 +55,7 @@ class Container(HealthCheck):
     description = "every rank runs inside container.image (with container=apptainer)"
 
     def run(self, section: DictConfig, ctx: Any) -> dict[str, Any]:
-        from hpc_llm.job import checks
+        from hpc_llm.builtin import health_measure as checks
 
         return checks.container(section, ctx)
 

@@ -20,7 +20,7 @@ class ResourcesConfig:
     nodes: int = 1
     # Ranks per node: one task per GPU on GPU clusters, local processes on CPU.
     tasks_per_node: int = 2
-    # GPUs per node requested from Slurm (--gres=gpu:N); 0 on CPU-only profiles.
+    # GPUs per node requested from Slurm (--gpus-per-node=N); 0 on CPU-only profiles.
     gpus_per_node: int = 0
     # CPU cores per rank (Slurm --cpus-per-task).
     cpus_per_task: int = 1
@@ -37,7 +37,7 @@ class ClusterConfig:
     # "cpu" or "gpu": picks Composer's device, the dist backend and FSDP defaults.
     device: str = "cpu"
     # Node-local scratch directory for each rank's working directory; None uses
-    # $TMPDIR or /tmp. Must not be a shared filesystem (DESIGN.md hazard 1).
+    # $TMPDIR or /tmp. Must not be a shared filesystem (docs/design.md, upstream hazard 1).
     scratch: Optional[str] = None
     # Environment exported into every rank (NCCL / network knobs as settings).
     env: dict[str, str] = field(default_factory=dict)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from hpc_llm.config.llmfoundry_keys import TRAIN_CONFIG_KEYS
 from hpc_llm.errors import ConfigError
+from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan, make_plan
 from hpc_llm.plugins.base import (
     CheckpointBackend,
@@ -23,6 +24,8 @@ from hpc_llm.plugins.base import (
     DataSource,
     Evaluator,
     HealthCheck,
+    HostPath,
+    Mounts,
     ParallelismStrategy,
 )
 from hpc_llm.plugins.manager import get_plugins
@@ -37,6 +40,22 @@ class ResolvedJob:
     evaluators: tuple[Evaluator, ...]
     container: ContainerRuntime
     health_checks: tuple[HealthCheck, ...] = ()
+
+    def mounts(self, cfg: DictConfig) -> Mounts:
+        """The host paths the job's tasks use: what the data source, checkpoint
+        backend and evaluators declare, and hpc_llm's cache (pure)."""
+        if self.plan.run_dir is None:
+            raise ValueError("mounts need a run directory")
+        paths = [*self.data.host_paths(cfg.data, self.plan), *self.checkpoint.host_paths(cfg.checkpoint, self.plan)]
+        for ev in self.evaluators:
+            paths += ev.host_paths(cfg.eval, self.plan)
+        paths.append(HostPath(str(cache_dir().expanduser().resolve()), "hpc_llm cache", created_by_job=True))
+        return Mounts(
+            run_dir=str(Path(self.plan.run_dir).resolve()),
+            paths=tuple(paths),
+            scratch=str(cfg.cluster.scratch) if cfg.cluster.scratch else None,
+            gpus=self.plan.device == "gpu",
+        )
 
 
 def check_train_keys(train: Mapping[str, object]) -> None:
@@ -132,15 +151,26 @@ def check_watchdog(cfg: DictConfig) -> None:
                           "it needs preemption.enabled=true")
 
 
-def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
+def components(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
+    """The plan and the plugin components a config selects, looked up but not validated
+    (for what needs them after :func:`resolve_job` has checked the job)."""
     plan = make_plan(cfg, run_dir)
     plugins = get_plugins(cfg.plugins.block)
-    data = plugins.get("data", cfg.data.name)
-    par = plugins.get("parallelism", cfg.parallelism.name)
-    ckpt = plugins.get("checkpoint", cfg.checkpoint.name)
-    evals = tuple(plugins.get("evaluator", name) for name in cfg.eval.evaluators)
-    container = plugins.get("container", cfg.container.name)
-    health = tuple(plugins.get("health_check", name) for name in cfg.preflight.checks)
+    return ResolvedJob(
+        plan,
+        plugins.get("data", cfg.data.name),  # type: ignore[arg-type]
+        plugins.get("parallelism", cfg.parallelism.name),  # type: ignore[arg-type]
+        plugins.get("checkpoint", cfg.checkpoint.name),  # type: ignore[arg-type]
+        tuple(plugins.get("evaluator", name) for name in cfg.eval.evaluators),  # type: ignore[misc]
+        plugins.get("container", cfg.container.name),  # type: ignore[arg-type]
+        tuple(plugins.get("health_check", name) for name in cfg.preflight.checks),  # type: ignore[misc]
+    )
+
+
+def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
+    """The job a config describes, with every plugin's checks run; or one ConfigError."""
+    job = components(cfg, run_dir)
+    plan = job.plan
     if len(set(cfg.eval.evaluators)) != len(cfg.eval.evaluators):
         raise ConfigError(f"eval.evaluators={list(cfg.eval.evaluators)} lists an evaluator twice")
     for key in cfg.eval.options or {}:
@@ -149,18 +179,18 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
                 f"eval.options.{key}: '{key}' is not in eval.evaluators; "
                 f"allowed: {', '.join(cfg.eval.evaluators) or '(none)'}"
             )
-    data.validate(cfg.data, plan)
-    par.validate(cfg.parallelism, plan)
-    ckpt.validate(cfg.checkpoint, plan)
-    for ev in evals:
+    job.data.validate(cfg.data, plan)
+    job.parallelism.validate(cfg.parallelism, plan)
+    job.checkpoint.validate(cfg.checkpoint, plan)
+    for ev in job.evaluators:
         ev.validate(cfg.eval, plan)
-    container.validate(cfg.container, plan)
+    job.container.validate(cfg.container, plan)
     if cfg.preflight.enabled:
-        for check in health:
+        for check in job.health_checks:
             check.validate(cfg.preflight, plan)
     check_watchdog(cfg)
     check_train_keys(cfg.train)
     if "global_train_batch_size" in cfg.train:
         batch_split(cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"),
                     plan.world_size)
-    return ResolvedJob(plan, data, par, ckpt, evals, container, health)  # type: ignore[arg-type]
+    return job

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from hpc_llm.job.once import build_once
+from hpc_llm.plugins.once import build_once
 from hpc_llm.paths import assets_dir
 
 CORPUS_FILE = "tiny_corpus.txt"
@@ -73,7 +73,7 @@ def _build_tokenizer(out: Path) -> None:
         pad_token=EOS,
         model_max_length=2048,
     )
-    tok.save_pretrained(str(out))
+    tok.save_pretrained(str(out))  # type: ignore[attr-defined]  # defined on its base class
 
 
 def _build_mds(out: Path) -> None:

@@ -8,7 +8,7 @@ once, explicitly, by the task before training (never at import).
    lands in a shared directory (save_folder on autoresume / checkpoint load)
    the local rank 0 of every node writes and deletes the *same* file:
    ``FileNotFoundError``. We keep the broadcast random part (all ranks must
-   agree on it) and put the real node rank in the name (DESIGN.md hazard 1).
+   agree on it) and put the real node rank in the name (docs/design.md, hazard 1).
 2. Composer 0.32 ``FSDP2Config.from_compatible_attrs`` drops
    ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree`` with a
    warning, so HSDP under FSDP2 silently trains as FULL_SHARD. We return a
@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import string
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 _APPLIED = False
 
@@ -38,7 +38,7 @@ _APPLIED = False
 def _patch_signal_file_name() -> None:
     from composer.utils import dist
 
-    def get_node_signal_file_name(rng: Optional[random.Random] = None) -> str:
+    def get_node_signal_file_name(rng: random.Random | None = None) -> str:
         rng = rng or random.Random()
         token = ["".join(rng.choices(string.ascii_letters + string.digits, k=6))]
         dist.broadcast_object_list(token, src=0)
@@ -57,14 +57,14 @@ def _patch_fsdp2_hsdp() -> None:
     @dataclass
     class HSDP2Config(base):  # type: ignore[misc, valid-type]
         hsdp_shard_degree: int = -1
-        hsdp_replicate_degree: Optional[int] = None
+        hsdp_replicate_degree: int | None = None
 
         @property
         def data_parallel_shard_degree(self) -> int:  # type: ignore[override]
             return self.hsdp_shard_degree
 
         @property
-        def data_parallel_replicate_degree(self) -> Optional[int]:  # type: ignore[override]
+        def data_parallel_replicate_degree(self) -> int | None:  # type: ignore[override]
             return self.hsdp_replicate_degree
 
     original = base.from_compatible_attrs.__func__

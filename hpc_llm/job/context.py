@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.job.distenv import DistEnv
-from hpc_llm.job.preemption import Attempts
 from hpc_llm.plan import JobPlan
+from hpc_llm.record import RunRecord
 
 
 @dataclass
@@ -16,7 +16,7 @@ class JobContext:
     plan: JobPlan
     dist: DistEnv
     run_dir: Path
-    #: node-local working directory of this rank (DESIGN.md hazard 1)
+    #: node-local working directory of this rank (docs/design.md, upstream hazard 1)
     node_dir: Path
     #: the job's composed config (hpc_llm keys and ``train``)
     cfg: Any = None
@@ -24,8 +24,8 @@ class JobContext:
     metrics: dict[str, Any] = field(default_factory=dict)
     #: (batch, loss) for every logged training loss
     loss_history: list[tuple[int, float]] = field(default_factory=list)
-    #: this run's attempts across requeues (kept by global rank 0)
-    attempts: Attempts | None = None
+    #: the run's record (global rank 0 only; None elsewhere)
+    record: RunRecord | None = None
     #: what post-train evaluators produced for later ones (``hf_model_dir``)
     artifacts: dict[str, Any] = field(default_factory=dict)
     #: the preflight record (hpc_llm.job.health), once checks have run
@@ -34,9 +34,8 @@ class JobContext:
     watchdog_events: list[dict[str, Any]] = field(default_factory=list)
 
     def record_progress(self, batch: int) -> None:
-        if self.attempts is not None:
-            self.attempts.current.last_batch = batch
-            self.attempts.save()
+        if self.record is not None:
+            self.record.note(last_batch=batch)
 
 
 #: the context of the rank running in this process; LLM Foundry builds our

@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpc_llm.plan import PORT_BASE, PORT_SPAN
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -41,9 +43,6 @@ class DistEnv:
         }
 
 
-#: MASTER_PORT = PORT_BASE + job id % PORT_SPAN (the batch script computes the same)
-PORT_BASE = 20000
-PORT_SPAN = 20000
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
@@ -60,7 +59,7 @@ def expand_tasks_per_node(spec: str) -> list[int]:
 
 
 def default_port(job_id: str | None) -> int:
-    """A port every task of a job agrees on without talking: 20000-39999 from the job id."""
+    """A port every task of a job agrees on without talking, from the job id (hpc_llm.plan)."""
     digits = re.sub(r"\D", "", job_id or "")
     return PORT_BASE + (int(digits) % PORT_SPAN if digits else 0)
 

@@ -7,9 +7,7 @@ in ``hpc_llm.job.context.CURRENT``.
 
 from __future__ import annotations
 
-RESULTS_LOGGER = "hpc_llm_results"
-PREEMPTION_CALLBACK = "hpc_llm_preemption"
-WATCHDOG_CALLBACK = "hpc_llm_watchdog"
+from hpc_llm.trainconfig import PREEMPTION_CALLBACK, RESULTS_LOGGER, WATCHDOG_CALLBACK
 
 
 def register() -> None:

@@ -11,9 +11,9 @@ partition has ``preempt_send_user_signal``. Then:
    written synchronously through Composer's own CheckpointSaver (which moves
    ``latest-rank0.pt`` only after the file is complete), and
    :class:`Preempted` unwinds out of ``fit``.
-3. The task (hpc_llm.job.task) has global rank 0 run ``scontrol requeue``
-   once, unless ``preemption.max_requeues`` is reached, and records the
-   stop in ``<run dir>/.hpc_llm/attempts.json``.
+3. The task (hpc_llm.job.task) has global rank 0 record the stop in the
+   run's record (hpc_llm.record) and run ``scontrol requeue`` once, unless
+   ``preemption.max_requeues`` is reached.
 4. The requeued job (same job id, same run dir, ``SLURM_RESTART_COUNT`` + 1)
    resumes through Composer autoresume (``latest-rank0.pt``) and Streaming's
    dataloader state, so no batch is recomputed (``batches_lost`` = 0).
@@ -23,17 +23,14 @@ A crash (an exception, a non-zero exit without the signal) is never requeued.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 STOP_SIGNAL_ENV = "HPC_LLM_STOP_SIGNAL"
-ATTEMPTS_FILE = "attempts.json"
 
 #: set by the signal handler: {"signal": name, "time": epoch seconds}
 _received: dict[str, Any] = {}
@@ -92,63 +89,6 @@ class Preempted(Exception):
         self.save_s = save_s
         self.signal_name = signal_name
         self.signal_time = signal_time
-
-
-@dataclass
-class Attempt:
-    """One run of the job: how it started and how it ended."""
-
-    job_id: str | None
-    restart: int
-    started_at: float
-    resumed_at_batch: int = 0
-    last_batch: int = 0
-    ended: str = "running"  # running | preempted | completed | failed
-    signal: str | None = None
-    signal_time: float | None = None
-    stopped_at_batch: int | None = None
-    save_s: float | None = None
-    signal_to_requeue_s: float | None = None
-    requeued: bool = False
-
-
-@dataclass
-class Attempts:
-    path: Path
-    items: list[Attempt] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, run_dir: Path) -> Attempts:
-        path = Path(run_dir) / ".hpc_llm" / ATTEMPTS_FILE
-        items = []
-        if path.is_file():
-            items = [Attempt(**a) for a in json.loads(path.read_text())]
-        return cls(path, items)
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps([asdict(a) for a in self.items], indent=2))
-        os.replace(tmp, self.path)
-
-    @property
-    def current(self) -> Attempt:
-        return self.items[-1]
-
-    def batches_lost(self) -> int:
-        """Batches trained in an attempt but recomputed by the next one."""
-        lost = 0
-        for prev, nxt in zip(self.items, self.items[1:]):
-            lost += max(0, prev.last_batch - nxt.resumed_at_batch)
-        return lost
-
-    def summary(self) -> list[dict[str, Any]]:
-        return [
-            {k: v for k, v in asdict(a).items() if k in (
-                "job_id", "restart", "ended", "signal", "resumed_at_batch", "stopped_at_batch",
-                "save_s", "signal_to_requeue_s")}
-            for a in self.items
-        ]
 
 
 def requeue(job_id: str) -> float:

@@ -28,9 +28,8 @@ class PreemptionCallback(Callback):
 
     def fit_start(self, state: State, logger: Logger) -> None:
         # Autoresume has already loaded the checkpoint: this is where we resume.
-        if self.ctx.attempts is not None:
-            self.ctx.attempts.current.resumed_at_batch = int(state.timestamp.batch)
-            self.ctx.attempts.save()
+        if self.ctx.record is not None:
+            self.ctx.record.note(resumed_at_batch=int(state.timestamp.batch))
 
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)

@@ -26,8 +26,8 @@ class ResultsLogger(LoggerDestination):
         self._batch = int(state.timestamp.batch)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        for key, value in metrics.items():
-            value = _scalar(value)
+        for key, raw in metrics.items():
+            value = _scalar(raw)
             if value is None:
                 continue
             self.ctx.metrics[key] = value

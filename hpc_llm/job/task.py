@@ -1,11 +1,11 @@
 """The in-job task: one rank of one training run.
 
 Every launcher (local processes, Slurm tasks, containers) ends up calling
-:func:`run` once per rank with the composed config. It wires the rank's
-distributed environment, moves into node-local scratch, asks the plugins for
-the LLM Foundry train config, trains with ``llmfoundry.command_utils.train``
-and, on global rank 0, writes ``results.json``. On the Slurm signal it saves
-and requeues (hpc_llm.job.preemption).
+:func:`run` once per rank with the composed config. It reads as the run's
+story: set up (distributed environment, node-local working dir, the run's
+record), check (preflight), train (LLM Foundry), evaluate (the post-train
+evaluators) and record (results.json, through :mod:`hpc_llm.record`). On the
+Slurm signal it saves and requeues (:mod:`hpc_llm.job.preemption`).
 """
 
 from __future__ import annotations
@@ -26,35 +26,50 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import context, distenv, health, preemption
 from hpc_llm.job.context import JobContext
-from hpc_llm.job.results import collect_results, failed_results, write_results
-from hpc_llm.results import base_results, run_info
+from hpc_llm.job.measure import progress_figures, training_figures
+from hpc_llm.record import RunRecord, run_info
 from hpc_llm.trainconfig import build_train_config
 
 log = logging.getLogger(__name__)
 
-POST_TRAIN_KEYS = ("conversion_ok", "hf_model_dir", "hf_model_bytes", "inference_ok")
-
-
-def node_local_dir(cfg: DictConfig, run_dir: Path, dist: distenv.DistEnv) -> Path:
-    """Per-node working directory outside the shared run dir (DESIGN.md hazard 1)."""
-    base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
-    job = os.environ.get("SLURM_JOB_ID") or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
-    path = Path(base) / f"hpc_llm-{job}" / f"node{dist.node_rank}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def run_name(plan_experiment: str, run_dir: Path) -> str:
-    """Stable across requeues of the same run (autoresume keys on it)."""
-    return f"{plan_experiment}-{run_dir.parent.name}-{run_dir.name}"
-
-
-def restart_count() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     started = time.time()
+    job, ctx = set_up(cfg, started)
+    try:
+        check_requeue_budget(cfg)
+        if cfg.preflight.enabled:
+            # before anything else touches the allocation: a bad node stops the job here
+            health.run_preflight(cfg, job.health_checks, ctx)
+            if cfg.preflight.only:
+                return _record(ctx, lambda r: r.completed({"preflight": ctx.preflight, "wallclock_s": _since(started)},
+                                                          batch=0))
+        trainer, train_s = train(cfg, job, ctx)
+        figures = evaluate(cfg, job, ctx, trainer)
+        figures.update(training_figures(ctx, trainer, train_s=train_s, job_s=time.time() - started))
+        figures.update(checkpoint=job.checkpoint.latest(cfg.checkpoint, job.plan),
+                       checkpoint_bytes=job.checkpoint.size_bytes(cfg.checkpoint, job.plan))
+        results = _record(ctx, lambda r: r.completed(figures, batch=int(trainer.state.timestamp.batch)))
+        trainer.close()
+        return results
+    except preemption.Preempted as stop:
+        after_stop(cfg, job, ctx, stop)
+        raise SystemExit(0) from None
+    except health.CheckFailed as failed:
+        after_failed_preflight(cfg, job, ctx, failed)
+        raise SystemExit(1) from None  # the reason is logged and in results.json
+    except BaseException as exc:
+        if ctx.record is not None:
+            ctx.record.failed(f"{type(exc).__name__}: {exc}", progress_figures(ctx))
+            log.error("training failed:\n%s", traceback.format_exc())
+        raise
+
+
+# -- set up --------------------------------------------------------------------
+
+
+def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
+    """This rank's distributed environment, its node-local working dir and (rank 0) the run's record."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     dist = distenv.from_environ(os.environ)
     os.environ.update(dist.as_environ())
@@ -66,45 +81,48 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
     ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist), cfg=cfg)
     if dist.rank == 0:
-        ctx.attempts = preemption.Attempts.load(run_dir)
-        ctx.attempts.items.append(
-            preemption.Attempt(job_id=os.environ.get("SLURM_JOB_ID"), restart=restart_count(), started_at=started)
-        )
-        ctx.attempts.save()
-    try:
-        if restart_count() > cfg.preemption.max_requeues:
-            raise RuntimeError(
-                f"requeued {restart_count()} times, more than preemption.max_requeues="
-                f"{cfg.preemption.max_requeues}; not training again"
-            )
-        return _train(cfg, job, ctx, started)
-    except preemption.Preempted as stop:
-        _after_preemption(cfg, job, ctx, stop)
-        raise SystemExit(0) from None
-    except health.CheckFailed as failed:
-        _after_failed_preflight(cfg, job, ctx, failed)
-        raise SystemExit(1) from None  # the reason is logged and in results.json
-    except BaseException as exc:
-        if dist.rank == 0:
-            _finish_attempt(ctx, "failed")
-            write_results(run_dir, _with_attempts(failed_results(job.plan, ctx, f"{type(exc).__name__}: {exc}"), ctx))
-            log.error("training failed:\n%s", traceback.format_exc())
-        raise
-
-
-def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -> dict[str, Any]:
+        ctx.record = RunRecord.open(run_dir, job.plan, run_info(cfg), job_id=os.environ.get("SLURM_JOB_ID"),
+                                    restart=restart_count(), started_at=started)
     os.chdir(ctx.node_dir)
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
     os.environ.update(job.parallelism.env(cfg.parallelism, job.plan))
-    if cfg.preflight.enabled:
-        # before anything else touches the allocation: a bad node stops the job here
-        health.run_preflight(cfg, job.health_checks, ctx)
-        if cfg.preflight.only:
-            return _preflight_only(job, ctx, started)
+    return job, ctx
+
+
+def node_local_dir(cfg: DictConfig, run_dir: Path, dist: distenv.DistEnv) -> Path:
+    """Per-node working directory outside the shared run dir (docs/design.md, upstream hazard 1)."""
+    base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
+    job = os.environ.get("SLURM_JOB_ID") or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
+    path = Path(base) / f"hpc_llm-{job}" / f"node{dist.node_rank}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_name(experiment: str, run_dir: Path) -> str:
+    """Stable across requeues of the same run (autoresume keys on it)."""
+    return f"{experiment}-{run_dir.parent.name}-{run_dir.name}"
+
+
+def restart_count() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def check_requeue_budget(cfg: DictConfig) -> None:
+    if restart_count() > cfg.preemption.max_requeues:
+        raise RuntimeError(
+            f"requeued {restart_count()} times, more than preemption.max_requeues="
+            f"{cfg.preemption.max_requeues}; not training again"
+        )
+
+
+# -- train -----------------------------------------------------------------------
+
+
+def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, float]:
+    """The plugins' train config, their preparation, then LLM Foundry's ``train``."""
     train_cfg = build_train_config(cfg, job, run_name=run_name(job.plan.experiment, ctx.run_dir))
     if ctx.dist.rank == 0:
         (ctx.run_dir / "train_config.yaml").write_text(yaml.safe_dump(train_cfg, sort_keys=False))
-
     job.data.prepare(cfg.data, ctx)
     job.parallelism.prepare(cfg.parallelism, ctx)
     job.checkpoint.prepare(cfg.checkpoint, ctx)
@@ -122,36 +140,36 @@ def _train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, started: float) -
     # A killed or requeued predecessor leaves Streaming's shared memory behind
     # ("reused local directory"); local rank 0 of every node removes it, all wait.
     clean_stale_shared_memory()
-    from llmfoundry.command_utils import train
+    from llmfoundry.command_utils import train as foundry_train
 
     t0 = time.time()
-    trainer = train(OmegaConf.create(train_cfg))
-    train_s = time.time() - t0
+    trainer = foundry_train(OmegaConf.create(train_cfg))
+    return trainer, time.time() - t0
 
-    eval_metrics: dict[str, Any] = {}
+
+# -- evaluate --------------------------------------------------------------------
+
+#: rank 0 may spend long on a rank-0-only step (loading a 30B model for the
+#: inference check); the others wait this long, past the training group's timeout
+POST_TRAIN_TIMEOUT_S = 4 * 3600
+
+
+def evaluate(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, trainer: Any) -> dict[str, Any]:
+    """Every evaluator's ``after_train``, in order. Their metrics go under ``eval``,
+    except the keys an evaluator declares as top level (``Evaluator.top_level_keys``)."""
+    figures: dict[str, Any] = {"eval": {}}
     waiting = _post_train_group()
     for ev in job.evaluators:
-        eval_metrics.update(ev.after_train(cfg.eval, trainer, ctx))
+        for key, value in ev.after_train(cfg.eval, trainer, ctx).items():
+            if key in ev.top_level_keys:
+                figures[key] = value
+            else:
+                figures["eval"][key] = value
     if waiting is not None:
-        # rank 0 may spend long on a rank-0-only step (loading a 30B model for the
-        # inference check); the others wait here, past the training group's timeout
         import torch.distributed as tdist
 
         tdist.barrier(group=waiting)
-    # the post-train verdicts the report's "conversion, inference & evaluation OK?" reads
-    top = {k: eval_metrics.pop(k) for k in POST_TRAIN_KEYS if k in eval_metrics}
-    results = collect_results(
-        cfg, job, ctx, trainer, eval_metrics=eval_metrics, train_s=train_s, job_s=time.time() - started
-    )
-    results.update(top)
-    if ctx.dist.rank == 0:
-        _finish_attempt(ctx, "completed", int(trainer.state.timestamp.batch))
-        write_results(ctx.run_dir, _with_attempts(results, ctx))
-    trainer.close()
-    return results
-
-
-POST_TRAIN_TIMEOUT_S = 4 * 3600
+    return figures
 
 
 def _post_train_group() -> Any:
@@ -165,18 +183,47 @@ def _post_train_group() -> Any:
     return tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=POST_TRAIN_TIMEOUT_S))
 
 
-def _preflight_only(job: ResolvedJob, ctx: JobContext, started: float) -> dict[str, Any]:
-    """``hpc-llm preflight``: the checks passed; record them and stop without training."""
-    results = base_results(job.plan, "completed")
-    results.update(preflight=ctx.preflight, batches_done=0, wallclock_s=round(time.time() - started, 3),
-                   finished_at=time.time())
-    if ctx.dist.rank == 0:
-        _finish_attempt(ctx, "completed", 0)
-        write_results(ctx.run_dir, _with_attempts(results, ctx))
+# -- record ------------------------------------------------------------------------
+
+
+def _record(ctx: JobContext, write: Any) -> dict[str, Any]:
+    """Rank 0 writes the record with ``write(record)``; every rank returns the same dict shape."""
+    if ctx.record is None:
+        return {"rank": ctx.dist.rank}
+    results: dict[str, Any] = write(ctx.record)
     return results
 
 
-def _after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: health.CheckFailed) -> None:
+def _since(t: float) -> float:
+    return round(time.time() - t, 3)
+
+
+def after_stop(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preemption.Preempted) -> None:
+    """Global rank 0 records the stop and requeues the job once; the others just exit."""
+    record = ctx.record
+    if record is None:
+        return
+    record.note(signal=stop.signal_name, signal_time=stop.signal_time, stopped_at_batch=stop.batch,
+                save_s=round(stop.save_s, 3))
+    job_id = os.environ.get("SLURM_JOB_ID")
+    latest = job.checkpoint.latest(cfg.checkpoint, job.plan)
+    figures = {**progress_figures(ctx), "batches_done": stop.batch, "checkpoint": latest}
+    if job_id and restart_count() < cfg.preemption.max_requeues:
+        record.note(signal_to_requeue_s=round(preemption.requeue(job_id) - stop.signal_time, 3), requeued=True)
+        record.stopped(figures, ended="preempted", batch=stop.batch, requeued=True)
+        log.warning("%s: checkpoint at batch %d saved in %.1fs; job %s requeued",
+                    stop.signal_name, stop.batch, stop.save_s, job_id)
+        return
+    reason = (
+        f"stopped by {stop.signal_name} after batch {stop.batch} and not requeued: "
+        + (f"preemption.max_requeues={cfg.preemption.max_requeues} reached" if job_id else "not running under Slurm")
+        + f"; resume from {latest}"
+    )
+    record.stopped(figures, ended="preempted", batch=stop.batch, requeued=False, error=reason)
+    raise SystemExit(1)
+
+
+def after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: health.CheckFailed) -> None:
     """Record why (rank 0); with preflight.exclude_bad_nodes, requeue away from the named nodes.
 
     Every rank reaches the same decision from the same figures. Rank 0 writes
@@ -187,82 +234,21 @@ def _after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, 
     everyone = set((ctx.preflight or {}).get("nodes") or [])
     requeue = bool(cfg.preflight.exclude_bad_nodes and job_id and failed.nodes
                    and set(failed.nodes) < everyone and restart_count() < cfg.preemption.max_requeues)
-    if ctx.dist.rank == 0:
+    if ctx.record is not None:
         where = f" (nodes: {', '.join(failed.nodes)})" if failed.nodes else ""
         reason = f"preflight check '{(ctx.preflight or {}).get('failed_check')}' failed: {failed.reason}{where}"
-        _finish_attempt(ctx, "preflight failed", 0)
-        results = failed_results(job.plan, ctx, reason)
-        results["batches_done"] = 0
+        figures = {**progress_figures(ctx), "batches_done": 0}
         if requeue:
-            results.update(status="requeued", excluded_nodes=failed.nodes)
-        write_results(ctx.run_dir, _with_attempts(results, ctx))
-        if requeue:
+            ctx.record.stopped({**figures, "excluded_nodes": failed.nodes}, ended="preflight failed", batch=0,
+                               requeued=True, error=reason)
             log.warning("%s; requeueing job %s excluding %s", reason, job_id, ", ".join(failed.nodes))
             try:
                 health.exclude_and_requeue(str(job_id), failed.nodes)
             except Exception as exc:  # the reason is recorded either way
                 log.error("could not requeue job %s excluding %s: %s", job_id, failed.nodes, exc)
         else:
+            ctx.record.failed(reason, figures, ended="preflight failed", batch=0)
             log.error("%s; not training", reason)
     health.barrier()
     if requeue:
         raise SystemExit(0)
-
-
-def _finish_attempt(ctx: JobContext, how: str, batch: int | None = None) -> None:
-    if ctx.attempts is None:
-        return
-    a = ctx.attempts.current
-    a.ended = how
-    if batch is not None:
-        a.last_batch = batch
-    ctx.attempts.save()
-
-
-def _with_attempts(results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Add what the report needs: run info and the record of every attempt."""
-    if ctx.cfg is not None:
-        results.update(run_info(ctx.cfg))
-    if ctx.attempts is None:
-        return results
-    items = ctx.attempts.items
-    results["restarts"] = max(restart_count(), len(items) - 1)
-    results["batches_lost"] = ctx.attempts.batches_lost()
-    results["attempts"] = ctx.attempts.summary()
-    requeues = [a.signal_to_requeue_s for a in items if a.signal_to_requeue_s is not None]
-    results["signal_to_requeue_s"] = requeues[-1] if requeues else None
-    results["slurm_job_ids"] = sorted({a.job_id for a in items if a.job_id}, key=str)
-    return results
-
-
-def _after_preemption(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preemption.Preempted) -> None:
-    """Global rank 0 records the stop and requeues the job once; the others just exit."""
-    if ctx.dist.rank != 0 or ctx.attempts is None:
-        return
-    a = ctx.attempts.current
-    a.ended, a.signal, a.signal_time = "preempted", stop.signal_name, stop.signal_time
-    a.stopped_at_batch = a.last_batch = stop.batch
-    a.save_s = round(stop.save_s, 3)
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if job_id and restart_count() < cfg.preemption.max_requeues:
-        a.signal_to_requeue_s = round(preemption.requeue(job_id) - stop.signal_time, 3)
-        a.requeued = True
-        ctx.attempts.save()
-        interim = failed_results(job.plan, ctx, None)
-        interim["status"] = "requeued"
-        interim["batches_done"] = stop.batch
-        write_results(ctx.run_dir, _with_attempts(interim, ctx))
-        log.warning("%s: checkpoint at batch %d saved in %.1fs; job %s requeued",
-                    stop.signal_name, stop.batch, stop.save_s, job_id)
-        return
-    ctx.attempts.save()
-    reason = (
-        f"stopped by {stop.signal_name} after batch {stop.batch} and not requeued: "
-        + (f"preemption.max_requeues={cfg.preemption.max_requeues} reached" if job_id else "not running under Slurm")
-        + f"; resume from {job.checkpoint.latest(cfg.checkpoint, job.plan)}"
-    )
-    final = failed_results(job.plan, ctx, reason)
-    final["batches_done"] = stop.batch
-    final["checkpoint"] = job.checkpoint.latest(cfg.checkpoint, job.plan)
-    write_results(ctx.run_dir, _with_attempts(final, ctx))
-    raise SystemExit(1)

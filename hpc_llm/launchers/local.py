@@ -1,7 +1,7 @@
 """``hydra/launcher=local``: each job's ranks as processes on this machine.
 
 The ranks run the same in-job entry point as Slurm tasks
-(:mod:`hpc_llm.launchers.rank`), with the SLURM_* variables a one-node
+(:mod:`hpc_llm.job.entry`), with the SLURM_* variables a one-node
 ``srun`` would give them and MASTER_ADDR/PORT resolved here, so the in-job
 code cannot tell the difference. Jobs of a sweep run one after another.
 """
@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import cloudpickle
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
-from hpc_llm.launchers.rank import PAYLOAD, RETURN, payload_dir
+from hpc_llm.launchers.payload import read_return, write_payload
+from hpc_llm.record import RESULTS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +64,14 @@ def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, thre
 
 def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
     """This interpreter, or the image's Python under the container runtime."""
-    entry = ["-m", "hpc_llm.launchers.rank", str(payload)]
+    entry = ["-m", "hpc_llm.job.entry", str(payload)]
     container = OmegaConf.select(cfg, "container", default=None)
     if container is None or container.name == "none":
         return [sys.executable, *entry]
-    from hpc_llm import containers
+    from hpc_llm.config.validate import components
 
-    mounts = containers.mounts_for(cfg, str(run_dir))
-    return containers.runtime(cfg).wrap(container, mounts, [str(container.python), *entry])
+    job = components(cfg, str(run_dir))
+    return job.container.wrap(container, job.mounts(cfg), [str(container.python), *entry])
 
 
 class LocalLauncher(BaseLauncher):
@@ -108,10 +108,14 @@ class LocalLauncher(BaseLauncher):
             idx = initial_job_idx + offset
             sweep_config = self.job_config(overrides, idx)
             log.info("job %d: %s", idx, " ".join(filter_overrides(overrides)) or "(defaults)")
+
+            def run_ranks(_cfg: DictConfig, sc: DictConfig = sweep_config) -> Any:
+                return self._run_ranks(sc)
+
             returns.append(
                 run_job(
                     hydra_context=self.hydra_context,
-                    task_function=lambda _cfg, sc=sweep_config: self._run_ranks(sc),
+                    task_function=run_ranks,
                     config=sweep_config,
                     job_dir_key="hydra.sweep.dir",
                     job_subdir_key="hydra.sweep.subdir",
@@ -137,21 +141,18 @@ class LocalLauncher(BaseLauncher):
 
     def _spawn_ranks(self, sweep_config: DictConfig, run_dir: Path) -> Any:
         ranks = self.ranks(sweep_config)
-        pdir = payload_dir(run_dir)
-        pdir.mkdir(parents=True, exist_ok=True)
-        (pdir / PAYLOAD).write_bytes(cloudpickle.dumps((self.task_function, sweep_config)))
-        (pdir / RETURN).unlink(missing_ok=True)
+        payload = write_payload(run_dir, self.task_function, sweep_config)
         logs = run_dir / "logs"
         logs.mkdir(exist_ok=True)
         port = free_port()
         threads = max(1, (os.cpu_count() or 1) // ranks)
-        command = rank_command(sweep_config, run_dir, pdir / PAYLOAD)
+        command = rank_command(sweep_config, run_dir, payload)
         procs: list[subprocess.Popen[bytes]] = []
         files: list[IO[bytes]] = []
         pumps: list[threading.Thread] = []
         try:
             for rank in range(ranks):
-                out = open(logs / f"rank{rank}.log", "wb")
+                out = open(logs / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed in finally, after the ranks
                 files.append(out)
                 stream = self.stream and rank == 0
                 proc = subprocess.Popen(
@@ -178,11 +179,10 @@ class LocalLauncher(BaseLauncher):
                 f"job {sweep_config.hydra.job.num} failed: rank {rank} exited with {code}; "
                 f"log: {logs / f'rank{rank}.log'}"
             )
-        ret = pdir / RETURN
-        results = run_dir / "results.json"
+        results = run_dir / RESULTS_FILE
         print(f"job {sweep_config.hydra.job.num}: completed; "
               f"{results if results.exists() else run_dir}", flush=True)
-        return cloudpickle.loads(ret.read_bytes()) if ret.exists() else None
+        return read_return(run_dir)[1]
 
     def _wait(self, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:
         deadline = time.monotonic() + self.timeout_s if self.timeout_s else None

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, _save_config, configure_log, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -33,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from hpc_llm import ledger
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
-from hpc_llm.launchers.rank import PAYLOAD, RETURN, RankEntry, payload_dir
+from hpc_llm.launchers.payload import PAYLOAD, RankEntry, payload_dir, read_return, write_payload
 from hpc_llm.launchers.sweeper import job_run_dir
 from hpc_llm.slurm import query
 from hpc_llm.slurm.render import render
@@ -130,13 +129,12 @@ class SlurmLauncher(BaseLauncher):
         Path(run_dir, "logs").mkdir(parents=True, exist_ok=True)
         if cfg.hydra.output_subdir is not None:
             out = Path(run_dir) / str(cfg.hydra.output_subdir)
-            task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            task_cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
             _save_config(task_cfg, "config.yaml", out)
             _save_config(HydraConfig.instance().cfg, "hydra.yaml", out)  # type: ignore[arg-type]
-            _save_config(OmegaConf.create(list(cfg.hydra.overrides.task)), "overrides.yaml", out)
-        pdir = payload_dir(Path(run_dir))
-        pdir.mkdir(parents=True, exist_ok=True)
-        (pdir / PAYLOAD).write_bytes(cloudpickle.dumps((self.task_function, cfg)))
+            overrides = OmegaConf.create(list(cfg.hydra.overrides.task))
+            _save_config(overrides, "overrides.yaml", out)  # type: ignore[arg-type]  # Hydra saves a list here too
+        write_payload(run_dir, self.task_function, cfg)
         return run_dir
 
     def _submit(self, cfg: DictConfig, run_dir: str, script: str) -> Any:
@@ -176,11 +174,11 @@ class SlurmLauncher(BaseLauncher):
             if run is not None and run.state != states[job_id]:
                 run = ledger.update(run, state=states[job_id])
             time.sleep(float(self.opts.poll_s))
-        ret_file = payload_dir(Path(run_dir)) / RETURN
-        if ret_file.exists():
+        found, value = read_return(run_dir)
+        if found:
             if run is not None:
                 ledger.update(run, state="COMPLETED")
-            return self._job_return(cfg, cloudpickle.loads(ret_file.read_bytes()))
+            return self._job_return(cfg, value)
         final = query.accounting_states([job_id]).get(job_id, "FAILED")
         if run is not None:
             ledger.update(run, state=final if final != "COMPLETED" else "FAILED")

@@ -39,6 +39,8 @@ class ValidatingSweeper(BasicSweeper):
 
     def compose_jobs(self, arguments: list[str]) -> dict[tuple[str, ...], DictConfig]:
         """Every job config of the sweep by its overrides, numbered as the launcher numbers them."""
+        if self.hydra_context is None or self.config is None:
+            raise RuntimeError("sweeper used before Hydra called setup()")
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         jobs: dict[tuple[str, ...], DictConfig] = {}
@@ -53,6 +55,8 @@ class ValidatingSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         check_job: Callable[[DictConfig], None] | None = getattr(self.launcher, "check_job", None)
         validate = get_method(self.validate) if self.validate else None
+        if self.config is None:
+            raise RuntimeError("sweeper used before Hydra called setup()")
         # Resolve ${now:...} in the sweep dir on the master config first: every job
         # config copies its resolver cache, so all jobs land in the same sweep dir.
         str(self.config.hydra.sweep.dir)
@@ -66,7 +70,7 @@ class ValidatingSweeper(BasicSweeper):
         if hasattr(self.launcher, "precomposed"):
             # Composing costs ~0.2 s a job; the launcher reuses these instead of
             # composing every job a second time (the login node should answer fast).
-            self.launcher.precomposed = jobs
+            self.launcher.precomposed = jobs  # type: ignore[union-attr]
         return super().sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Any) -> None:

@@ -8,15 +8,18 @@ mapping (unknown option keys are then an error naming the key).
 
 Methods split by where they run:
 
-* ``validate`` and ``train_config`` run on the login node and in the job;
-  they must be pure and cheap (no torch / composer / llmfoundry).
-* ``prepare`` and ``after_train`` run inside the job and may import the
-  training stack lazily.
+* ``validate``, ``train_config`` and ``host_paths`` run on the login node
+  and in the job; they must be pure and cheap (no torch / composer /
+  llmfoundry).
+* ``prepare`` and ``after_train`` run inside the job, on every rank, and may
+  import the training stack lazily.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +30,13 @@ from hpc_llm.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from hpc_llm.job.context import JobContext
     from hpc_llm.plan import JobPlan
+
+
+def local_path(value: Any) -> str | None:
+    """``value`` as an absolute local path; None when unset or a URI (s3://...)."""
+    if not value or "://" in str(value):
+        return None
+    return str(Path(str(value)).expanduser().resolve())
 
 
 class Component:
@@ -63,8 +73,14 @@ class Component:
         """Raise :class:`~hpc_llm.errors.ConfigError` on bad input (login node)."""
         self.options(section)
 
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        """Paths on the shared filesystem the job's tasks read or write (a
+        container runtime binds them; login node, pure)."""
+        return []
+
     def prepare(self, section: DictConfig, ctx: JobContext) -> None:
-        """One-time in-job preparation, run on global rank 0 before training."""
+        """In-job preparation before training, run on every rank (serialise
+        shared work yourself, e.g. with :func:`hpc_llm.plugins.once.build_once`)."""
 
 
 class DataSource(Component):
@@ -84,6 +100,11 @@ class DataSource(Component):
         files in the same schema); return what was written. Runs where the
         ``train`` extra is installed (a login node with it, or a job)."""
         raise ConfigError(f"data source '{self.name}' has nothing to prepare")
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        """``data.path`` when it is a local path (override for caches the job creates)."""
+        local = local_path(section.get("path"))
+        return [HostPath(local, "data.path")] if local else []
 
 
 class ParallelismStrategy(Component):
@@ -117,12 +138,20 @@ class CheckpointBackend(Component):
         """Bytes of the latest checkpoint, if it can be measured cheaply."""
         return None
 
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        """The folder of ``checkpoint.load_path`` when it is local (backends add their own)."""
+        local = local_path(section.get("load_path"))
+        return [HostPath(os.path.dirname(local), "checkpoint.load_path")] if local else []
+
 
 class Evaluator(Component):
     """Measures the trained model (listed in ``eval.evaluators``)."""
 
     kind = "evaluator"
     selector = "eval.evaluators"
+    #: keys of ``after_train``'s result that go to the top level of results.json
+    #: (verdicts such as ``conversion_ok`` the report reads); the rest go under ``eval``
+    top_level_keys: ClassVar[tuple[str, ...]] = ()
 
     def options(self, section: DictConfig) -> Any:
         """``eval.options.<name>``: each evaluator has its own options."""
@@ -155,9 +184,40 @@ class ContainerRuntime(Component):
         """The command srun runs for every task; ``command[0]`` is the image's Python."""
         return command
 
+    def binds(self, section: DictConfig, mounts: Mounts) -> list[Bind]:
+        """Every host path the container will see (``hpc-llm container check``
+        checks that their sources exist)."""
+        return []
+
     def script_lines(self, section: DictConfig, mounts: Mounts, passthrough: list[str]) -> list[str]:
         """Batch-script lines run once before the training step (after the rendezvous)."""
         return []
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPath:
+    """A path on the shared filesystem that a job's tasks use."""
+
+    path: str
+    #: what it is, for messages ("data.path", "checkpoint folder")
+    purpose: str
+    #: the job creates it (a checkpoint folder, a cache): it may not exist before submitting
+    created_by_job: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Bind:
+    """One bind of a host path into a container."""
+
+    source: str
+    dest: str
+    mode: str = "rw"
+    #: where it came from, for error messages
+    origin: str = "container.binds"
+
+    def spec(self) -> str:
+        same = self.dest == self.source and self.mode == "rw"
+        return self.source if same else f"{self.source}:{self.dest}:{self.mode}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +226,8 @@ class Mounts:
 
     #: the run directory (results, logs, submitit payload)
     run_dir: str
-    #: (source, purpose) of every other path: data, checkpoints, cache, scratch
-    paths: tuple[tuple[str, str], ...] = ()
+    #: every other path: data, checkpoints, cache (from the plugins' ``host_paths``)
+    paths: tuple[HostPath, ...] = ()
     #: node-local scratch (exists on the nodes only; not checked on the login node)
     scratch: str | None = None
     #: whether the job uses GPUs

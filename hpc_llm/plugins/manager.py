@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 import pluggy
 
-from hpc_llm.errors import ConfigError, allowed
+from hpc_llm.errors import ConfigError, allowed, warn_once
 from hpc_llm.plugins import hookspecs
 from hpc_llm.plugins.base import KINDS, Component
 from hpc_llm.plugins.markers import PROJECT
@@ -31,12 +33,13 @@ ENTRY_POINT_GROUP = "hpc_llm"
 BLOCK_ENV = "HPC_LLM_BLOCK_PLUGINS"
 NO_EXTERNAL_ENV = "HPC_LLM_NO_EXTERNAL_PLUGINS"
 BUILTIN_PACKAGE = "hpc-llm (built-in)"
+HOOK_PREFIX = "hpc_llm_"
 BUILTIN_MODULES = (
     "hpc_llm.builtin.data",
     "hpc_llm.builtin.parallelism",
     "hpc_llm.builtin.checkpoint",
     "hpc_llm.builtin.evaluators",
-    "hpc_llm.builtin.containers",
+    "hpc_llm.builtin.container_runtimes",
     "hpc_llm.builtin.health",
 )
 HOOK_FOR_KIND = {
@@ -58,6 +61,10 @@ class Entry:
     component: Component
     plugin: str
     package: str
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def blocked_from_env() -> tuple[str, ...]:
@@ -88,15 +95,15 @@ class Plugins:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
-            known = [h for h in dir(hookspecs) if h.startswith("hpc_llm_")]
+            known = [h for h in dir(hookspecs) if h.startswith(HOOK_PREFIX)]
             raise ConfigError(
                 f"plugin '{name}' ({self.packages.get(name, '?')}) implements a hook "
                 f"that does not exist: {exc}; known hooks: {allowed(known)}"
             ) from None
         for kind, hook_name in HOOK_FOR_KIND.items():
             hook = getattr(self.pm.hook, hook_name)
-            for impl in hook.get_hookimpls():
-                impl.function(register=self._registrar(kind, impl.plugin_name))
+            # pluggy calls every implementation (in its order, through any wrappers)
+            hook(register=self._registrar(kind, {i.function.__code__: i.plugin_name for i in hook.get_hookimpls()}))
 
     def _load_entry_points(self) -> None:
         # pluggy's load_setuptools_entrypoints() blocks by entry-point name only
@@ -124,13 +131,28 @@ class Plugins:
             self._register(plugin, ep.name, package)
 
     def _register(self, plugin: object, name: str, package: str) -> None:
-        self.pm.register(plugin, name=name)
         self.packages[name] = package
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise ConfigError(f"plugin '{name}' ({package}): {_one_line(exc)}") from None
+        for attr in sorted(dir(plugin)):
+            if attr.startswith(HOOK_PREFIX) and callable(getattr(plugin, attr, None)) \
+                    and self.pm.parse_hookimpl_opts(plugin, attr) is None:
+                warn_once(f"plugin '{name}' ({package}) defines {attr} without @hpc_llm.hookimpl; "
+                          "it is ignored (decorate it with `from hpc_llm import hookimpl`)")
 
-    def _registrar(self, kind: str, plugin_name: str):
+    def _registrar(self, kind: str, plugin_of: dict[Any, str]) -> Callable[[Component], None]:
+        """The ``register`` callback of one hook call; ``plugin_of`` maps each
+        implementation's code object to its plugin, to attribute what it registers."""
         base = KINDS[kind]
 
         def register(component: Component) -> None:
+            # the nearest caller that is a hook implementation registered this component
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code not in plugin_of:
+                frame = frame.f_back  # type: ignore[assignment]
+            plugin_name = plugin_of[frame.f_code] if frame is not None else "?"
             if not isinstance(component, base):
                 raise ConfigError(
                     f"plugin '{plugin_name}' registered {component!r} as a {base.kind}; "
@@ -139,7 +161,7 @@ class Plugins:
             if not component.name:
                 raise ConfigError(f"plugin '{plugin_name}' registered a {base.kind} with no name")
             self._entries[kind].append(
-                Entry(kind, component.name, component, plugin_name, self.packages[plugin_name])
+                Entry(kind, component.name, component, plugin_name, self.packages.get(plugin_name, "?"))
             )
 
         return register

@@ -9,7 +9,6 @@ the app has them, and falls back to one task on one node.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -122,13 +121,14 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     container = OmegaConf.select(cfg, "container", default=None)
     container_lines: list[str] = []
     if container is not None and container.name != "none":
-        from hpc_llm import containers
+        # an hpc_llm app: its container runtime plugin wraps the task command
+        from hpc_llm.config.validate import components
 
-        runtime = containers.runtime(cfg)
-        mounts = containers.mounts_for(cfg, run_dir)
-        passthrough = containers.passthrough_names(cfg, passthrough)
-        command = runtime.wrap(container, mounts, [str(container.python), *entry])
-        container_lines = runtime.script_lines(container, mounts, passthrough)
+        job = components(cfg, run_dir)
+        mounts = job.mounts(cfg)
+        passthrough = sorted({*passthrough, *(container.env_passthrough or [])})
+        command = job.container.wrap(container, mounts, [str(container.python), *entry])
+        container_lines = job.container.script_lines(container, mounts, passthrough)
     else:
         command = [*python_command(opts), *entry]
     return SbatchSpec(
@@ -149,8 +149,3 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
 
 def submitit_folder(run_dir: str) -> Path:
     return Path(run_dir) / SUBMITIT_DIR
-
-
-def passthrough_present(names: list[str]) -> list[str]:
-    """Names from ``names`` that are not set in this (submitting) environment."""
-    return [n for n in names if n not in os.environ]

@@ -40,7 +40,7 @@ trap forward_stop USR2
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
-export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))
 export HPC_LLM_STOP_SIGNAL=USR2
 export NCCL_ASYNC_ERROR_HANDLING=1
 export NCCL_CROSS_NIC=0
@@ -57,7 +57,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 
 # container
 # bind sources the job writes to must exist before apptainer starts
-mkdir -p /shared/cache/hpc_llm
+mkdir -p /shared/cache/hpc_llm/tiny_corpus/c878a6fe7676 /shared/cache/hpc_llm
 # by name into the container: Apptainer sets NAME from APPTAINERENV_NAME
 if [ -n "${AWS_ACCESS_KEY_ID+x}" ]; then export APPTAINERENV_AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID}"; fi
 if [ -n "${AWS_SECRET_ACCESS_KEY+x}" ]; then export APPTAINERENV_AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY}"; fi

@@ -39,7 +39,7 @@ trap forward_stop USR2
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
-export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))
 export HPC_LLM_STOP_SIGNAL=USR2
 export OMP_NUM_THREADS=1
 export SUBMITIT_EXECUTOR=slurm

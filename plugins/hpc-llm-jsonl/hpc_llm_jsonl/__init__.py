@@ -71,7 +71,7 @@ class JsonlSource(DataSource):
         }
 
     def prepare(self, section, ctx) -> None:
-        from hpc_llm.job.once import build_once
+        from hpc_llm.plugins.once import build_once
 
         opts = self.options(section)
         src = self._file(section)

@@ -19,15 +19,14 @@ import hashlib
 import os
 import shlex
 import shutil
-import sys
-from dataclasses import dataclass
 from pathlib import Path
+
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.plan import JobPlan
-from hpc_llm.plugins.base import ContainerRuntime, Mounts
+from hpc_llm.plugins.base import Bind, ContainerRuntime, Mounts
 
 #: flags hpc_llm sets itself, or that would break the task (see module docstring)
 REFUSED_FLAGS = {
@@ -41,25 +40,6 @@ REFUSED_FLAGS = {
     "--env": "pass variables by name with container.env_passthrough",
 }
 BIND_OPTIONS = ("ro", "rw")
-_warned: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        sys.stderr.write(f"hpc_llm: warning: {message}\n")
-
-
-@dataclass(frozen=True)
-class Bind:
-    source: str
-    dest: str
-    mode: str = "rw"
-    #: where it came from, for error messages
-    origin: str = "container.binds"
-
-    def spec(self) -> str:
-        return self.source if (self.dest == self.source and self.mode == "rw") else f"{self.source}:{self.dest}:{self.mode}"
 
 
 def parse_bind(text: str) -> Bind:
@@ -80,7 +60,7 @@ def parse_bind(text: str) -> Bind:
 def all_binds(section: DictConfig, mounts: Mounts) -> list[Bind]:
     """The automatic identity binds plus the user's, deduplicated; conflicts are an error."""
     binds = [Bind(mounts.run_dir, mounts.run_dir, origin="the run directory")]
-    binds += [Bind(os.path.normpath(p), os.path.normpath(p), origin=why) for p, why in mounts.paths]
+    binds += [Bind(os.path.normpath(p.path), os.path.normpath(p.path), origin=p.purpose) for p in mounts.paths]
     if mounts.scratch:
         binds.append(Bind(mounts.scratch, mounts.scratch, origin="cluster.scratch"))
     binds += [parse_bind(b) for b in section.binds or []]
@@ -96,6 +76,10 @@ def all_binds(section: DictConfig, mounts: Mounts) -> list[Bind]:
                 f"container.binds: conflicting binds for {b.dest} in the container: "
                 f"{seen.spec()} ({seen.origin}) and {b.spec()} ({b.origin}); keep one"
             )
+    # an automatic identity bind inside another identity bind adds nothing
+    identity = [b.source for b in out if b.source == b.dest and b.mode == "rw"]
+    out = [b for b in out if b.origin == "container.binds" or not (b.source == b.dest and b.mode == "rw")
+           or not any(b.source != p and b.source.startswith(p.rstrip("/") + "/") for p in identity)]
     # a parent bound after a child would hide it: mount parents first
     return sorted(out, key=lambda b: (b.dest.count("/"), b.dest))
 
@@ -163,9 +147,12 @@ class Apptainer(ContainerRuntime):
     def wrap(self, section: DictConfig, mounts: Mounts, command: list[str]) -> list[str]:
         return [*self.exec_prefix(section, mounts), *command]
 
+    def binds(self, section: DictConfig, mounts: Mounts) -> list[Bind]:
+        return all_binds(section, mounts)
+
     def script_lines(self, section: DictConfig, mounts: Mounts, passthrough: list[str]) -> list[str]:
         lines: list[str] = []
-        created = [p for p, why in mounts.paths if why in ("checkpoint folder", "hpc_llm cache")]
+        created = [p.path for p in mounts.paths if p.created_by_job]
         if created:
             lines += ["# bind sources the job writes to must exist before apptainer starts",
                       f"mkdir -p {' '.join(shlex.quote(p) for p in created)}"]

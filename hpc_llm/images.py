@@ -1,11 +1,9 @@
-"""Containers on the login node: the binds a job needs, the wrapped task
-command, and ``hpc-llm container build|check|inspect`` through spython.
+"""Container images on the login node: ``hpc-llm container build|check|inspect``.
 
-The runtime itself (how a command is wrapped) is a plugin
-(:mod:`hpc_llm.builtin.containers`); this module only gathers what every
-runtime needs from the config and drives Apptainer for the CLI. spython calls
-the ``singularity`` executable, which Apptainer installs as a compatibility
-link, so spython works unchanged on Apptainer hosts.
+Apptainer is driven through spython, which calls the ``singularity``
+executable that Apptainer installs as a compatibility link. How a task's
+command is wrapped in a container is the container runtime plugin's business
+(``container.name``); ``check`` asks that runtime for the binds it will make.
 """
 
 from __future__ import annotations
@@ -20,47 +18,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hpc_llm.errors import ConfigError, Failed
-from hpc_llm.plugins.base import ContainerRuntime, Mounts
-from hpc_llm.plugins.manager import get_plugins
 
 #: distributions whose versions inside an image must match the login node's pins
 PINNED = ("hpc-llm", "llm-foundry", "mosaicml", "torch", "mosaicml-streaming")
-
-
-def mounts_for(cfg: DictConfig, run_dir: str) -> Mounts:
-    """The host paths a job's tasks use, from its config (login node, pure)."""
-    from hpc_llm.paths import cache_dir
-
-    paths: list[tuple[str, str]] = []
-
-    def local(value: Any) -> str | None:
-        return None if not value or "://" in str(value) else str(Path(str(value)).expanduser().resolve())
-
-    data = local(cfg.data.get("path"))
-    if data:
-        paths.append((data, "data.path"))
-    ckpt = local(cfg.checkpoint.get("location"))
-    if ckpt and cfg.checkpoint.name == "folder":
-        paths.append((ckpt, "checkpoint folder"))
-    load = local(cfg.checkpoint.get("load_path"))
-    if load:
-        paths.append((str(Path(load).parent), "checkpoint.load_path"))
-    paths.append((str(cache_dir()), "hpc_llm cache"))
-    return Mounts(
-        run_dir=str(Path(run_dir).resolve()),
-        paths=tuple(paths),
-        scratch=str(cfg.cluster.scratch) if cfg.cluster.scratch else None,
-        gpus=str(cfg.cluster.device) == "gpu",
-    )
-
-
-
-def runtime(cfg: DictConfig) -> ContainerRuntime:
-    return get_plugins(cfg.plugins.block).get("container", cfg.container.name)  # type: ignore[return-value]
-
-
-def passthrough_names(cfg: DictConfig, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
-    return sorted({*(cfg.cluster.env_passthrough or []), *(cfg.container.env_passthrough or []), *extra})
 
 
 # -- hpc-llm container build | check | inspect ---------------------------------
@@ -164,16 +124,15 @@ class CheckReport:
 
 def check(cfg: DictConfig, run_dir: str) -> CheckReport:
     """Image exists, is readable, has the expected versions; bind sources exist."""
-    from hpc_llm.builtin.containers import all_binds
     from hpc_llm.config.validate import resolve_job
 
     if cfg.container.name == "none":
         raise ConfigError("container=none: nothing to check; allowed: container=apptainer container.image=X.sif")
-    resolve_job(cfg, run_dir)  # the same one-line checks as before a submit
-    mounts = mounts_for(cfg, run_dir)
+    job = resolve_job(cfg, run_dir)  # the same one-line checks as before a submit
+    mounts = job.mounts(cfg)
     report = CheckReport(image=str(cfg.container.image), expected=expected_versions())
-    created = {p for p, why in mounts.paths if why in ("checkpoint folder", "hpc_llm cache")}
-    for bind in all_binds(cfg.container, mounts):
+    created = {p.path for p in mounts.paths if p.created_by_job}
+    for bind in job.container.binds(cfg.container, mounts):
         if bind.source in (mounts.run_dir, mounts.scratch) or bind.source in created:
             continue  # made by the submit / exists on the nodes only
         if not os.path.exists(bind.source):

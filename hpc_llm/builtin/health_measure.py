@@ -1,4 +1,4 @@
-"""The built-in health checks' measurements (in-job only; torch)."""
+"""The built-in health checks' measurements (in-job only: torch; see hpc_llm.builtin.health)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def gpu(section: Any, ctx: Any) -> dict[str, Any]:
         "nvidia_smi": _nvidia_smi() if ctx.dist.local_rank == 0 else None,
     }
     smi = gather(out["nvidia_smi"])
-    ecc_bad = sorted({n for (n, _v), s in zip(counts, smi) if s and s.get("uncorrected_ecc", 0) > 0})
+    ecc_bad = sorted({n for (n, _v), s in zip(counts, smi, strict=True) if s and s.get("uncorrected_ecc", 0) > 0})
     if ecc_bad:
         raise CheckFailed("uncorrected ECC errors reported by nvidia-smi", ecc_bad, out)
     if section.min_tflops is not None:

@@ -1,9 +1,10 @@
-"""Entry point of one rank: ``python -m hpc_llm.launchers.rank <payload>``.
+"""Entry point of one rank: ``python -m hpc_llm.job.entry <payload>``.
 
-The launcher pickles (task function, job config) once per job; every rank
-loads it, makes Hydra's runtime config available (``HydraConfig.get()``),
-runs the task function with the job config, and rank 0 stores the return
-value for the launcher. The task function is any Hydra task function.
+The launcher pickles (task function, job config) once per job
+(:mod:`hpc_llm.launchers.payload`); every rank loads it, makes Hydra's
+runtime config available (``HydraConfig.get()``), runs the task function
+with the job config, and rank 0 stores the return value for the launcher.
+The task function is any Hydra task function.
 """
 
 from __future__ import annotations
@@ -20,13 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.job import preemption
-
-PAYLOAD = "job.pkl"
-RETURN = "return.pkl"
-
-
-def payload_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / ".hpc_llm"
+from hpc_llm.launchers.payload import RETURN
 
 
 def _is_rank0() -> bool:
@@ -41,7 +36,8 @@ def run_payload(path: Path) -> Any:
         (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
     preemption.mark_ready(Path(path).parent.parent)
     task_function, config = cloudpickle.loads(Path(path).read_bytes())
-    assert isinstance(config, DictConfig)
+    if not isinstance(config, DictConfig):
+        raise TypeError(f"{path} holds a {type(config).__name__}, not a job config; was it written by hpc_llm?")
     HydraConfig.instance().set_config(config)
     task_cfg = copy.deepcopy(config)
     with read_write(task_cfg), open_dict(task_cfg):
@@ -56,18 +52,7 @@ def run_payload(path: Path) -> Any:
     return value
 
 
-class RankEntry:
-    """The picklable callable submitit runs in every srun task (Slurm launcher)."""
-
-    def __init__(self, payload: str) -> None:
-        self.payload = payload
-
-    def __call__(self) -> Any:
-        _configure_logging()
-        return run_payload(Path(self.payload))
-
-
-def _configure_logging() -> None:
+def configure_logging() -> None:
     rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
     logging.basicConfig(
         level=logging.INFO,
@@ -78,8 +63,8 @@ def _configure_logging() -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.exit("usage: python -m hpc_llm.launchers.rank <payload.pkl>")
-    _configure_logging()
+        sys.exit("usage: python -m hpc_llm.job.entry <payload.pkl>")
+    configure_logging()
     run_payload(Path(args[0]))
 
 

@@ -1,0 +1,74 @@
+"""What a finished rank measured, as results.json fields (in-job only: torch, Composer)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+from typing import Any
+
+from hpc_llm.job.context import JobContext
+
+
+def peak_memory_bytes() -> int:
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    # ru_maxrss is in KiB on Linux: the peak resident set of this rank process.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def placement(ctx: JobContext) -> dict[str, Any]:
+    """Where this rank ran: node, node rank, local rank, working directory."""
+    return {
+        "rank": ctx.dist.rank,
+        "local_rank": ctx.dist.local_rank,
+        "node_rank": ctx.dist.node_rank,
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "cwd": os.getcwd(),
+    }
+
+
+def progress_figures(ctx: JobContext) -> dict[str, Any]:
+    """What is known at any point of a run: the loss so far, preflight, watchdog events."""
+    out: dict[str, Any] = {}
+    if ctx.loss_history:
+        out["batches_done"] = ctx.loss_history[-1][0]
+        out["train_loss"] = ctx.loss_history[-1][1]
+    if ctx.preflight is not None:
+        out["preflight"] = ctx.preflight
+    if ctx.watchdog_events:
+        out["watchdog_events"] = ctx.watchdog_events
+    return out
+
+
+def training_figures(ctx: JobContext, trainer: Any, *, train_s: float, job_s: float) -> dict[str, Any]:
+    """Throughput, loss, memory and mesh of a finished fit (a collective: call on every rank)."""
+    from composer.utils import dist
+
+    state = trainer.state
+    out = progress_figures(ctx)
+    tokens = int(state.timestamp.token)
+    tps = ctx.metrics.get("throughput/tokens_per_sec")
+    out.update(
+        batches_done=int(state.timestamp.batch),
+        tokens_done=tokens,
+        train_s=round(train_s, 3),
+        fit_s=round(state.timestamp.total_wct.total_seconds(), 3),
+        wallclock_s=round(job_s, 3),
+        tokens_per_sec=tps if tps is not None else (tokens / train_s if train_s else None),
+        mfu=ctx.metrics.get("throughput/device/mfu"),
+        watchdog_events=ctx.watchdog_events,
+    )
+    if ctx.loss_history:
+        out["train_loss_first"] = ctx.loss_history[0][1]
+        out["train_loss_history"] = ctx.loss_history
+    per_rank = dist.all_gather_object({**placement(ctx), "peak_memory_bytes": peak_memory_bytes()})
+    out["ranks"] = per_rank
+    out["peak_memory_bytes_per_rank"] = [r["peak_memory_bytes"] for r in per_rank]
+    out["peak_memory_bytes"] = max(out["peak_memory_bytes_per_rank"])
+    mesh = getattr(state, "device_mesh", None)
+    if mesh is not None and mesh.mesh_dim_names:
+        out["device_mesh"] = dict(zip(mesh.mesh_dim_names, (int(s) for s in mesh.mesh.shape), strict=True))
+    return out

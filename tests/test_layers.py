@@ -1,0 +1,119 @@
+"""The layers the folders promise (docs/design.md, "Two process worlds").
+
+* The login side (everything but ``hpc_llm.job``, ``hpc_llm.builtin`` and the
+  built-in data helpers ``hpc_llm.data``) imports neither the in-job side
+  nor the training stack.
+* Core code reaches the built-in plugins only through the plugin manager,
+  which imports them by name (never with an import statement).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hpc_llm
+from tests.conftest import ROOT
+
+NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data")
+TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets")
+#: the two places where the login side hands over to the job: the Hydra task
+#: function and the callable submitit runs in each srun task. Both import the
+#: in-job side when called, which happens inside the job.
+IN_JOB_HANDOVERS = {
+    ("hpc_llm.app", "hpc_llm.job.task"),
+    ("hpc_llm.launchers.payload", "hpc_llm.job.entry"),
+}
+
+
+def core_modules() -> list[str]:
+    names = [m.name for m in pkgutil.walk_packages(hpc_llm.__path__, "hpc_llm.")]
+    names += ["hpc_llm", "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins"]
+    return sorted(n for n in names if not n.startswith(NOT_CORE) and n != "hpc_llm.__main__")
+
+
+def test_the_walk_finds_the_login_side():
+    mods = core_modules()
+    for expected in ("hpc_llm.cli", "hpc_llm.report", "hpc_llm.estimate", "hpc_llm.status", "hpc_llm.record",
+                     "hpc_llm.launchers.slurm", "hpc_llm.slurm.render", "hpc_llm.plugins.manager"):
+        assert expected in mods
+
+
+@pytest.mark.parametrize("module", core_modules())
+def test_importing_a_login_module_pulls_in_no_job_builtin_or_training_stack(module):
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = re.findall(r"\|\s+([\w.]+)\s*$", out.stderr, flags=re.M)
+    assert imported, "python -X importtime printed nothing"
+    bad = sorted({m for m in imported if m.startswith(NOT_CORE) or m.split(".")[0] in TRAINING_STACK})
+    assert not bad, f"import {module} imports {bad}"
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module a file imports at run time (``if TYPE_CHECKING:`` blocks are for type checkers)."""
+    out: list[str] = []
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                for child in node.orelse:
+                    self.visit(child)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            out.extend(a.name for a in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.module and node.level == 0:
+                out.extend(f"{node.module}.{a.name}" for a in node.names)
+
+    Visitor().visit(ast.parse(path.read_text(), filename=str(path)))
+    return out
+
+
+def test_core_code_never_imports_builtin_plugins_or_the_job_side():
+    """Also the lazy imports inside functions, which an import-time check cannot see."""
+    found = []
+    for module in core_modules():
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        for target in _imports(Path(spec.origin)):
+            handover = any(module == m and target.startswith(t) for m, t in IN_JOB_HANDOVERS)
+            if target.startswith(("hpc_llm.builtin", "hpc_llm.job")) and not handover:
+                found.append(f"{module} -> {target}")
+    assert not found, found
+
+
+def test_the_plugin_manager_loads_the_builtins_by_name():
+    from hpc_llm.plugins import manager
+
+    assert all(m.startswith("hpc_llm.builtin.") for m in manager.BUILTIN_MODULES)
+    assert "import hpc_llm.builtin" not in (ROOT / "hpc_llm" / "plugins" / "manager.py").read_text()
+
+
+def test_login_path_with_plugins_loaded_imports_no_job_module():
+    """Composing, resolving the plugins and building the train config, as `hpc-llm config` does."""
+    code = (
+        "import sys\n"
+        "from hpc_llm.cli import compose\n"
+        "from hpc_llm.config.validate import resolve_job\n"
+        "from hpc_llm.trainconfig import build_train_config\n"
+        "import hpc_llm.app, hpc_llm.launchers.local, hpc_llm.launchers.slurm, hpc_llm.report, hpc_llm.estimate\n"
+        "import hpc_llm.status, hpc_llm.images, hpc_llm.record, hpc_llm.ledger\n"
+        "cfg = compose(['+experiment=mpt_tiny', 'parallelism=hsdp', 'resources.tasks_per_node=4'])\n"
+        "build_train_config(cfg, resolve_job(cfg, '/r/0'), run_name='t')\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {TRAINING_STACK!r} or m.startswith('hpc_llm.job'))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
