@@ -25,8 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-SWEEP = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "train.max_duration=1ba,2ba,3ba,4ba",
-         "hydra.launcher.partition=low"]
+SWEEP = [
+    "+experiment=mpt_tiny",
+    "hydra/launcher=slurm",
+    "train.max_duration=1ba,2ba,3ba,4ba",
+    "hydra.launcher.partition=low",
+]
 IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
 HEAVY = ("torch", "composer", "llmfoundry", "streaming", "transformers")
 
@@ -66,8 +70,13 @@ def main() -> None:
             walls.append(wall)
             t0 = time.perf_counter()
             for _ in range(4):
-                out = subprocess.run(["sbatch", "--parsable", "-p", "low", "--wrap", "true"], env=env,
-                                     capture_output=True, text=True, check=True)
+                out = subprocess.run(
+                    ["sbatch", "--parsable", "-p", "low", "--wrap", "true"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 submitted.append(out.stdout.strip().split(";")[0])
             bases.append(time.perf_counter() - t0)
             subprocess.run(["scancel", *submitted], env=env, capture_output=True)
@@ -75,8 +84,10 @@ def main() -> None:
         submitted += job_ids(proc.stdout)
         modules = [m.group(4) for m in IMPORT_LINE.finditer(proc.stderr)]
         heavy = sorted({m for m in modules if m.split(".")[0] in HEAVY})
-        costs = sorted(((int(m.group(2)), m.group(4)) for m in IMPORT_LINE.finditer(proc.stderr)
-                        if not m.group(3).strip(" ")), reverse=True)[:6]
+        costs = sorted(
+            ((int(m.group(2)), m.group(4)) for m in IMPORT_LINE.finditer(proc.stderr) if not m.group(3).strip(" ")),
+            reverse=True,
+        )[:6]
     finally:
         subprocess.run(["scancel", *submitted], env=env, capture_output=True)
         if started is not None:
@@ -84,11 +95,15 @@ def main() -> None:
 
             devcluster.down(started.root)
     med, base = statistics.median(walls), statistics.median(bases)
-    print(f"no-wait submit of a 4-point sweep: median {med:.2f} s over {args.repeats} (goal <= 2 s); "
-          f"min {min(walls):.2f} s, max {max(walls):.2f} s")
+    print(
+        f"no-wait submit of a 4-point sweep: median {med:.2f} s over {args.repeats} (goal <= 2 s); "
+        f"min {min(walls):.2f} s, max {max(walls):.2f} s"
+    )
     print(f"baseline, 4 bare `sbatch --wrap` calls: median {base:.2f} s -> ratio {med / base:.1f}x")
-    print(f"modules imported by the submitting process: {len(modules)}; "
-          f"torch/composer/llmfoundry/streaming/transformers among them: {heavy or 'none'}")
+    print(
+        f"modules imported by the submitting process: {len(modules)}; "
+        f"torch/composer/llmfoundry/streaming/transformers among them: {heavy or 'none'}"
+    )
     print("largest top-level imports (cumulative us): " + ", ".join(f"{n} {c}" for c, n in costs))
     if heavy:
         sys.exit(1)

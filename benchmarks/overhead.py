@@ -33,9 +33,18 @@ def run_hpc_llm(runs: Path, env: dict[str, str], max_duration: str) -> tuple[flo
     subprocess.run(
         # eval=heldout: the baseline evaluates the held-out split too, but has no post-train
         # stage (HF conversion, inference); benchmarks/stages.py measures that separately
-        [sys.executable, "-m", "hpc_llm", "+experiment=mpt_tiny", f"train.max_duration={max_duration}",
-         "eval=heldout", "hydra.launcher.stream=false"],
-        env=dict(env, HPC_LLM_RUNS=str(runs)), check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "hpc_llm",
+            "+experiment=mpt_tiny",
+            f"train.max_duration={max_duration}",
+            "eval=heldout",
+            "hydra.launcher.stream=false",
+        ],
+        env=dict(env, HPC_LLM_RUNS=str(runs)),
+        check=True,
+        capture_output=True,
     )
     wall = time.perf_counter() - t0
     [res] = sorted(runs.rglob("results.json"), key=os.path.getmtime)[-1:]
@@ -58,10 +67,21 @@ def run_foundry(run_dir: Path, workdir: Path, env: dict[str, str]) -> tuple[floa
     path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "composer.cli.launcher", "-n", "2", "--master_port", "29533",
-         str(HERE / "_foundry_train.py"), str(path)],
-        env=dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // 2))), cwd=workdir,
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "composer.cli.launcher",
+            "-n",
+            "2",
+            "--master_port",
+            "29533",
+            str(HERE / "_foundry_train.py"),
+            str(path),
+        ],
+        env=dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // 2))),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"baseline failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -91,8 +111,11 @@ def main() -> None:
             work.mkdir()
             b_wall, b_tps = run_foundry(run_dir, work, env)
             rows.append((h_wall, b_wall, h_tps, b_tps))
-            print(f"repeat {i}: hpc_llm {h_wall:6.2f} s {h_tps:8.0f} tok/s | "
-                  f"llmfoundry {b_wall:6.2f} s {b_tps:8.0f} tok/s", flush=True)
+            print(
+                f"repeat {i}: hpc_llm {h_wall:6.2f} s {h_tps:8.0f} tok/s | "
+                f"llmfoundry {b_wall:6.2f} s {b_tps:8.0f} tok/s",
+                flush=True,
+            )
     wall_ratio = statistics.median(h / b for h, b, _, _ in rows)
     tps_ratio = statistics.median(h / b for _, _, h, b in rows)
     print(f"\nconfig: mpt_tiny, 2 ranks (gloo, CPU), max_duration={args.max_duration}, {args.repeats} repeats")

@@ -56,22 +56,50 @@ def main() -> None:
     env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "hpc_llm", "+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2",
-             "resources.tasks_per_node=1", "eval=none", f"train.max_duration={args.batches}ba",
-             f"preemption.max_requeues={args.preemptions + 1}"],
-            env=env, capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "hpc_llm",
+                "+experiment=mpt_tiny",
+                "hydra/launcher=slurm",
+                "resources.nodes=2",
+                "resources.tasks_per_node=1",
+                "eval=none",
+                f"train.max_duration={args.batches}ba",
+                f"preemption.max_requeues={args.preemptions + 1}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         run_dir = Path(out.split("run dir ")[1].split()[0])
         for i in range(args.preemptions):
-            wait(lambda i=i: len(attempts(run_dir)) == i + 1 and attempts(run_dir)[-1]["last_batch"]
-                 > attempts(run_dir)[-1]["resumed_at_batch"] + 3, 300, f"attempt {i + 1} to train")
-            subprocess.run(["sbatch", "-p", "high", "-N", "3", "--exclusive", "--wrap", "sleep 1"],
-                           env=env, check=True, capture_output=True)
+            wait(
+                lambda i=i: (
+                    len(attempts(run_dir)) == i + 1
+                    and attempts(run_dir)[-1]["last_batch"] > attempts(run_dir)[-1]["resumed_at_batch"] + 3
+                ),
+                300,
+                f"attempt {i + 1} to train",
+            )
+            subprocess.run(
+                ["sbatch", "-p", "high", "-N", "3", "--exclusive", "--wrap", "sleep 1"],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             wait(lambda i=i: attempts(run_dir)[i]["ended"] == "preempted", 120, f"preemption {i + 1}")
-        r = wait(lambda: json.loads((run_dir / "results.json").read_text())
-                 if (run_dir / "results.json").exists()
-                 and json.loads((run_dir / "results.json").read_text())["status"] in ("completed", "failed")
-                 else None, 600, "the run to finish")
+        r = wait(
+            lambda: (
+                json.loads((run_dir / "results.json").read_text())
+                if (run_dir / "results.json").exists()
+                and json.loads((run_dir / "results.json").read_text())["status"] in ("completed", "failed")
+                else None
+            ),
+            600,
+            "the run to finish",
+        )
     finally:
         if started is not None:
             from hpc_llm.slurm import devcluster
@@ -82,8 +110,10 @@ def main() -> None:
     print("preemption | signal->requeue s | save s | stopped at batch | next attempt resumed at | restart wait s")
     for i, (a, nxt) in enumerate(zip(items, items[1:], strict=False), 1):
         wait_s = nxt["started_at"] - (a["signal_time"] or nxt["started_at"])
-        print(f"{i:10d} | {a['signal_to_requeue_s']:17.3f} | {a['save_s']:6.3f} | {a['stopped_at_batch']:16d} | "
-              f"{nxt['resumed_at_batch']:23d} | {wait_s:14.1f}")
+        print(
+            f"{i:10d} | {a['signal_to_requeue_s']:17.3f} | {a['save_s']:6.3f} | {a['stopped_at_batch']:16d} | "
+            f"{nxt['resumed_at_batch']:23d} | {wait_s:14.1f}"
+        )
     print(f"restarts: {r['restarts']}, batches_lost: {r['batches_lost']}, final train loss {r['train_loss']:.6f}")
 
 

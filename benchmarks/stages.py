@@ -32,9 +32,18 @@ VARIANTS = {
 def run(variant: str, runs: Path, max_duration: str) -> tuple[float, dict]:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "hpc_llm", "+experiment=mpt_tiny", f"train.max_duration={max_duration}",
-         "hydra.launcher.stream=false", *VARIANTS[variant]],
-        env=dict(os.environ, HPC_LLM_RUNS=str(runs / variant)), check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "hpc_llm",
+            "+experiment=mpt_tiny",
+            f"train.max_duration={max_duration}",
+            "hydra.launcher.stream=false",
+            *VARIANTS[variant],
+        ],
+        env=dict(os.environ, HPC_LLM_RUNS=str(runs / variant)),
+        check=True,
+        capture_output=True,
     )
     wall = time.perf_counter() - t0
     res = max((runs / variant).rglob("results.json"), key=os.path.getmtime)
@@ -60,8 +69,10 @@ def main() -> None:
         med = statistics.median(values)
         print(f"  {variant:10s} {med:7.2f} s   {med / base:5.3f}x plain")
     post = last["post-train"]
-    print(f"  post-train: conversion_ok={post.get('conversion_ok')} inference_ok={post.get('inference_ok')} "
-          f"inference_s={post['eval'].get('inference_s')} hf_model_bytes={post.get('hf_model_bytes')}")
+    print(
+        f"  post-train: conversion_ok={post.get('conversion_ok')} inference_ok={post.get('inference_ok')} "
+        f"inference_s={post['eval'].get('inference_s')} hf_model_bytes={post.get('hf_model_bytes')}"
+    )
     pf = last["preflight"]["preflight"]["checks"]["allreduce"]
     print(f"  preflight: {len(pf['rows'])} message sizes, peak busbw {pf['peak_busbw_gbps']:.3f} GB/s (gloo, CPU)")
 

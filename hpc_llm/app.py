@@ -41,8 +41,22 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    modes = {"-m", "--multirun", "-r", "--run", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion",
-             "-h", "--help", "-hh", "--hydra-help"}
+    modes = {
+        "-m",
+        "--multirun",
+        "-r",
+        "--run",
+        "-c",
+        "--cfg",
+        "-i",
+        "--info",
+        "-sc",
+        "--shell-completion",
+        "-h",
+        "--help",
+        "-hh",
+        "--hydra-help",
+    }
     if not modes & set(sys.argv[1:]):
         # conf/config.yaml sets hydra.mode=MULTIRUN, but Hydra falls back to RUN
         # mode (and a misleading "Ambiguous value" error) whenever the config

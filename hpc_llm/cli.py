@@ -95,9 +95,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     with open_dict(cfg):
         cfg.hydra.job.num = 0
-    opts: DictConfig = OmegaConf.merge(OmegaConf.structured(SlurmLauncherConf), {  # type: ignore[assignment]
-        k: v for k, v in cfg.hydra.launcher.items() if k in SlurmLauncherConf.__dataclass_fields__
-    })
+    opts: DictConfig = OmegaConf.merge(
+        OmegaConf.structured(SlurmLauncherConf),
+        {  # type: ignore[assignment]
+            k: v for k, v in cfg.hydra.launcher.items() if k in SlurmLauncherConf.__dataclass_fields__
+        },
+    )
     run_dir = job_run_dir(cfg)
     from hpc_llm.app import validate_job
 
@@ -120,9 +123,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     for r in runs:
         table.add_row(
-            str(r.id), r.state, r.experiment or "-", ",".join(r.job_ids) or "-", str(r.restarts),
+            str(r.id),
+            r.state,
+            r.experiment or "-",
+            ",".join(r.job_ids) or "-",
+            str(r.restarts),
             _time.strftime("%Y-%m-%d %H:%M", _time.localtime(r.submitted_at)),
-            " ".join(r.overrides) or "-", r.run_dir,
+            " ".join(r.overrides) or "-",
+            r.run_dir,
         )
     Console(width=max(160, Console().width)).print(table)
     return 0
@@ -224,8 +232,13 @@ def cmd_container(args: argparse.Namespace) -> int:
     if args.action == "build":
         if len(args.args) != 2:
             raise SystemExit("usage: hpc-llm container build DEF IMAGE [--force] [--no-fakeroot] [--src DIR]")
-        image = images.build(Path(args.args[0]), Path(args.args[1]), fakeroot=not args.no_fakeroot,
-                                 force=args.force, src=Path(args.src) if args.src else None)
+        image = images.build(
+            Path(args.args[0]),
+            Path(args.args[1]),
+            fakeroot=not args.no_fakeroot,
+            force=args.force,
+            src=Path(args.src) if args.src else None,
+        )
         print(f"built {image}")
         return 0
     if args.action == "inspect":
@@ -267,8 +280,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     sweep = Path(os.environ.get("HPC_LLM_RUNS", "outputs")) / "preflight" / time.strftime("%Y-%m-%d_%H-%M-%S")
     overrides += ["preflight.enabled=true", "preflight.only=true", f"hydra.sweep.dir={sweep.resolve()}"]
-    if "hydra/launcher=slurm" in overrides and not any(
-            o.startswith("hydra.launcher.wait=") for o in overrides):
+    if "hydra/launcher=slurm" in overrides and not any(o.startswith("hydra.launcher.wait=") for o in overrides):
         overrides.append("hydra.launcher.wait=true")
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # keep the app's one-line errors
     proc = subprocess.run([sys.executable, "-m", "hpc_llm", *overrides], env=env)
@@ -295,8 +307,10 @@ def cmd_data(args: argparse.Namespace) -> int:
     try:
         written = source.prepare_data(cfg.data, args.out, args.source, list(args.splits or []))  # type: ignore[attr-defined]
     except ImportError as exc:
-        raise ConfigError(f"hpc-llm data prepare needs the training stack ({exc.name} is missing); "
-                          "install it with: pip install 'hpc-llm[train]'") from None
+        raise ConfigError(
+            f"hpc-llm data prepare needs the training stack ({exc.name} is missing); "
+            "install it with: pip install 'hpc-llm[train]'"
+        ) from None
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -361,8 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides (data.options.tokenizer=...)")
     p.add_argument("--out", required=True, help="output directory (shared filesystem) or remote URI")
     p.add_argument("--source", help="local files in the dataset's schema instead of the hub")
-    p.add_argument("--splits", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
-                   help="comma-separated splits to write, e.g. train,val_small (default: the data source's)")
+    p.add_argument(
+        "--splits",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        help="comma-separated splits to write, e.g. train,val_small (default: the data source's)",
+    )
     p.set_defaults(func=cmd_data)
     return parser
 

@@ -34,9 +34,7 @@ def require_scheme(key: str, value: str, schemes: Iterable[str], what: str) -> s
     """``value`` if it is a URI with one of ``schemes``, else a one-line ConfigError."""
     scheme = value.split("://", 1)[0] if "://" in value else ""
     if scheme not in schemes:
-        raise ConfigError(
-            f"{key}={value!r}: not {what}; allowed schemes: " + ", ".join(f"{s}://" for s in schemes)
-        )
+        raise ConfigError(f"{key}={value!r}: not {what}; allowed schemes: " + ", ".join(f"{s}://" for s in schemes))
     return value
 
 

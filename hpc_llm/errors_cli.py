@@ -50,9 +50,7 @@ def format_omegaconf(exc: BaseException) -> str:
     inner = _innermost(exc)
     full_key = getattr(inner, "full_key", None)
     first = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
-    m = re.match(r"Key '([^']+)' not in '([^']+)'", first) or re.match(
-        r"Key '([^']+)' is not in struct", first
-    )
+    m = re.match(r"Key '([^']+)' not in '([^']+)'", first) or re.match(r"Key '([^']+)' is not in struct", first)
     if m:
         key = full_key or m.group(1)
         obj = getattr(inner, "object_type", None)

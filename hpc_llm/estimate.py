@@ -145,7 +145,10 @@ def estimate(
         Assumption(float(tokens), "--tokens")
         if tokens
         else (tokens_from_train(train) if from_experiment else None)
-        or Assumption(float(CHINCHILLA_TOKENS_PER_PARAM * n), f"default: Chinchilla, {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter")
+        or Assumption(
+            float(CHINCHILLA_TOKENS_PER_PARAM * n),
+            f"default: Chinchilla, {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter",
+        )
     )
     if mfu is not None:
         if not 0 < mfu <= 1:

@@ -141,7 +141,8 @@ def check(cfg: DictConfig, run_dir: str) -> CheckReport:
     out = client.execute(
         str(Path(cfg.container.image).expanduser()),
         [str(cfg.container.python), "-c", VERSIONS_PY % (tuple(report.expected),)],
-        return_result=True, quiet=True,
+        return_result=True,
+        quiet=True,
     )
     if out.get("return_code") != 0:
         report.problems.append(f"python in the image failed: {''.join(out.get('message') or '').strip()[-300:]}")

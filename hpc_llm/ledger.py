@@ -79,15 +79,32 @@ def connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
 
 def _row(r: sqlite3.Row) -> Run:
     return Run(
-        id=r["id"], run_dir=r["run_dir"], sweep_dir=r["sweep_dir"], job_num=r["job_num"],
-        experiment=r["experiment"], launcher=r["launcher"], overrides=json.loads(r["overrides"]),
-        job_ids=json.loads(r["job_ids"]), state=r["state"], restarts=r["restarts"], error=r["error"],
-        submitted_at=r["submitted_at"], updated_at=r["updated_at"],
+        id=r["id"],
+        run_dir=r["run_dir"],
+        sweep_dir=r["sweep_dir"],
+        job_num=r["job_num"],
+        experiment=r["experiment"],
+        launcher=r["launcher"],
+        overrides=json.loads(r["overrides"]),
+        job_ids=json.loads(r["job_ids"]),
+        state=r["state"],
+        restarts=r["restarts"],
+        error=r["error"],
+        submitted_at=r["submitted_at"],
+        updated_at=r["updated_at"],
     )
 
 
-def record(run_dir: str, sweep_dir: str, job_num: int, experiment: str | None, launcher: str,
-           overrides: list[str], job_ids: list[str], state: str) -> Run:
+def record(
+    run_dir: str,
+    sweep_dir: str,
+    job_num: int,
+    experiment: str | None,
+    launcher: str,
+    overrides: list[str],
+    job_ids: list[str],
+    state: str,
+) -> Run:
     now = time.time()
     with connect() as conn:
         conn.execute(
@@ -95,8 +112,18 @@ def record(run_dir: str, sweep_dir: str, job_num: int, experiment: str | None, l
             " submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(run_dir) DO UPDATE SET job_ids=excluded.job_ids, state=excluded.state,"
             " updated_at=excluded.updated_at",
-            (run_dir, sweep_dir, job_num, experiment, launcher, json.dumps(overrides), json.dumps(job_ids),
-             state, now, now),
+            (
+                run_dir,
+                sweep_dir,
+                job_num,
+                experiment,
+                launcher,
+                json.dumps(overrides),
+                json.dumps(job_ids),
+                state,
+                now,
+                now,
+            ),
         )
         row = conn.execute("SELECT * FROM runs WHERE run_dir = ?", (run_dir,)).fetchone()
     return _row(row)

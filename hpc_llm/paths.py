@@ -20,8 +20,7 @@ def _data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(
-        f"hpc_llm data directory '{name}' not found next to the package ({_PKG}); "
-        "reinstall hpc-llm"
+        f"hpc_llm data directory '{name}' not found next to the package ({_PKG}); reinstall hpc-llm"
     )
 
 

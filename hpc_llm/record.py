@@ -143,8 +143,16 @@ class Attempt:
 
 
 #: what results.json shows of each attempt
-ATTEMPT_SUMMARY = ("job_id", "restart", "ended", "signal", "resumed_at_batch", "stopped_at_batch", "save_s",
-                   "signal_to_requeue_s")
+ATTEMPT_SUMMARY = (
+    "job_id",
+    "restart",
+    "ended",
+    "signal",
+    "resumed_at_batch",
+    "stopped_at_batch",
+    "save_s",
+    "signal_to_requeue_s",
+)
 
 
 @dataclass
@@ -167,7 +175,10 @@ class Attempts:
 
     def batches_lost(self) -> int:
         """Batches trained in an attempt but recomputed by the next one."""
-        return sum(max(0, prev.last_batch - nxt.resumed_at_batch) for prev, nxt in zip(self.items, self.items[1:], strict=False))
+        return sum(
+            max(0, prev.last_batch - nxt.resumed_at_batch)
+            for prev, nxt in zip(self.items, self.items[1:], strict=False)
+        )
 
     def summary(self) -> list[dict[str, Any]]:
         return [{k: v for k, v in asdict(a).items() if k in ATTEMPT_SUMMARY} for a in self.items]
@@ -188,8 +199,9 @@ class RunRecord:
         self.attempts = attempts
 
     @classmethod
-    def open(cls, run_dir: Path, plan: JobPlan, info: dict[str, Any], *, job_id: str | None, restart: int,
-             started_at: float) -> RunRecord:
+    def open(
+        cls, run_dir: Path, plan: JobPlan, info: dict[str, Any], *, job_id: str | None, restart: int, started_at: float
+    ) -> RunRecord:
         """Load the attempts so far and start a new one."""
         attempts = Attempts.load(run_dir)
         attempts.items.append(Attempt(job_id=job_id, restart=restart, started_at=started_at))
@@ -211,13 +223,15 @@ class RunRecord:
         """Training (and the post-train stage) finished: ``figures`` are the measurements."""
         return self._close("completed", "completed", figures, batch=batch)
 
-    def failed(self, error: str, figures: dict[str, Any] | None = None, *, ended: str = "failed",
-               batch: int | None = None) -> dict[str, Any]:
+    def failed(
+        self, error: str, figures: dict[str, Any] | None = None, *, ended: str = "failed", batch: int | None = None
+    ) -> dict[str, Any]:
         """The run stopped for good: ``error`` says why (one line)."""
         return self._close("failed", ended, {**(figures or {}), "error": error}, batch=batch)
 
-    def stopped(self, figures: dict[str, Any], *, ended: str, batch: int, requeued: bool,
-                error: str | None = None) -> dict[str, Any]:
+    def stopped(
+        self, figures: dict[str, Any], *, ended: str, batch: int, requeued: bool, error: str | None = None
+    ) -> dict[str, Any]:
         """The run stopped on a signal (or a request) after saving; ``requeued``: it will go on."""
         status = "requeued" if requeued else "failed"
         return self._close(status, ended, {**figures, "error": error}, batch=batch)

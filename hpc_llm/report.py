@@ -20,9 +20,25 @@ from hpc_llm.errors import ConfigError
 from hpc_llm.record import RESULTS_FILE
 
 COLUMNS = [
-    "Model", "Data", "Max duration", "Eval interval", "Nodes", "GPUs / ranks", "Wallclock", "Wallclock (s)",
-    "Speedup", "Ideal", "Efficiency", "Tokens/s", "MFU", "Peak memory / rank (GB)", "Checkpoint",
-    "Conversion, inference & eval OK?", "Eval accuracy", "Restarts", "Status",
+    "Model",
+    "Data",
+    "Max duration",
+    "Eval interval",
+    "Nodes",
+    "GPUs / ranks",
+    "Wallclock",
+    "Wallclock (s)",
+    "Speedup",
+    "Ideal",
+    "Efficiency",
+    "Tokens/s",
+    "MFU",
+    "Peak memory / rank (GB)",
+    "Checkpoint",
+    "Conversion, inference & eval OK?",
+    "Eval accuracy",
+    "Restarts",
+    "Status",
 ]
 
 
@@ -104,7 +120,9 @@ class Group:
 def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
     runs = find_runs(sweep_dir)
     if not runs:
-        raise ConfigError(f"no runs under {sweep_dir} (no {RESULTS_FILE} and no .hydra/config.yaml); is it a sweep directory?")
+        raise ConfigError(
+            f"no runs under {sweep_dir} (no {RESULTS_FILE} and no .hydra/config.yaml); is it a sweep directory?"
+        )
     by_exp: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_exp[r.experiment].append(r)
@@ -153,7 +171,11 @@ def _row(r: Run, base: Run | None) -> dict[str, Any]:
         "Peak memory / rank (GB)": round(res["peak_memory_bytes"] / 1e9, 2) if res.get("peak_memory_bytes") else None,
         "Checkpoint": human_bytes(res.get("checkpoint_bytes")),
         "Conversion, inference & eval OK?": "/".join(
-            (_yn(res.get("conversion_ok")), _yn(res.get("inference_ok")), _yn(bool(ev) if r.status == "completed" else None))
+            (
+                _yn(res.get("conversion_ok")),
+                _yn(res.get("inference_ok")),
+                _yn(bool(ev) if r.status == "completed" else None),
+            )
         ),
         "Eval accuracy": round(float(ev["token_accuracy"]), 3) if "token_accuracy" in ev else None,
         "Restarts": res.get("restarts", 0) if res else "-",
@@ -174,8 +196,10 @@ def _fmt(v: Any, col: str) -> str:
 def to_markdown(groups: list[Group]) -> str:
     out = []
     if len(groups) > 1:
-        out.append(f"Note: this directory holds {len(groups)} experiments ({', '.join(g.experiment for g in groups)}); "
-                   "each has its own table and baseline.\n")
+        out.append(
+            f"Note: this directory holds {len(groups)} experiments ({', '.join(g.experiment for g in groups)}); "
+            "each has its own table and baseline.\n"
+        )
     for g in groups:
         base = f"{g.baseline_nodes} node(s)" if g.baseline_nodes is not None else "none completed"
         out.append(f"### {g.experiment} (speedup vs {base})\n")
@@ -198,8 +222,9 @@ def to_csv(groups: list[Group]) -> str:
 
 
 def to_json(groups: list[Group]) -> str:
-    return json.dumps([{"experiment": g.experiment, "baseline_nodes": g.baseline_nodes, "rows": g.rows} for g in groups],
-                      indent=2)
+    return json.dumps(
+        [{"experiment": g.experiment, "baseline_nodes": g.baseline_nodes, "rows": g.rows} for g in groups], indent=2
+    )
 
 
 def plot(groups: list[Group], path: Path) -> Path:

@@ -23,6 +23,7 @@ RESULTS_LOGGER = "hpc_llm_results"
 PREEMPTION_CALLBACK = "hpc_llm_preemption"
 WATCHDOG_CALLBACK = "hpc_llm_watchdog"
 
+
 def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> dict[str, Any]:
     plan = job.plan
     data = job.data.train_config(cfg.data, plan)
@@ -40,8 +41,12 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
     callbacks: dict[str, Any] = {}
     if cfg.watchdog.enabled:
         w = cfg.watchdog
-        callbacks[WATCHDOG_CALLBACK] = {"window": w.window, "fraction": w.fraction, "patience": w.patience,
-                                        "action": w.action}
+        callbacks[WATCHDOG_CALLBACK] = {
+            "window": w.window,
+            "fraction": w.fraction,
+            "patience": w.patience,
+            "action": w.action,
+        }
     if cfg.preemption.enabled:
         # after the watchdog: a stop it requests is acted on at the same batch
         callbacks[PREEMPTION_CALLBACK] = {}

@@ -48,7 +48,9 @@ def pip_install(src: Path, target: Path) -> None:
     """A real ``pip install`` of a plugin package into ``target`` (put it on PYTHONPATH)."""
     subprocess.run(
         [PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(src)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -64,7 +66,11 @@ def run_app(
         args = [*args, "hydra.launcher.stream=false"]  # rank 0's output stays in its log file
     return subprocess.run(
         [PY, *(python_flags or []), "-m", "hpc_llm", *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -72,7 +78,10 @@ def run_cli(args: list[str], env: dict[str, str], timeout: int = 300):
     """``hpc-llm <args>`` through the installed console script's module."""
     return subprocess.run(
         [PY, "-c", "from hpc_llm.cli import main; main()", *args],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

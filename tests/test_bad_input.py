@@ -29,7 +29,10 @@ CASES = [
     (["resources.time=soon"], "resources.time='soon' is not a Slurm time limit"),
     (["checkpoint=uri"], "checkpoint.location='': not an object-store URI"),
     (["parallelism=fsdp", "parallelism.fsdp_version=1"], "parallelism.fsdp_version=1 needs GPUs"),
-    (["+data.options.cache_dirr=/x"], "data.options.cache_dirr: not an option of data source 'tiny_corpus'; allowed: cache_dir"),
+    (
+        ["+data.options.cache_dirr=/x"],
+        "data.options.cache_dirr: not an option of data source 'tiny_corpus'; allowed: cache_dir",
+    ),
     # One bad point in a sweep stops the whole sweep before anything is created.
     (["resources.tasks_per_node=1,0"], "resources.tasks_per_node=0: must be an integer >= 1"),
 ]

@@ -1,6 +1,5 @@
 """Config tree, typed schemas, plan arithmetic and the login-node import rule."""
 
-
 import pytest
 from omegaconf import OmegaConf
 

@@ -1,8 +1,7 @@
 """Apptainer: rendered scripts, bad input, spython build/check/inspect, and a
 real Slurm run whose every task goes through ``apptainer exec``.
 
-Apptainer cannot be installed on the test machines (DESIGN.md §4), so
-``tests/standins/apptainer`` stands in for it (see its docstring): it checks
+``tests/standins/apptainer`` stands in for Apptainer (see its docstring): it checks
 the flags, image and bind sources it is given, records each call and runs the
 inner command on the host.
 """
@@ -38,8 +37,11 @@ def image(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def standin_env(app_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return dict(app_env, PATH=f"{STANDINS}{os.pathsep}{app_env['PATH']}",
-                STANDIN_APPTAINER_LOG=str(tmp_path / "apptainer-calls.jsonl"))
+    return dict(
+        app_env,
+        PATH=f"{STANDINS}{os.pathsep}{app_env['PATH']}",
+        STANDIN_APPTAINER_LOG=str(tmp_path / "apptainer-calls.jsonl"),
+    )
 
 
 def calls(env: dict[str, str]) -> list[dict]:
@@ -50,8 +52,14 @@ def calls(env: dict[str, str]) -> list[dict]:
 @pytest.mark.parametrize("container", ["none", "apptainer"])
 def test_render_h100_8_nodes_matches_golden(container, app_env, image):
     env = dict(app_env, HPC_LLM_CACHE="/shared/cache/hpc_llm")
-    args = ["+experiment=mpt_tiny", "cluster=h100", "resources.nodes=8", "train.global_train_batch_size=256",
-            f"container={container}", *FIXED]
+    args = [
+        "+experiment=mpt_tiny",
+        "cluster=h100",
+        "resources.nodes=8",
+        "train.global_train_batch_size=256",
+        f"container={container}",
+        *FIXED,
+    ]
     if container == "apptainer":
         args.append(f"container.image={image}")
     proc = run_cli(["render", *args], env)
@@ -67,10 +75,21 @@ def test_render_h100_8_nodes_matches_golden(container, app_env, image):
 def test_apptainer_render_wraps_every_task_with_gpus_and_binds(app_env, image, tmp_path):
     data = tmp_path / "extra"
     data.mkdir()
-    proc = run_cli(["render", "+experiment=mpt_tiny", "cluster=h100", "resources.nodes=2", "container=apptainer",
-                    "train.global_train_batch_size=64",
-                    f"container.image={image}", f"container.binds=[{data}:/data:ro]",
-                    f"checkpoint.location={tmp_path / 'ckpt'}", *FIXED], app_env)
+    proc = run_cli(
+        [
+            "render",
+            "+experiment=mpt_tiny",
+            "cluster=h100",
+            "resources.nodes=2",
+            "container=apptainer",
+            "train.global_train_batch_size=64",
+            f"container.image={image}",
+            f"container.binds=[{data}:/data:ro]",
+            f"checkpoint.location={tmp_path / 'ckpt'}",
+            *FIXED,
+        ],
+        app_env,
+    )
     assert proc.returncode == 0, explain(proc)
     [task_line] = [ln for ln in proc.stdout.splitlines() if "submitit.core._submit" in ln]
     assert task_line.strip().startswith("apptainer exec --nv --bind ")
@@ -85,16 +104,35 @@ def test_apptainer_render_wraps_every_task_with_gpus_and_binds(app_env, image, t
 
 def test_secrets_pass_into_the_container_by_name_only(app_env, image):
     env = dict(app_env, MY_TOKEN="tok-value-123")
-    proc = run_cli(["render", "+experiment=mpt_tiny", "container=apptainer", f"container.image={image}",
-                    "container.env_passthrough=[MY_TOKEN]", *FIXED], env)
+    proc = run_cli(
+        [
+            "render",
+            "+experiment=mpt_tiny",
+            "container=apptainer",
+            f"container.image={image}",
+            "container.env_passthrough=[MY_TOKEN]",
+            *FIXED,
+        ],
+        env,
+    )
     assert proc.returncode == 0, explain(proc)
     assert 'export APPTAINERENV_MY_TOKEN="${MY_TOKEN}"' in proc.stdout
     assert "tok-value-123" not in proc.stdout and "--env" not in proc.stdout
 
 
 def test_stage_copies_the_image_to_node_local_disk(app_env, image):
-    proc = run_cli(["render", "+experiment=mpt_tiny", "container=apptainer", f"container.image={image}",
-                    "container.stage=true", "cluster.scratch=/local/scratch", *FIXED], app_env)
+    proc = run_cli(
+        [
+            "render",
+            "+experiment=mpt_tiny",
+            "container=apptainer",
+            f"container.image={image}",
+            "container.stage=true",
+            "cluster.scratch=/local/scratch",
+            *FIXED,
+        ],
+        app_env,
+    )
     assert proc.returncode == 0, explain(proc)
     staged = re.search(r"mv -f \S+ (/local/scratch/hpc_llm-image-[0-9a-f]{12}\.sif)", proc.stdout)
     assert staged, proc.stdout
@@ -113,8 +151,10 @@ BAD = [
     (["container.image=/nowhere/x.sif"], "container.image='/nowhere/x.sif' does not exist"),
     (["container.image=docker://nvcr.io/nvidia/pytorch:24.05"], "a registry URI would be pulled by every node"),
     (["container.image={image}", "container.binds=[/nowhere/data]"], "bind source '/nowhere/data' does not exist"),
-    (["container.image={image}", "container.binds=[{tmp}:/data,{image_dir}:/data]"],
-     "conflicting binds for /data in the container"),
+    (
+        ["container.image={image}", "container.binds=[{tmp}:/data,{image_dir}:/data]"],
+        "conflicting binds for /data in the container",
+    ),
     (["container.image={image}", "container.binds=[{tmp}:data]"], "the destination must be an absolute path"),
     (["container.image={image}", "container.flags=[--cleanenv]"], "'--cleanenv' is not allowed: it drops the SLURM_*"),
     (["container.image={image}", "container.flags=[--nv]"], "set container.gpus"),
@@ -123,11 +163,14 @@ BAD = [
 
 
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(b[0]) for b in BAD])
-def test_bad_container_input_is_one_line_before_anything(overrides, message, standin_env, image, tmp_path,
-                                                        runs_dir):
+def test_bad_container_input_is_one_line_before_anything(overrides, message, standin_env, image, tmp_path, runs_dir):
     overrides = [o.format(image=image, tmp=tmp_path, image_dir=image.parent) for o in overrides]
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "container=apptainer", *overrides],
-                   standin_env, cwd=tmp_path, timeout=120)
+    proc = run_app(
+        ["+experiment=mpt_tiny", "hydra/launcher=slurm", "container=apptainer", *overrides],
+        standin_env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2, explain(proc)
     [line] = proc.stderr.strip().splitlines()
     assert message in line, line
@@ -140,8 +183,16 @@ def test_unreadable_image_is_refused(app_env, image, tmp_path):
     for d in (tmp_path, tmp_path.parent):  # pytest makes them 0700; the user must see the run dir
         d.chmod(0o755)
     as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
-    cmd = [*as_user, PY, "-c", "from hpc_llm.cli import main; main()", "render", "+experiment=mpt_tiny",
-           "container=apptainer", f"container.image={image}"]
+    cmd = [
+        *as_user,
+        PY,
+        "-c",
+        "from hpc_llm.cli import main; main()",
+        "render",
+        "+experiment=mpt_tiny",
+        "container=apptainer",
+        f"container.image={image}",
+    ]
     env = dict(app_env, HOME=str(tmp_path), HPC_LLM_CACHE=str(tmp_path / "cache"))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, explain(proc)
@@ -192,12 +243,30 @@ def test_shipped_definitions_pin_what_pyproject_pins():
 
 @pytest.mark.slurm
 def test_slurm_run_trains_through_apptainer_exec_on_every_task(slurm_env, standin_env, image, runs_dir, tmp_path):
-    env = dict(slurm_env, PATH=standin_env["PATH"], STANDIN_APPTAINER_LOG=standin_env["STANDIN_APPTAINER_LOG"],
-               MY_TOKEN="tok-value-123", STANDIN_SECRETS="MY_TOKEN")
-    proc = run_app(["+experiment=mpt_tiny", "train.max_duration=6ba", "eval=none", "hydra/launcher=slurm",
-                    "resources.nodes=2", "resources.tasks_per_node=1", "container=apptainer", f"container.image={image}",
-                    "container.env_passthrough=[MY_TOKEN]", "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"],
-                   env, cwd=tmp_path)
+    env = dict(
+        slurm_env,
+        PATH=standin_env["PATH"],
+        STANDIN_APPTAINER_LOG=standin_env["STANDIN_APPTAINER_LOG"],
+        MY_TOKEN="tok-value-123",
+        STANDIN_SECRETS="MY_TOKEN",
+    )
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "train.max_duration=6ba",
+            "eval=none",
+            "hydra/launcher=slurm",
+            "resources.nodes=2",
+            "resources.tasks_per_node=1",
+            "container=apptainer",
+            f"container.image={image}",
+            "container.env_passthrough=[MY_TOKEN]",
+            "hydra.launcher.wait=true",
+            "hydra.launcher.poll_s=1",
+        ],
+        env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "completed" and r["batches_done"] == 6, r.get("error")
@@ -217,9 +286,18 @@ def test_a_node_failing_the_container_check_is_named_and_nothing_trains(slurm_en
     broken = tmp_path / "broken.sif"
     broken.write_text(json.dumps({"python": "/nonexistent/python3"}))
     env = dict(slurm_env, PATH=standin_env["PATH"])
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "container=apptainer",
-                    f"container.image={broken}", "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"],
-                   env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "hydra/launcher=slurm",
+            "container=apptainer",
+            f"container.image={broken}",
+            "hydra.launcher.wait=true",
+            "hydra.launcher.poll_s=1",
+        ],
+        env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, explain(proc)
     [out] = runs_dir.rglob("slurm-*.out")
     text = out.read_text()

@@ -36,10 +36,18 @@ def test_every_method_of_the_component_interfaces_is_documented():
 
 def test_docs_cite_no_file_outside_the_repository():
     """The project's design doc is docs/design.md; nothing points at files elsewhere."""
-    texts = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".md", ".yaml", ".j2", ".def", ".sh", ".toml")
-             and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+    texts = [
+        p
+        for p in ROOT.rglob("*")
+        if p.suffix in (".py", ".md", ".yaml", ".j2", ".def", ".sh", ".toml")
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    ]
     this = Path(__file__).resolve()
-    cited = [str(p.relative_to(ROOT)) for p in texts if p.resolve() != this
-             and ("DESIGN.md" in p.read_text(errors="replace") or "../shared" in p.read_text(errors="replace"))]
+    cited = [
+        str(p.relative_to(ROOT))
+        for p in texts
+        if p.resolve() != this
+        and ("DESIGN.md" in p.read_text(errors="replace") or "../shared" in p.read_text(errors="replace"))
+    ]
     assert cited == [], cited
     assert (ROOT / "docs" / "design.md").is_file()

@@ -41,15 +41,24 @@ def core_modules() -> list[str]:
 
 def test_the_walk_finds_the_login_side():
     mods = core_modules()
-    for expected in ("hpc_llm.cli", "hpc_llm.report", "hpc_llm.estimate", "hpc_llm.status", "hpc_llm.record",
-                     "hpc_llm.launchers.slurm", "hpc_llm.slurm.render", "hpc_llm.plugins.manager"):
+    for expected in (
+        "hpc_llm.cli",
+        "hpc_llm.report",
+        "hpc_llm.estimate",
+        "hpc_llm.status",
+        "hpc_llm.record",
+        "hpc_llm.launchers.slurm",
+        "hpc_llm.slurm.render",
+        "hpc_llm.plugins.manager",
+    ):
         assert expected in mods
 
 
 @pytest.mark.parametrize("module", core_modules())
 def test_importing_a_login_module_pulls_in_no_job_builtin_or_training_stack(module):
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     imported = re.findall(r"\|\s+([\w.]+)\s*$", out.stderr, flags=re.M)
     assert imported, "python -X importtime printed nothing"
@@ -111,7 +120,8 @@ def test_login_path_with_plugins_loaded_imports_no_job_module():
         "import hpc_llm.status, hpc_llm.images, hpc_llm.record, hpc_llm.ledger\n"
         "cfg = compose(['+experiment=mpt_tiny', 'parallelism=hsdp', 'resources.tasks_per_node=4'])\n"
         "build_train_config(cfg, resolve_job(cfg, '/r/0'), run_name='t')\n"
-        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {TRAINING_STACK!r} or m.startswith('hpc_llm.job'))\n"
+        f"stack = {TRAINING_STACK!r}\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in stack or m.startswith('hpc_llm.job'))\n"
         "print(bad)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -14,7 +14,9 @@ def test_wheel_ships_and_resolves_package_data(tmp_path: Path):
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     [whl] = wheels.glob("hpc_llm-*.whl")
     names = set(zipfile.ZipFile(whl).namelist())
@@ -38,7 +40,10 @@ def test_wheel_ships_and_resolves_package_data(tmp_path: Path):
     assert module.startswith(str(site))
     cfg = subprocess.run(
         [sys.executable, "-c", "from hpc_llm.cli import main; main()", "config", "+experiment=mpt_tiny", "eval=none"],
-        env=env, cwd=tmp_path, capture_output=True, text=True,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert cfg.returncode == 0, explain(cfg)
     assert "max_duration: 40ba" in cfg.stdout

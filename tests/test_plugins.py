@@ -20,7 +20,8 @@ from tests.conftest import explain, pip_install, run_cli
 def make_package(root: Path, dist: str, ep_name: str, module: str, body: str) -> Path:
     pkg = root / dist
     (pkg / module).mkdir(parents=True)
-    (pkg / "pyproject.toml").write_text(textwrap.dedent(f"""
+    (pkg / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
         [build-system]
         requires = ["hatchling"]
         build-backend = "hatchling.build"
@@ -31,7 +32,8 @@ def make_package(root: Path, dist: str, ep_name: str, module: str, body: str) ->
         {ep_name} = "{module}"
         [tool.hatch.build.targets.wheel]
         packages = ["{module}"]
-    """))
+    """)
+    )
     (pkg / module / "__init__.py").write_text(textwrap.dedent(body))
     return pkg
 
@@ -106,8 +108,10 @@ def test_name_collision_is_reported_not_resolved(site, tmp_path):
     assert "hpc-llm-jsonl 0.1.0" in used.stderr and "jsonl-clone 9.9" in used.stderr
     assert len(used.stderr.strip().splitlines()) == 1
     # Blocking one package by name resolves it.
-    blocked = run_cli(["config", "data.name=jsonl", f"data.path={data}", "+train.tokenizer.name=x"],
-                      dict(env, HPC_LLM_BLOCK_PLUGINS="jsonl-clone"))
+    blocked = run_cli(
+        ["config", "data.name=jsonl", f"data.path={data}", "+train.tokenizer.name=x"],
+        dict(env, HPC_LLM_BLOCK_PLUGINS="jsonl-clone"),
+    )
     assert blocked.returncode == 0, explain(blocked)
     assert "train_loader" in blocked.stdout
 
@@ -195,8 +199,10 @@ def test_an_unmarked_hook_function_is_warned_about(site, tmp_path):
     pip_install(make_package(tmp_path / "src", "unmarked-plugin", "unmarked", "unmarked_plugin", UNMARKED), target)
     proc = run_cli(["plugins"], env)
     assert proc.returncode == 0, explain(proc)
-    assert ("hpc_llm: warning: plugin 'unmarked' (unmarked-plugin 9.9) defines hpc_llm_register_data_sources "
-            "without @hpc_llm.hookimpl; it is ignored") in proc.stderr
+    assert (
+        "hpc_llm: warning: plugin 'unmarked' (unmarked-plugin 9.9) defines hpc_llm_register_data_sources "
+        "without @hpc_llm.hookimpl; it is ignored"
+    ) in proc.stderr
     assert " mine " not in proc.stdout
 
 

@@ -20,8 +20,14 @@ from hpc_llm.record import Attempt, Attempts
 from hpc_llm.slurm.spec import stop_signal
 from tests.conftest import explain, results_of, run_app, run_cli
 
-RUN = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2", "resources.tasks_per_node=1",
-       "eval=none", "train.max_duration=120ba"]
+RUN = [
+    "+experiment=mpt_tiny",
+    "hydra/launcher=slurm",
+    "resources.nodes=2",
+    "resources.tasks_per_node=1",
+    "eval=none",
+    "train.max_duration=120ba",
+]
 
 
 def submit(args, env, cwd) -> tuple[str, Path]:
@@ -59,11 +65,14 @@ def in_queue(job_id: str, env) -> bool:
 
 
 def test_batches_lost_arithmetic(tmp_path):
-    a = Attempts(tmp_path / ".hpc_llm" / "attempts.json", [
-        Attempt("1", 0, 0.0, resumed_at_batch=0, last_batch=45, stopped_at_batch=45),
-        Attempt("1", 1, 1.0, resumed_at_batch=45, last_batch=70),       # killed without a save at 70
-        Attempt("1", 2, 2.0, resumed_at_batch=60, last_batch=120),
-    ])
+    a = Attempts(
+        tmp_path / ".hpc_llm" / "attempts.json",
+        [
+            Attempt("1", 0, 0.0, resumed_at_batch=0, last_batch=45, stopped_at_batch=45),
+            Attempt("1", 1, 1.0, resumed_at_batch=45, last_batch=70),  # killed without a save at 70
+            Attempt("1", 2, 2.0, resumed_at_batch=60, last_batch=120),
+        ],
+    )
     assert a.batches_lost() == 10
     a.save()
     assert [x.last_batch for x in Attempts.load(tmp_path).items] == [45, 70, 120]
@@ -88,10 +97,17 @@ def test_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path):
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "victim"))
     job_id, run_dir = submit(RUN, env, tmp_path)
     wait_for(lambda: any(a["last_batch"] >= 5 for a in attempts(run_dir)), 180, "the victim to train")
-    subprocess.run(["sbatch", "-p", "high", "-N", "3", "--exclusive", "--wrap", "sleep 2"],
-                   env=env, check=True, capture_output=True)
-    r = wait_for(lambda: results(run_dir).get("status") in ("completed", "failed") and results(run_dir), 300,
-                 "the preempted run to finish")
+    subprocess.run(
+        ["sbatch", "-p", "high", "-N", "3", "--exclusive", "--wrap", "sleep 2"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    r = wait_for(
+        lambda: results(run_dir).get("status") in ("completed", "failed") and results(run_dir),
+        300,
+        "the preempted run to finish",
+    )
     assert r["status"] == "completed", r["error"]
     first, second = r["attempts"]
     assert first["ended"] == "preempted" and first["signal"] == "SIGUSR2"
@@ -139,14 +155,23 @@ def test_a_crash_is_not_requeued(slurm_env, tmp_path):
 def test_timeout_signal_saves_and_requeues(slurm_env, tmp_path):
     """The time-limit path: Slurm sends USR2 signal_lead_s before the limit."""
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit([*RUN, "train.max_duration=5000ba", "resources.time=2",
-                              "hydra.launcher.signal_lead_s=90"], env, tmp_path)
+    job_id, run_dir = submit(
+        [*RUN, "train.max_duration=5000ba", "resources.time=2", "hydra.launcher.signal_lead_s=90"], env, tmp_path
+    )
     try:
-        first = wait_for(lambda: next((a for a in attempts(run_dir) if a["ended"] == "preempted"), None), 240,
-                         "the time-limit signal")
+        first = wait_for(
+            lambda: next((a for a in attempts(run_dir) if a["ended"] == "preempted"), None),
+            240,
+            "the time-limit signal",
+        )
         assert first["signal"] == "SIGUSR2" and first["requeued"] is True
-        resumed = wait_for(lambda: len(attempts(run_dir)) > 1 and attempts(run_dir)[1]["resumed_at_batch"] > 0
-                           and attempts(run_dir)[1], 120, "the requeued job to resume")
+        resumed = wait_for(
+            lambda: (
+                len(attempts(run_dir)) > 1 and attempts(run_dir)[1]["resumed_at_batch"] > 0 and attempts(run_dir)[1]
+            ),
+            120,
+            "the requeued job to resume",
+        )
         assert resumed["restart"] == 1
         assert resumed["resumed_at_batch"] == first["stopped_at_batch"]
     finally:

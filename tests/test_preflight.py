@@ -96,10 +96,20 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
 
     t = threading.Thread(target=stall, daemon=True)
     t.start()
-    proc = run_app(["+experiment=mpt_tiny", "train.max_duration=40ba", "eval=none", "watchdog.enabled=true",
-                    "resources.tasks_per_node=1",
-                    "watchdog.window=5", "watchdog.patience=1", "train.console_log_interval=1ba"],
-                   app_env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "train.max_duration=40ba",
+            "eval=none",
+            "watchdog.enabled=true",
+            "resources.tasks_per_node=1",
+            "watchdog.window=5",
+            "watchdog.patience=1",
+            "train.console_log_interval=1ba",
+        ],
+        app_env,
+        cwd=tmp_path,
+    )
     t.join(timeout=10)
     assert proc.returncode == 0, explain(proc)
     assert "at" in stalled, "the stall was never injected"
@@ -117,8 +127,17 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
 
 @pytest.mark.slurm
 def test_preflight_prints_a_busbw_table_from_two_dev_cluster_nodes(slurm_env, tmp_path):
-    proc = run_cli(["preflight", "hydra/launcher=slurm", "resources.nodes=2", "preflight.max_bytes=65536",
-                    "hydra.launcher.poll_s=1"], dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), timeout=600)
+    proc = run_cli(
+        [
+            "preflight",
+            "hydra/launcher=slurm",
+            "resources.nodes=2",
+            "preflight.max_bytes=65536",
+            "hydra.launcher.poll_s=1",
+        ],
+        dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")),
+        timeout=600,
+    )
     assert proc.returncode == 0, explain(proc)
     lines = proc.stdout.splitlines()
     header = next(ln for ln in lines if ln.startswith("#") and ln.split()[-1] == "busbw")
@@ -133,9 +152,20 @@ def test_preflight_prints_a_busbw_table_from_two_dev_cluster_nodes(slurm_env, tm
 
 @pytest.mark.slurm
 def test_an_impossible_threshold_stops_training_before_the_first_batch(slurm_env, runs_dir, tmp_path):
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2", "preflight.enabled=true",
-                    "preflight.max_bytes=4096", "preflight.min_busbw_gbps=1e6", "hydra.launcher.wait=true",
-                    "hydra.launcher.poll_s=1"], slurm_env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "hydra/launcher=slurm",
+            "resources.nodes=2",
+            "preflight.enabled=true",
+            "preflight.max_bytes=4096",
+            "preflight.min_busbw_gbps=1e6",
+            "hydra.launcher.wait=true",
+            "hydra.launcher.poll_s=1",
+        ],
+        slurm_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "failed" and r["batches_done"] == 0

@@ -17,9 +17,14 @@ FIXED = ["hydra.launcher.python=/opt/hpc_llm/venv/bin/python", "hydra.sweep.dir=
 
 CASES = {
     "sbatch_local_2nodes.sh": ["+experiment=mpt_tiny", "resources.nodes=2"],
-    "sbatch_h100_4nodes.sh": ["+experiment=mpt_tiny", "cluster=h100", "resources.nodes=4",
-                              "train.global_train_batch_size=256",
-                              "hydra.launcher.partition=gpu", "hydra.launcher.account=llm team"],
+    "sbatch_h100_4nodes.sh": [
+        "+experiment=mpt_tiny",
+        "cluster=h100",
+        "resources.nodes=4",
+        "train.global_train_batch_size=256",
+        "hydra.launcher.partition=gpu",
+        "hydra.launcher.account=llm team",
+    ],
 }
 
 
@@ -43,8 +48,14 @@ def test_render_is_deterministic(app_env):
 def test_values_are_quoted_and_secrets_pass_by_name(app_env):
     app_env = dict(app_env, WANDB_API_KEY="s3cr3t-value")
     proc = run_cli(
-        ["render", "+experiment=mpt_tiny", *FIXED, "+cluster.env.WEIRD='a b;$(rm -rf /)'",
-         "cluster.env_passthrough=[WANDB_API_KEY]", "hydra.launcher.setup=[module load cuda]"],
+        [
+            "render",
+            "+experiment=mpt_tiny",
+            *FIXED,
+            "+cluster.env.WEIRD='a b;$(rm -rf /)'",
+            "cluster.env_passthrough=[WANDB_API_KEY]",
+            "hydra.launcher.setup=[module load cuda]",
+        ],
         app_env,
     )
     assert proc.returncode == 0, explain(proc)
@@ -56,8 +67,11 @@ def test_values_are_quoted_and_secrets_pass_by_name(app_env):
 def test_dry_run_writes_scripts_without_submitting(app_env, runs_dir: Path, tmp_path: Path):
     from tests.conftest import results_of, run_app
 
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.dry_run=true",
-                    "resources.nodes=1,2"], app_env, cwd=tmp_path)
+    proc = run_app(
+        ["+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.dry_run=true", "resources.nodes=1,2"],
+        app_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     scripts = sorted(runs_dir.rglob("sbatch.sh"))
     assert len(scripts) == 2

@@ -20,9 +20,19 @@ def write_run(sweep: Path, num: int, **fields) -> Path:
     d = sweep / str(num)
     d.mkdir(parents=True)
     base = {
-        "experiment": "mpt7b_dolly", "status": "completed", "model": "MPT-6.7B", "data": "mosaicml/dolly_hhrlhf",
-        "max_duration": "2ep", "eval_interval": "1ep", "tasks_per_node": 8, "mfu": 0.41, "restarts": 0,
-        "peak_memory_bytes": 24.9e9, "checkpoint_bytes": 80 * (1 << 30), "conversion_ok": True, "inference_ok": True,
+        "experiment": "mpt7b_dolly",
+        "status": "completed",
+        "model": "MPT-6.7B",
+        "data": "mosaicml/dolly_hhrlhf",
+        "max_duration": "2ep",
+        "eval_interval": "1ep",
+        "tasks_per_node": 8,
+        "mfu": 0.41,
+        "restarts": 0,
+        "peak_memory_bytes": 24.9e9,
+        "checkpoint_bytes": 80 * (1 << 30),
+        "conversion_ok": True,
+        "inference_ok": True,
         "eval": {"loss": 0.5, "token_accuracy": 0.85},
     }
     base.update(fields)
@@ -111,8 +121,16 @@ def test_estimate_arithmetic_by_hand():
     e64 = estimate(train, nodes=64, gpus_per_node=8, peak_flops_per_gpu=989e12, from_experiment=False)
     assert e8.seconds / e64.seconds == pytest.approx(8.0)  # same efficiency: 8x the nodes, 1/8 the time
     assert 200 < e8.seconds / 86400 < 300 and 25 < e64.seconds / 86400 < 40
-    measured = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=989e12, mfu=0.5, efficiency=0.8,
-                        tokens=1e12, from_experiment=False)
+    measured = estimate(
+        train,
+        nodes=8,
+        gpus_per_node=8,
+        peak_flops_per_gpu=989e12,
+        mfu=0.5,
+        efficiency=0.8,
+        tokens=1e12,
+        from_experiment=False,
+    )
     assert measured.seconds == pytest.approx(1e12 * fpt / (64 * 989e12 * 0.5 * 0.8))
 
 

@@ -19,7 +19,9 @@ from tests.conftest import ROOT, explain, results_of, run_app, run_cli
 GOLDEN = ROOT / "tests" / "golden"
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 SEED_EXPERIMENTS = [f"mpt{s}_c4" for s in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")] + [
-    "mpt7b_dolly", "mpt30b_instruct"]
+    "mpt7b_dolly",
+    "mpt30b_instruct",
+]
 FIXED = ["hydra.sweep.dir=/shared/runs/golden", "hydra.launcher.python=/opt/hpc_llm/venv/bin/python"]
 
 
@@ -59,8 +61,16 @@ def write_c4_like(root: Path) -> Path:
         for s in range(shards):
             with gzip.open(root / "en" / f"c4-{split}.{s:05d}-of-01024.json.gz", "wt") as f:
                 for i, text in enumerate(rows[s::shards]):
-                    f.write(json.dumps({"text": text, "timestamp": "2019-04-25T12:57:54Z",
-                                        "url": f"https://example.org/{split}/{s}/{i}"}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "text": text,
+                                "timestamp": "2019-04-25T12:57:54Z",
+                                "url": f"https://example.org/{split}/{s}/{i}",
+                            }
+                        )
+                        + "\n"
+                    )
     return root
 
 
@@ -73,9 +83,23 @@ def c4_mds(tmp_path_factory, tiny_tokenizer) -> Path:
     source = write_c4_like(tmp / "allenai-c4")
     out = tmp / "data" / "c4"
     env = dict(os.environ)
-    proc = run_cli(["data", "prepare", "c4", "--out", str(out), "--source", str(source),
-                    "--splits", "train,val_small", f"data.options.tokenizer={tiny_tokenizer}",
-                    "data.options.concat_tokens=128"], env, timeout=600)
+    proc = run_cli(
+        [
+            "data",
+            "prepare",
+            "c4",
+            "--out",
+            str(out),
+            "--source",
+            str(source),
+            "--splits",
+            "train,val_small",
+            f"data.options.tokenizer={tiny_tokenizer}",
+            "data.options.concat_tokens=128",
+        ],
+        env,
+        timeout=600,
+    )
     assert proc.returncode == 0, explain(proc)
     return out
 
@@ -93,8 +117,9 @@ def test_prepared_c4_shards_hold_packed_token_samples(c4_mds):
 
 
 def test_prepare_refuses_to_overwrite(c4_mds, app_env, tmp_path):
-    proc = run_cli(["data", "prepare", "c4", "--out", str(c4_mds), "--source", str(tmp_path),
-                    "--splits", "train"], app_env)
+    proc = run_cli(
+        ["data", "prepare", "c4", "--out", str(c4_mds), "--source", str(tmp_path), "--splits", "train"], app_env
+    )
     assert proc.returncode == 2, explain(proc)
     assert "split 'train' exists already" in proc.stderr
 
@@ -110,10 +135,20 @@ def test_pretraining_on_prepared_c4_with_an_icl_task(c4_mds, tiny_tokenizer, app
             words = line.split()
             f.write(json.dumps({"context": " ".join(words[:12]), "continuation": " " + " ".join(words[12:15])}) + "\n")
     task = f"[{{label: tiny_lm, dataset_uri: {icl}, num_fewshot: [0], icl_task_type: language_modeling}}]"
-    proc = run_app(["+experiment=mpt_tiny", "data=c4", f"data.path={c4_mds}",
-                    f"data.options.tokenizer={tiny_tokenizer}", "train.max_duration=6ba", "eval=heldout",
-                    "resources.tasks_per_node=1", f"+train.icl_tasks={task}"],
-                   app_env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "data=c4",
+            f"data.path={c4_mds}",
+            f"data.options.tokenizer={tiny_tokenizer}",
+            "train.max_duration=6ba",
+            "eval=heldout",
+            "resources.tasks_per_node=1",
+            f"+train.icl_tasks={task}",
+        ],
+        app_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "completed" and r["batches_done"] == 6, r.get("error")
@@ -138,9 +173,12 @@ def test_every_seed_experiment_prints_its_llm_foundry_config(name, c4_mds, cli):
 
 # The seeds' Table 1 and LLM Foundry's yamls: (max_duration, eval_interval, global batch, lr)
 TABLE_1 = {
-    "mpt125m_c4": ("4800ba", "1000ba", 256, 6.0e-4), "mpt350m_c4": ("13400ba", "1000ba", 256, 3.0e-4),
-    "mpt760m_c4": ("29000ba", "2000ba", 256, 2.5e-4), "mpt1b_c4": ("24800ba", "2000ba", 512, 2.0e-4),
-    "mpt7b_c4": ("63900ba", "5000ba", 1024, 1.2e-4), "mpt70b_c4": ("333800ba", "10000ba", 2048, 8.0e-5),
+    "mpt125m_c4": ("4800ba", "1000ba", 256, 6.0e-4),
+    "mpt350m_c4": ("13400ba", "1000ba", 256, 3.0e-4),
+    "mpt760m_c4": ("29000ba", "2000ba", 256, 2.5e-4),
+    "mpt1b_c4": ("24800ba", "2000ba", 512, 2.0e-4),
+    "mpt7b_c4": ("63900ba", "5000ba", 1024, 1.2e-4),
+    "mpt70b_c4": ("333800ba", "10000ba", 2048, 8.0e-5),
 }
 
 
@@ -148,7 +186,11 @@ TABLE_1 = {
 def test_pretraining_experiments_follow_the_seeds_and_llm_foundry(name, cli):
     train = yaml.safe_load(cli("config", f"+experiment={name}"))
     duration, interval, gbs, lr = TABLE_1[name]
-    assert (train["max_duration"], train["eval_interval"], train["global_train_batch_size"]) == (duration, interval, gbs)
+    assert (train["max_duration"], train["eval_interval"], train["global_train_batch_size"]) == (
+        duration,
+        interval,
+        gbs,
+    )
     assert train["optimizer"]["lr"] == lr and train["max_seq_len"] == 2048
 
 
@@ -176,8 +218,13 @@ def test_mpt125m_c4_renders_for_h100_nodes(nodes, cli):
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
 def test_every_seed_experiment_renders_for_8_h100_nodes(name, cli):
     text = cli("render", f"+experiment={name}", "resources.nodes=8", *FIXED)
-    for line in ("#SBATCH --nodes=8", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
-                 f"#SBATCH --job-name=hpc_llm-{name}", "export NCCL_IB_HCA="):
+    for line in (
+        "#SBATCH --nodes=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --ntasks-per-node=8",
+        f"#SBATCH --job-name=hpc_llm-{name}",
+        "export NCCL_IB_HCA=",
+    ):
         assert line in text
 
 
@@ -193,18 +240,29 @@ def write_dolly_like(root: Path, columns=("prompt", "response"), splits=("train"
                 words = text.split()
                 cut = max(3, min(20, len(words) // 3))
                 prompt = "Continue the text: " + " ".join(words[:cut]) + "\n"
-                f.write(json.dumps({columns[0]: prompt, columns[1]: " ".join(words[cut:cut + 40])}) + "\n")
+                f.write(json.dumps({columns[0]: prompt, columns[1]: " ".join(words[cut : cut + 40])}) + "\n")
     return root
 
 
 @pytest.mark.train
 def test_finetuning_a_tiny_mpt_on_local_dolly_schema_data(tiny_tokenizer, app_env, runs_dir, tmp_path):
     data = write_dolly_like(tmp_path / "dolly")
-    proc = run_app(["+experiment=mpt_tiny", "data=finetuning", f"data.path={data}",
-                    f"data.options.tokenizer={tiny_tokenizer}", "train.max_duration=2ep", "eval.interval=1ep",
-                    "train.global_train_batch_size=32", "train.device_train_microbatch_size=16",
-                    "resources.tasks_per_node=1", "eval=heldout"],
-                   app_env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "data=finetuning",
+            f"data.path={data}",
+            f"data.options.tokenizer={tiny_tokenizer}",
+            "train.max_duration=2ep",
+            "eval.interval=1ep",
+            "train.global_train_batch_size=32",
+            "train.device_train_microbatch_size=16",
+            "resources.tasks_per_node=1",
+            "eval=heldout",
+        ],
+        app_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     assert r["status"] == "completed", r.get("error")
@@ -220,9 +278,23 @@ def test_prepare_finetuning_data_for_offline_nodes(app_env, tmp_path):
     """A dataset with other column names -> <out>/<split>.jsonl with prompt/response."""
     src = write_dolly_like(tmp_path / "src", columns=("instruction", "output"))
     out = tmp_path / "out"
-    proc = run_cli(["data", "prepare", "finetuning", "--out", str(out), "--source", str(src),
-                    "--splits", "train,test", "data.options.prompt_column=instruction",
-                    "data.options.response_column=output"], app_env, timeout=600)
+    proc = run_cli(
+        [
+            "data",
+            "prepare",
+            "finetuning",
+            "--out",
+            str(out),
+            "--source",
+            str(src),
+            "--splits",
+            "train,test",
+            "data.options.prompt_column=instruction",
+            "data.options.response_column=output",
+        ],
+        app_env,
+        timeout=600,
+    )
     assert proc.returncode == 0, explain(proc)
     rows = [json.loads(line) for line in (out / "test.jsonl").read_text().splitlines()]
     assert len(rows) == 60 and set(rows[0]) == {"prompt", "response"}
@@ -230,17 +302,23 @@ def test_prepare_finetuning_data_for_offline_nodes(app_env, tmp_path):
 
 
 BAD = [
-    (["data=finetuning", "data.path={bad_schema}"],
-     "has columns instruction, output but no 'prompt' or 'response'; a finetuning dataset needs prompt and response"),
-    (["data=finetuning", "data.path={dolly}", "data.eval_split=validation"],
-     "has no file for split 'validation'"),
+    (
+        ["data=finetuning", "data.path={bad_schema}"],
+        "has columns instruction, output but no 'prompt' or 'response'; a finetuning dataset needs prompt and response",
+    ),
+    (["data=finetuning", "data.path={dolly}", "data.eval_split=validation"], "has no file for split 'validation'"),
     (["data=finetuning"], "needs data.options.hf_name"),
-    (["+train.tokenizer.name=EleutherAI/gpt-neox-20b"],
-     "has 50277 tokens but train.model.vocab_size=512; allowed: vocab_size >= 50277 (e.g. 50304"),
+    (
+        ["+train.tokenizer.name=EleutherAI/gpt-neox-20b"],
+        "has 50277 tokens but train.model.vocab_size=512; allowed: vocab_size >= 50277 (e.g. 50304",
+    ),
     (["train.global_train_batch_size=7"], "train.global_train_batch_size=7 is not divisible by the world size 2"),
     (["train.global_train_batch_size=12"], "is not divisible by world size 2 x micro-batch 4 (6 samples per rank)"),
     (["data=c4", "data.path={tmp}/nowhere"], "has no MDS split 'train'; build it with `hpc-llm data prepare c4"),
-    (["+eval.options.inference.prompt=Hi", "eval=heldout"], "eval.options.inference: 'inference' is not in eval.evaluators"),
+    (
+        ["+eval.options.inference.prompt=Hi", "eval=heldout"],
+        "eval.options.inference: 'inference' is not in eval.evaluators",
+    ),
     (["eval.evaluators=[heldout,inference]"], "list hf_convert before it"),
 ]
 

@@ -71,8 +71,9 @@ def test_ddp_two_ranks(app_env, runs_dir, tmp_path):
     import subprocess
     import sys
 
-    check = subprocess.run([sys.executable, "-c", code, r["hf_model_dir"]], capture_output=True, text=True,
-                           env=app_env, timeout=300)
+    check = subprocess.run(
+        [sys.executable, "-c", code, r["hf_model_dir"]], capture_output=True, text=True, env=app_env, timeout=300
+    )
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.strip() == repr(r["eval"]["inference_sample"])
 
@@ -88,8 +89,17 @@ def test_fsdp_two_ranks(app_env, runs_dir, tmp_path):
 
 def test_hsdp_four_ranks_two_by_two(app_env, runs_dir, tmp_path):
     # with the preflight on: Composer must train on the process group the checks opened
-    proc = run_app(["+experiment=mpt_tiny", "parallelism=hsdp", "resources.tasks_per_node=4",
-                    "preflight.enabled=true", "preflight.max_bytes=4096"], app_env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "parallelism=hsdp",
+            "resources.tasks_per_node=4",
+            "preflight.enabled=true",
+            "preflight.max_bytes=4096",
+        ],
+        app_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
     check_completed(r, parallelism="hsdp", world_size=4)
@@ -110,9 +120,17 @@ def test_third_party_jsonl_source_trains(app_env, runs_dir, tmp_path, cache_dir)
             f.write(json.dumps({"text": line}) + "\n")
     env = dict(app_env, PYTHONPATH=str(site))
     proc = run_app(
-        ["+experiment=mpt_tiny", "data.name=jsonl", f"data.path={data}", f"+train.tokenizer.name={tokenizer}",
-         "train.max_duration=10ba", "resources.tasks_per_node=1", "eval=heldout"],
-        env, cwd=tmp_path,
+        [
+            "+experiment=mpt_tiny",
+            "data.name=jsonl",
+            f"data.path={data}",
+            f"+train.tokenizer.name={tokenizer}",
+            "train.max_duration=10ba",
+            "resources.tasks_per_node=1",
+            "eval=heldout",
+        ],
+        env,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
     [r] = results_of(runs_dir)
@@ -122,8 +140,11 @@ def test_third_party_jsonl_source_trains(app_env, runs_dir, tmp_path, cache_dir)
 
 
 def test_a_sweep_runs_each_point_with_its_own_config(app_env, runs_dir, tmp_path):
-    proc = run_app(["+experiment=mpt_tiny", "train.max_duration=4ba,6ba", "eval=none", "resources.tasks_per_node=1"],
-                   app_env, cwd=tmp_path)
+    proc = run_app(
+        ["+experiment=mpt_tiny", "train.max_duration=4ba,6ba", "eval=none", "resources.tasks_per_node=1"],
+        app_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     rs = results_of(runs_dir)
     assert [r["batches_done"] for r in rs] == [4, 6]

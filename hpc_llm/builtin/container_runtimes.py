@@ -78,8 +78,13 @@ def all_binds(section: DictConfig, mounts: Mounts) -> list[Bind]:
             )
     # an automatic identity bind inside another identity bind adds nothing
     identity = [b.source for b in out if b.source == b.dest and b.mode == "rw"]
-    out = [b for b in out if b.origin == "container.binds" or not (b.source == b.dest and b.mode == "rw")
-           or not any(b.source != p and b.source.startswith(p.rstrip("/") + "/") for p in identity)]
+    out = [
+        b
+        for b in out
+        if b.origin == "container.binds"
+        or not (b.source == b.dest and b.mode == "rw")
+        or not any(b.source != p and b.source.startswith(p.rstrip("/") + "/") for p in identity)
+    ]
     # a parent bound after a child would hide it: mount parents first
     return sorted(out, key=lambda b: (b.dest.count("/"), b.dest))
 
@@ -154,38 +159,47 @@ class Apptainer(ContainerRuntime):
         lines: list[str] = []
         created = [p.path for p in mounts.paths if p.created_by_job]
         if created:
-            lines += ["# bind sources the job writes to must exist before apptainer starts",
-                      f"mkdir -p {' '.join(shlex.quote(p) for p in created)}"]
+            lines += [
+                "# bind sources the job writes to must exist before apptainer starts",
+                f"mkdir -p {' '.join(shlex.quote(p) for p in created)}",
+            ]
         if passthrough:
             lines.append("# by name into the container: Apptainer sets NAME from APPTAINERENV_NAME")
-            lines += [
-                f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough
-            ]
+            lines += [f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough]
         per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1'
         if mounts.scratch is None:
-            lines += ["# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too",
-                      'if [ -n "${TMPDIR:-}" ]; then '
-                      'export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi']
+            lines += [
+                "# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too",
+                'if [ -n "${TMPDIR:-}" ]; then '
+                'export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi',
+            ]
         if section.stage:
             src = str(Path(section.image).expanduser().resolve())
             dst = self._image(section, mounts)
             # copy under a job-private name, then rename: a job still running from
             # the staged image keeps its (old) file
-            copy = (f"mkdir -p {shlex.quote(os.path.dirname(dst))} && cp -f {shlex.quote(src)} "
-                    f'{shlex.quote(dst)}."$SLURM_JOB_ID" && mv -f {shlex.quote(dst)}."$SLURM_JOB_ID" {shlex.quote(dst)}')
-            lines += ["# stage the image on every node's local disk (container.stage=true)",
-                      f"srun {per_node} --kill-on-bad-exit=1 bash -c {shlex.quote(copy)}"]
+            copy = (
+                f"mkdir -p {shlex.quote(os.path.dirname(dst))} && cp -f {shlex.quote(src)} "
+                f'{shlex.quote(dst)}."$SLURM_JOB_ID" && mv -f {shlex.quote(dst)}."$SLURM_JOB_ID" {shlex.quote(dst)}'
+            )
+            lines += [
+                "# stage the image on every node's local disk (container.stage=true)",
+                f"srun {per_node} --kill-on-bad-exit=1 bash -c {shlex.quote(copy)}",
+            ]
         if section.check:
             exe = shlex.quote(str(section.executable))
             probe = shlex.join([*self.exec_prefix(section, mounts), str(section.python), "-c", "import hpc_llm"])
+            node = "${SLURMD_NODENAME:-$(hostname)}"
             inner = (
-                f'command -v {exe} >/dev/null || {{ echo "hpc_llm: {section.executable} not found on '
-                f'${{SLURMD_NODENAME:-$(hostname)}}" >&2; exit 1; }}; out=$({probe} 2>&1) || {{ echo "hpc_llm: container check '
-                f'failed on ${{SLURMD_NODENAME:-$(hostname)}}: $out" >&2; exit 1; }}'
+                f'command -v {exe} >/dev/null || {{ echo "hpc_llm: {section.executable} not found on {node}" >&2; '
+                f"exit 1; }}; out=$({probe} 2>&1) || "
+                f'{{ echo "hpc_llm: container check failed on {node}: $out" >&2; exit 1; }}'
             )
-            lines += ["# one quick exec per node before training; a node that fails is named",
-                      f"srun {per_node} --kill-on-bad-exit=0 bash -c {shlex.quote(inner)} || "
-                      '{ echo "hpc_llm: container check failed; not training" >&2; exit 1; }']
+            lines += [
+                "# one quick exec per node before training; a node that fails is named",
+                f"srun {per_node} --kill-on-bad-exit=0 bash -c {shlex.quote(inner)} || "
+                '{ echo "hpc_llm: container check failed; not training" >&2; exit 1; }',
+            ]
         return lines
 
 

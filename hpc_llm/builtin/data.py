@@ -124,8 +124,11 @@ class C4(DataSource):
             require_scheme("data.remote", str(section.remote), REMOTE_SCHEMES, "a location Streaming can read")
             return
         path = Path(_require(section, "path", self.name, "the MDS directory `hpc-llm data prepare c4` wrote"))
-        _check_mds_splits(path, section, f"build it with `hpc-llm data prepare c4 --out {path} "
-                                         "--splits {split}` (or set data.remote)")
+        _check_mds_splits(
+            path,
+            section,
+            f"build it with `hpc-llm data prepare c4 --out {path} --splits {{split}}` (or set data.remote)",
+        )
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         opts = self.options(section)
@@ -141,8 +144,14 @@ class C4(DataSource):
         from hpc_llm.data import prepare
 
         opts = self.options(section)
-        return prepare.c4_to_mds(out, source=source, splits=splits, tokenizer=opts.tokenizer,
-                                 concat_tokens=opts.concat_tokens, compression=opts.compression)
+        return prepare.c4_to_mds(
+            out,
+            source=source,
+            splits=splits,
+            tokenizer=opts.tokenizer,
+            concat_tokens=opts.concat_tokens,
+            compression=opts.compression,
+        )
 
 
 class Finetuning(DataSource):
@@ -167,8 +176,9 @@ class Finetuning(DataSource):
         opts = self.options(section)
         if section.path:
             for split in (section.train_split, section.eval_split):
-                schema.check_prompt_response(Path(section.path).expanduser(), split,
-                                             opts.prompt_column, opts.response_column)
+                schema.check_prompt_response(
+                    Path(section.path).expanduser(), split, opts.prompt_column, opts.response_column
+                )
         elif not opts.hf_name:
             raise ConfigError(
                 "data source 'finetuning' needs data.options.hf_name (a Hugging Face dataset) "
@@ -182,10 +192,22 @@ class Finetuning(DataSource):
         fn = {"prompt": opts.prompt_column, "response": opts.response_column}
         w = workers_for(plan.device)
         out: dict[str, Any] = {
-            "train_loader": finetuning_loader(section.train_split, hf_name=hf_name, train=True, workers=w,
-                                              preprocessing_fn=fn, packing_ratio=opts.packing_ratio),
-            "eval_loader": finetuning_loader(section.eval_split, hf_name=hf_name, train=False, workers=w,
-                                             preprocessing_fn=fn, packing_ratio=opts.packing_ratio),
+            "train_loader": finetuning_loader(
+                section.train_split,
+                hf_name=hf_name,
+                train=True,
+                workers=w,
+                preprocessing_fn=fn,
+                packing_ratio=opts.packing_ratio,
+            ),
+            "eval_loader": finetuning_loader(
+                section.eval_split,
+                hf_name=hf_name,
+                train=False,
+                workers=w,
+                preprocessing_fn=fn,
+                packing_ratio=opts.packing_ratio,
+            ),
         }
         if opts.tokenizer:
             out["tokenizer"] = tokenizer_section(opts.tokenizer)
@@ -198,8 +220,9 @@ class Finetuning(DataSource):
         name = source or opts.hf_name
         if not name:
             raise ConfigError("nothing to prepare: set data.options.hf_name or pass --source DIR")
-        return prepare.finetuning_to_jsonl(out, name, splits or [section.train_split, section.eval_split],
-                                           opts.prompt_column, opts.response_column)
+        return prepare.finetuning_to_jsonl(
+            out, name, splits or [section.train_split, section.eval_split], opts.prompt_column, opts.response_column
+        )
 
 
 @hookimpl

@@ -96,8 +96,7 @@ class HfConvert(Evaluator):
             return {"conversion_ok": False, "conversion_error": error}
         ctx.artifacts["hf_model_dir"] = str(path)
         ok = (path / "config.json").is_file()
-        return {"conversion_ok": ok, "hf_model_dir": str(path),
-                "hf_model_bytes": size_bytes(path) if ok else None}
+        return {"conversion_ok": ok, "hf_model_dir": str(path), "hf_model_bytes": size_bytes(path) if ok else None}
 
 
 class Inference(Evaluator):

@@ -142,16 +142,20 @@ def _nvidia_smi() -> dict[str, Any] | None:
         return None
     fields = "index,name,ecc.errors.uncorrected.volatile.total,temperature.gpu"
     try:  # never raise here: the other ranks are waiting to gather this
-        proc = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-300:]}
     rows = [[c.strip() for c in line.split(",")] for line in proc.stdout.strip().splitlines()]
     ecc = sum(int(r[2]) for r in rows if len(r) > 2 and r[2].isdigit())
-    return {"gpus": [r[1] for r in rows if len(r) > 1], "uncorrected_ecc": ecc,
-            "temperature_c": [int(r[3]) for r in rows if len(r) > 3 and r[3].isdigit()]}
+    return {
+        "gpus": [r[1] for r in rows if len(r) > 1],
+        "uncorrected_ecc": ecc,
+        "temperature_c": [int(r[3]) for r in rows if len(r) > 3 and r[3].isdigit()],
+    }
 
 
 def container(section: Any, ctx: Any) -> dict[str, Any]:

@@ -44,7 +44,9 @@ def export(trainer: Any, run_dir: Path, precision: str = "bfloat16") -> tuple[Pa
         model, tokenizer, error = None, None, f"{type(exc).__name__}: {exc}"
     if dist.get_global_rank() == 0 and error is None:
         try:  # what HuggingFaceCheckpointer._save_checkpoint does on rank 0, minus uploads/MLflow
-            model.save_pretrained(out, max_shard_size=os.environ.get("LLM_FOUNDRY_SAVE_FOLDER_HF_MAX_SHARD_SIZE", "1GB"))
+            model.save_pretrained(
+                out, max_shard_size=os.environ.get("LLM_FOUNDRY_SAVE_FOLDER_HF_MAX_SHARD_SIZE", "1GB")
+            )
             if tokenizer is not None:
                 tokenizer.save_pretrained(out)
             if model.config.model_type == "mpt":
@@ -76,7 +78,9 @@ def generate_check(model_dir: Path, prompt: str, max_new_tokens: int) -> dict[st
     with torch.no_grad():
         logits = model(**inputs).logits
         out = model.generate(
-            **inputs, max_new_tokens=max_new_tokens, do_sample=False,
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
         )
     new_tokens = int(out.shape[1] - inputs["input_ids"].shape[1])
@@ -84,6 +88,6 @@ def generate_check(model_dir: Path, prompt: str, max_new_tokens: int) -> dict[st
         raise RuntimeError("the converted model produced non-finite logits")
     if new_tokens < 1:
         raise RuntimeError("the converted model generated no tokens")
-    text = tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     del model
     return {"inference_new_tokens": new_tokens, "inference_sample": text, "inference_s": round(time.time() - t0, 3)}

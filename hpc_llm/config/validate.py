@@ -147,8 +147,9 @@ def check_watchdog(cfg: DictConfig) -> None:
     if int(w.window) < 3 or int(w.patience) < 1:
         raise ConfigError(f"watchdog.window={w.window}, patience={w.patience}: need window >= 3 and patience >= 1")
     if w.enabled and w.action == "requeue" and not cfg.preemption.enabled:
-        raise ConfigError("watchdog.action=requeue saves and requeues like a preemption; "
-                          "it needs preemption.enabled=true")
+        raise ConfigError(
+            "watchdog.action=requeue saves and requeues like a preemption; it needs preemption.enabled=true"
+        )
 
 
 def components(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
@@ -191,6 +192,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     check_watchdog(cfg)
     check_train_keys(cfg.train)
     if "global_train_batch_size" in cfg.train:
-        batch_split(cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"),
-                    plan.world_size)
+        batch_split(
+            cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"), plan.world_size
+        )
     return job

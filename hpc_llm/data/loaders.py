@@ -27,9 +27,7 @@ def _loader(dataset: dict[str, Any], name: str, *, train: bool, workers: int) ->
     }
 
 
-def text_loader(
-    split: str, *, local: str, remote: str | None = None, train: bool, workers: int = 0
-) -> dict[str, Any]:
+def text_loader(split: str, *, local: str, remote: str | None = None, train: bool, workers: int = 0) -> dict[str, Any]:
     """An LLM Foundry ``text`` dataloader section over MDS shards."""
     dataset: dict[str, Any] = {
         "local": local,
@@ -43,9 +41,7 @@ def text_loader(
     return _loader(dataset, "text", train=train, workers=workers)
 
 
-def text_loaders(
-    section: Any, *, local: str, remote: str | None = None, workers: int = 0
-) -> dict[str, Any]:
+def text_loaders(section: Any, *, local: str, remote: str | None = None, workers: int = 0) -> dict[str, Any]:
     """``train_loader`` and ``eval_loader`` over the data section's two MDS splits."""
     return {
         "train_loader": text_loader(section.train_split, local=local, remote=remote, train=True, workers=workers),

@@ -17,8 +17,12 @@ from hpc_llm.errors import ConfigError
 
 #: LLM Foundry's C4 split names -> the Hugging Face split they are cut from
 C4_SPLITS = {
-    "train": "train", "train_small": "train",
-    "val": "validation", "val_small": "validation", "val_xsmall": "validation", "val_xxsmall": "validation",
+    "train": "train",
+    "train_small": "train",
+    "val": "validation",
+    "val_small": "validation",
+    "val_xsmall": "validation",
+    "val_xxsmall": "validation",
 }
 C4_DEFAULT_SPLITS = ["train_small", "val_small"]
 
@@ -41,12 +45,20 @@ def _eos_text(tokenizer: str) -> str:
 
 def _local_c4_files(source: Path, hf_split: str) -> list[Path]:
     """C4's own layout: en/c4-train.00000-of-01024.json.gz, c4-validation.*.json.gz (or .jsonl)."""
-    return sorted(p for p in source.rglob("*") if p.is_file() and f"-{hf_split}." in p.name
-                  and p.name.endswith((".json", ".json.gz", ".jsonl", ".jsonl.gz")))
+    return sorted(
+        p
+        for p in source.rglob("*")
+        if p.is_file() and f"-{hf_split}." in p.name and p.name.endswith((".json", ".json.gz", ".jsonl", ".jsonl.gz"))
+    )
 
 
 def c4_to_mds(
-    out: str, *, source: str | None, splits: list[str], tokenizer: str, concat_tokens: int,
+    out: str,
+    *,
+    source: str | None,
+    splits: list[str],
+    tokenizer: str,
+    concat_tokens: int,
     compression: str | None,
 ) -> list[str]:
     splits = splits or C4_DEFAULT_SPLITS
@@ -59,9 +71,18 @@ def c4_to_mds(
     eos = _eos_text(tokenizer)
     if source is None:
         convert_dataset_hf(
-            dataset="allenai/c4", data_subset="en", splits=splits, out_root=out, compression=compression,
-            concat_tokens=concat_tokens, tokenizer=tokenizer, tokenizer_kwargs={}, bos_text="", eos_text=eos,
-            no_wrap=False, num_workers=None,
+            dataset="allenai/c4",
+            data_subset="en",
+            splits=splits,
+            out_root=out,
+            compression=compression,
+            concat_tokens=concat_tokens,
+            tokenizer=tokenizer,
+            tokenizer_kwargs={},
+            bos_text="",
+            eos_text=eos,
+            no_wrap=False,
+            num_workers=None,
         )
         return [os.path.join(out, s) for s in splits]
     root = Path(source).expanduser()
@@ -75,8 +96,14 @@ def c4_to_mds(
             for i, f in enumerate(files):
                 os.symlink(f.resolve(), Path(tmp) / f"{i:05d}-{f.name}")
             convert_dataset_json(
-                path=tmp, out_root=os.path.join(out, split), compression=compression,
-                concat_tokens=concat_tokens, split="train", tokenizer=tokenizer, bos_text="", eos_text=eos,
+                path=tmp,
+                out_root=os.path.join(out, split),
+                compression=compression,
+                concat_tokens=concat_tokens,
+                split="train",
+                tokenizer=tokenizer,
+                bos_text="",
+                eos_text=eos,
                 no_wrap=False,
             )
         written.append(os.path.join(out, split))
@@ -99,8 +126,10 @@ def finetuning_to_jsonl(out: str, name: str, splits: list[str], prompt: str, res
             raise ConfigError(f"{name}: no split '{split}' ({str(exc).splitlines()[0]})") from None
         missing = [c for c in (prompt, response) if c not in ds.column_names]
         if missing:
-            raise ConfigError(f"{name} split '{split}' has columns {', '.join(ds.column_names)}; "
-                              f"missing {', '.join(missing)}; set data.options.prompt_column/response_column")
+            raise ConfigError(
+                f"{name} split '{split}' has columns {', '.join(ds.column_names)}; "
+                f"missing {', '.join(missing)}; set data.options.prompt_column/response_column"
+            )
         ds = ds.select_columns([prompt, response])
         if (prompt, response) != ("prompt", "response"):
             ds = ds.rename_columns({prompt: "prompt", response: "response"})

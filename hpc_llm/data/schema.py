@@ -21,8 +21,10 @@ def split_files(root: Path, split: str) -> list[Path]:
     if root.is_file():
         return [root]
     return sorted(
-        p for p in root.iterdir()
-        if p.is_file() and p.name.endswith(SUFFIXES)
+        p
+        for p in root.iterdir()
+        if p.is_file()
+        and p.name.endswith(SUFFIXES)
         and (p.name.split(".")[0] == split or p.name.startswith((f"{split}-", f"{split}_")))
     )
 

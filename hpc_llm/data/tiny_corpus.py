@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from hpc_llm.plugins.once import build_once
 from hpc_llm.paths import assets_dir
+from hpc_llm.plugins.once import build_once
 
 CORPUS_FILE = "tiny_corpus.txt"
 VOCAB_SIZE = 512
@@ -62,9 +62,7 @@ def _build_tokenizer(out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(
-        split_lines()["train"], vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=[EOS]
-    )
+    bpe.train_from_iterator(split_lines()["train"], vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=[EOS])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe._tokenizer,
         eos_token=EOS,

@@ -43,7 +43,6 @@ class DistEnv:
         }
 
 
-
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 

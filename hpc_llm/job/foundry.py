@@ -24,4 +24,3 @@ def register() -> None:
         callbacks.register(PREEMPTION_CALLBACK, func=PreemptionCallback)
     if WATCHDOG_CALLBACK not in callbacks.get_all():
         callbacks.register(WATCHDOG_CALLBACK, func=Watchdog)
-

@@ -44,7 +44,8 @@ def init_process_group(timeout_s: int = 600) -> None:
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
-        backend="nccl" if gpu else "gloo", init_method="env://",
+        backend="nccl" if gpu else "gloo",
+        init_method="env://",
         timeout=datetime.timedelta(seconds=timeout_s),
     )
 
@@ -109,7 +110,12 @@ def exclude_and_requeue(job_id: str, nodes: list[str]) -> None:
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         preemption.requeue(job_id)
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
-                       check=True, capture_output=True, text=True, timeout=60)
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)

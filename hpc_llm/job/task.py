@@ -42,13 +42,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             # before anything else touches the allocation: a bad node stops the job here
             health.run_preflight(cfg, job.health_checks, ctx)
             if cfg.preflight.only:
-                return _record(ctx, lambda r: r.completed({"preflight": ctx.preflight, "wallclock_s": _since(started)},
-                                                          batch=0))
+                return _record(
+                    ctx, lambda r: r.completed({"preflight": ctx.preflight, "wallclock_s": _since(started)}, batch=0)
+                )
         trainer, train_s = train(cfg, job, ctx)
         figures = evaluate(cfg, job, ctx, trainer)
         figures.update(training_figures(ctx, trainer, train_s=train_s, job_s=time.time() - started))
-        figures.update(checkpoint=job.checkpoint.latest(cfg.checkpoint, job.plan),
-                       checkpoint_bytes=job.checkpoint.size_bytes(cfg.checkpoint, job.plan))
+        figures.update(
+            checkpoint=job.checkpoint.latest(cfg.checkpoint, job.plan),
+            checkpoint_bytes=job.checkpoint.size_bytes(cfg.checkpoint, job.plan),
+        )
         results = _record(ctx, lambda r: r.completed(figures, batch=int(trainer.state.timestamp.batch)))
         trainer.close()
         return results
@@ -81,8 +84,14 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
         )
     ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist), cfg=cfg)
     if dist.rank == 0:
-        ctx.record = RunRecord.open(run_dir, job.plan, run_info(cfg), job_id=os.environ.get("SLURM_JOB_ID"),
-                                    restart=restart_count(), started_at=started)
+        ctx.record = RunRecord.open(
+            run_dir,
+            job.plan,
+            run_info(cfg),
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            restart=restart_count(),
+            started_at=started,
+        )
     os.chdir(ctx.node_dir)
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
     os.environ.update(job.parallelism.env(cfg.parallelism, job.plan))
@@ -203,16 +212,22 @@ def after_stop(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preempt
     record = ctx.record
     if record is None:
         return
-    record.note(signal=stop.signal_name, signal_time=stop.signal_time, stopped_at_batch=stop.batch,
-                save_s=round(stop.save_s, 3))
+    record.note(
+        signal=stop.signal_name, signal_time=stop.signal_time, stopped_at_batch=stop.batch, save_s=round(stop.save_s, 3)
+    )
     job_id = os.environ.get("SLURM_JOB_ID")
     latest = job.checkpoint.latest(cfg.checkpoint, job.plan)
     figures = {**progress_figures(ctx), "batches_done": stop.batch, "checkpoint": latest}
     if job_id and restart_count() < cfg.preemption.max_requeues:
         record.note(signal_to_requeue_s=round(preemption.requeue(job_id) - stop.signal_time, 3), requeued=True)
         record.stopped(figures, ended="preempted", batch=stop.batch, requeued=True)
-        log.warning("%s: checkpoint at batch %d saved in %.1fs; job %s requeued",
-                    stop.signal_name, stop.batch, stop.save_s, job_id)
+        log.warning(
+            "%s: checkpoint at batch %d saved in %.1fs; job %s requeued",
+            stop.signal_name,
+            stop.batch,
+            stop.save_s,
+            job_id,
+        )
         return
     reason = (
         f"stopped by {stop.signal_name} after batch {stop.batch} and not requeued: "
@@ -232,15 +247,25 @@ def after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, f
     """
     job_id = os.environ.get("SLURM_JOB_ID")
     everyone = set((ctx.preflight or {}).get("nodes") or [])
-    requeue = bool(cfg.preflight.exclude_bad_nodes and job_id and failed.nodes
-                   and set(failed.nodes) < everyone and restart_count() < cfg.preemption.max_requeues)
+    requeue = bool(
+        cfg.preflight.exclude_bad_nodes
+        and job_id
+        and failed.nodes
+        and set(failed.nodes) < everyone
+        and restart_count() < cfg.preemption.max_requeues
+    )
     if ctx.record is not None:
         where = f" (nodes: {', '.join(failed.nodes)})" if failed.nodes else ""
         reason = f"preflight check '{(ctx.preflight or {}).get('failed_check')}' failed: {failed.reason}{where}"
         figures = {**progress_figures(ctx), "batches_done": 0}
         if requeue:
-            ctx.record.stopped({**figures, "excluded_nodes": failed.nodes}, ended="preflight failed", batch=0,
-                               requeued=True, error=reason)
+            ctx.record.stopped(
+                {**figures, "excluded_nodes": failed.nodes},
+                ended="preflight failed",
+                batch=0,
+                requeued=True,
+                error=reason,
+            )
             log.warning("%s; requeueing job %s excluding %s", reason, job_id, ", ".join(failed.nodes))
             try:
                 health.exclude_and_requeue(str(job_id), failed.nodes)

@@ -44,13 +44,26 @@ class Watchdog(Callback):
         if event is None or self.ctx.dist.rank != 0:
             return
         batch = int(state.timestamp.batch)
-        record = {"batch": batch, "tokens_per_sec": round(tps, 1), "median_tokens_per_sec": round(event["median"], 1),
-                  "ratio": round(event["ratio"], 3), "nodes": self.nodes, "action": self.action, "time": time.time()}
+        record = {
+            "batch": batch,
+            "tokens_per_sec": round(tps, 1),
+            "median_tokens_per_sec": round(event["median"], 1),
+            "ratio": round(event["ratio"], 3),
+            "nodes": self.nodes,
+            "action": self.action,
+            "time": time.time(),
+        }
         self.ctx.watchdog_events.append(record)
         log.warning(
             "hpc_llm watchdog: %.0f tokens/s at batch %d is %.0f%% of the running median %.0f for %d batches; "
-            "nodes: %s%s", tps, batch, 100 * event["ratio"], event["median"], self.watch.patience,
-            ", ".join(self.nodes), "; checkpointing and requeueing" if self.action == "requeue" else "",
+            "nodes: %s%s",
+            tps,
+            batch,
+            100 * event["ratio"],
+            event["median"],
+            self.watch.patience,
+            ", ".join(self.nodes),
+            "; checkpointing and requeueing" if self.action == "requeue" else "",
         )
         if self.action == "requeue":
             from hpc_llm.job import preemption

@@ -127,9 +127,14 @@ class LocalLauncher(BaseLauncher):
     def _run_ranks(self, sweep_config: DictConfig) -> Any:
         run_dir = Path(str(sweep_config.hydra.runtime.output_dir))
         run = ledger.record(
-            str(run_dir), str(sweep_config.hydra.sweep.dir), int(sweep_config.hydra.job.num),
-            OmegaConf.select(sweep_config, "experiment", default=None), "local",
-            list(sweep_config.hydra.overrides.task), [], "RUNNING",
+            str(run_dir),
+            str(sweep_config.hydra.sweep.dir),
+            int(sweep_config.hydra.job.num),
+            OmegaConf.select(sweep_config, "experiment", default=None),
+            "local",
+            list(sweep_config.hydra.overrides.task),
+            [],
+            "RUNNING",
         )
         try:
             value = self._spawn_ranks(sweep_config, run_dir)
@@ -180,8 +185,7 @@ class LocalLauncher(BaseLauncher):
                 f"log: {logs / f'rank{rank}.log'}"
             )
         results = run_dir / RESULTS_FILE
-        print(f"job {sweep_config.hydra.job.num}: completed; "
-              f"{results if results.exists() else run_dir}", flush=True)
+        print(f"job {sweep_config.hydra.job.num}: completed; {results if results.exists() else run_dir}", flush=True)
         return read_return(run_dir)[1]
 
     def _wait(self, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:

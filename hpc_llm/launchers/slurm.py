@@ -72,16 +72,12 @@ class SlurmLauncher(BaseLauncher):
                     f"allowed: {', '.join(sorted(parts))}"
                 )
         elif name not in parts:
-            raise ConfigError(
-                f"partition '{name}' does not exist on this cluster; allowed: {', '.join(sorted(parts))}"
-            )
+            raise ConfigError(f"partition '{name}' does not exist on this cluster; allowed: {', '.join(sorted(parts))}")
         else:
             part = parts[name]
         key = self.opts.resources_key
         if res.nodes > part.nodes:
-            raise ConfigError(
-                f"{key}.nodes={res.nodes} is more than partition '{part.name}' has ({part.nodes} nodes)"
-            )
+            raise ConfigError(f"{key}.nodes={res.nodes} is more than partition '{part.name}' has ({part.nodes} nodes)")
         cpus = res.tasks_per_node * res.cpus_per_task
         if part.cpus_per_node and cpus > part.cpus_per_node:
             raise ConfigError(
@@ -106,17 +102,28 @@ class SlurmLauncher(BaseLauncher):
             shown = " ".join(filter_overrides(overrides)) or "(defaults)"
             if self.opts.dry_run:
                 print(f"job {idx}: dry run, batch script {Path(run_dir) / SCRIPT}  [{shown}]", flush=True)
-                run = ledger.record(run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm",
-                                    list(overrides), [], "DRY_RUN")
+                run = ledger.record(
+                    run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm", list(overrides), [], "DRY_RUN"
+                )
                 submitted.append((cfg, run_dir, None, run))
                 continue
             job = self._submit(cfg, run_dir, script)
-            run = ledger.record(run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm",
-                                list(overrides), [str(job.job_id)], "SUBMITTED")
+            run = ledger.record(
+                run_dir,
+                str(self.config.hydra.sweep.dir),
+                idx,
+                experiment,
+                "slurm",
+                list(overrides),
+                [str(job.job_id)],
+                "SUBMITTED",
+            )
             print(f"job {idx}: submitted Slurm job {job.job_id}, run dir {run_dir}  [{shown}]", flush=True)
             submitted.append((cfg, run_dir, job, run))
         if self.opts.dry_run or not self.opts.wait:
-            return [self._job_return(cfg, {"run_dir": d, "job_id": j.job_id if j else None}) for cfg, d, j, _ in submitted]
+            return [
+                self._job_return(cfg, {"run_dir": d, "job_id": j.job_id if j else None}) for cfg, d, j, _ in submitted
+            ]
         return [self._wait(cfg, run_dir, job, run) for cfg, run_dir, job, run in submitted]
 
     # -- helpers -------------------------------------------------------------
@@ -149,9 +156,7 @@ class SlurmLauncher(BaseLauncher):
         python = self.opts.python or shlex.quote(sys.executable)
         executor = TemplateExecutor(folder=str(submitit_folder(run_dir)), python=python)
         res = job_resources(cfg, self.opts)
-        executor.update_parameters(
-            nodes=res.nodes, ntasks_per_node=res.tasks_per_node, time=max(1, res.time_s // 60)
-        )
+        executor.update_parameters(nodes=res.nodes, ntasks_per_node=res.tasks_per_node, time=max(1, res.time_s // 60))
         return executor.submit(RankEntry(str(payload_dir(Path(run_dir)) / PAYLOAD)))
 
     def _job_return(self, cfg: DictConfig, value: Any, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:
@@ -183,7 +188,6 @@ class SlurmLauncher(BaseLauncher):
         if run is not None:
             ledger.update(run, state=final if final != "COMPLETED" else "FAILED")
         err = JobFailed(
-            f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; "
-            f"logs: {Path(run_dir) / 'logs'}"
+            f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {Path(run_dir) / 'logs'}"
         )
         return self._job_return(cfg, err, JobStatus.FAILED)

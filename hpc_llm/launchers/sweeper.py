@@ -20,9 +20,7 @@ from omegaconf import DictConfig, open_dict
 
 
 def job_run_dir(job_cfg: DictConfig) -> str:
-    return os.path.abspath(
-        os.path.join(str(job_cfg.hydra.sweep.dir), str(job_cfg.hydra.sweep.subdir))
-    )
+    return os.path.abspath(os.path.join(str(job_cfg.hydra.sweep.dir), str(job_cfg.hydra.sweep.subdir)))
 
 
 class ValidatingSweeper(BasicSweeper):
@@ -76,5 +74,3 @@ class ValidatingSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Any) -> None:
         if not self._validated:  # compose_jobs() already composed every job
             super().validate_batch_is_legal(batch)
-
-

@@ -65,8 +65,7 @@ class Component:
             key = getattr(exc, "key", None) or "?"
             fields = [f.name for f in dataclasses.fields(self.Options)]
             raise ConfigError(
-                f"{where}.{key}: not an option of {self.kind} '{self.name}'; "
-                f"allowed: {', '.join(fields) or '(none)'}"
+                f"{where}.{key}: not an option of {self.kind} '{self.name}'; allowed: {', '.join(fields) or '(none)'}"
             ) from None
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
@@ -158,9 +157,7 @@ class Evaluator(Component):
         raw = (section.get("options") or {}).get(self.name) or {}
         return self._typed_options(raw, f"eval.options.{self.name}")
 
-    def train_config(
-        self, section: DictConfig, plan: JobPlan, data: dict[str, Any]
-    ) -> dict[str, Any]:
+    def train_config(self, section: DictConfig, plan: JobPlan, data: dict[str, Any]) -> dict[str, Any]:
         """Keys to add to the train config; ``data`` is the data source's fragment."""
         return {}
 

@@ -137,10 +137,15 @@ class Plugins:
         except pluggy.PluginValidationError as exc:
             raise ConfigError(f"plugin '{name}' ({package}): {_one_line(exc)}") from None
         for attr in sorted(dir(plugin)):
-            if attr.startswith(HOOK_PREFIX) and callable(getattr(plugin, attr, None)) \
-                    and self.pm.parse_hookimpl_opts(plugin, attr) is None:
-                warn_once(f"plugin '{name}' ({package}) defines {attr} without @hpc_llm.hookimpl; "
-                          "it is ignored (decorate it with `from hpc_llm import hookimpl`)")
+            if (
+                attr.startswith(HOOK_PREFIX)
+                and callable(getattr(plugin, attr, None))
+                and self.pm.parse_hookimpl_opts(plugin, attr) is None
+            ):
+                warn_once(
+                    f"plugin '{name}' ({package}) defines {attr} without @hpc_llm.hookimpl; "
+                    "it is ignored (decorate it with `from hpc_llm import hookimpl`)"
+                )
 
     def _registrar(self, kind: str, plugin_of: dict[Any, str]) -> Callable[[Component], None]:
         """The ``register`` callback of one hook call; ``plugin_of`` maps each
@@ -186,10 +191,7 @@ class Plugins:
         matches = [e for e in self._entries[kind] if e.name == name]
         base = KINDS[kind]
         if not matches:
-            raise ConfigError(
-                f"unknown {base.kind} '{name}' ({base.selector}); "
-                f"allowed: {allowed(self.names(kind))}"
-            )
+            raise ConfigError(f"unknown {base.kind} '{name}' ({base.selector}); allowed: {allowed(self.names(kind))}")
         if len(matches) > 1:
             who = " and ".join(f"{e.package} [plugin {e.plugin}]" for e in matches)
             raise ConfigError(

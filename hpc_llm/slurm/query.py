@@ -83,7 +83,9 @@ def accounting_states(job_ids: list[str]) -> dict[str, str]:
         return {}
     out = subprocess.run(
         ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"],
-        capture_output=True, text=True, timeout=20,
+        capture_output=True,
+        text=True,
+        timeout=20,
     )
     if out.returncode != 0:
         return {}

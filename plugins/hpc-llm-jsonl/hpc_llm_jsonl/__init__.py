@@ -48,9 +48,7 @@ class JsonlSource(DataSource):
         if not f.is_file():
             raise ConfigError(f"data.path={str(f)!r} does not exist or is not a file")
         if not 0.0 < opts.heldout_fraction < 1.0:
-            raise ConfigError(
-                f"data.options.heldout_fraction={opts.heldout_fraction}: must be between 0 and 1"
-            )
+            raise ConfigError(f"data.options.heldout_fraction={opts.heldout_fraction}: must be between 0 and 1")
         with f.open(encoding="utf-8") as fh:
             first = fh.readline()
         try:
