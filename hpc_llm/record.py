@@ -5,12 +5,17 @@ the estimator read: the same fields whatever happened to the run (see
 :func:`skeleton`). ``.hpc_llm/attempts.json`` lists every start of the run
 (a Slurm requeue, a restart inside the allocation) and how each ended.
 
-Inside a job, global rank 0 keeps a :class:`RunRecord`: it opens an attempt
-when the rank starts, notes progress, and closes the attempt through exactly
-one of :meth:`RunRecord.completed`, :meth:`RunRecord.failed` or
-:meth:`RunRecord.stopped`, each of which writes results.json. Files are
-replaced atomically (temp file + rename), so a reader never sees half a
-record. Pure (login node): no training stack.
+Two writers, never at the same time. Inside a training step, global rank 0
+keeps a :class:`RunRecord`: it opens an attempt when it starts, notes
+progress, and closes the attempt through exactly one of
+:meth:`RunRecord.completed`, :meth:`RunRecord.failed` or
+:meth:`RunRecord.stopped`. Between steps the job's supervisor
+(:mod:`hpc_llm.job.supervisor`) decides what happens next and records it
+with :func:`conclude`. Both end by writing results.json through
+:func:`summarize`, so the summary of the attempts (restarts by cause,
+goodput) is computed in one place. Files are replaced atomically (temp file +
+rename), so a reader never sees half a record. Pure (login node): no
+training stack.
 """
 
 from __future__ import annotations
@@ -28,7 +33,23 @@ RESULTS_FILE = "results.json"
 ATTEMPTS_FILE = "attempts.json"
 #: hpc_llm's private files in a run dir: payload, attempts, readiness markers
 PRIVATE_DIR = ".hpc_llm"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: why an attempt ended, and which requeue budget (fault.max_*) it counts against
+BUDGET_OF_CAUSE = {
+    "time_limit": "max_timeouts",
+    "preemption": "max_preemptions",
+    # a stop signal sent by hand (scancel --signal=USR2 --batch): counted like a preemption
+    "signal": "max_preemptions",
+    "failure": "max_failures",
+    "hang": "max_failures",
+    "node_failure": "max_failures",
+    "lost": "max_failures",
+    "watchdog": "max_failures",
+    "preflight": "max_failures",
+}
+#: causes that end the run: no budget, no retry
+FINAL_CAUSES = ("user_error", "cancelled", "budget", "preflight_failed")
 
 
 def skeleton(plan: JobPlan, status: str) -> dict[str, Any]:
@@ -120,19 +141,41 @@ def read_results(run_dir: Path | str) -> dict[str, Any] | None:
 
 @dataclass
 class Attempt:
-    """One start of the run: how it began and how it ended."""
+    """One start of training: a Slurm allocation (``restart``) and a launch inside it (``step``)."""
 
     job_id: str | None
+    #: SLURM_RESTART_COUNT of the allocation (0 for the first)
     restart: int
     started_at: float
+    #: training launch inside the allocation (> 0 after a restart in place)
+    step: int = 0
+    nodes: list[str] = field(default_factory=list)
+    #: when Slurm started the allocation (queue wait ends here)
+    alloc_started_at: float | None = None
     resumed_at_batch: int = 0
     last_batch: int = 0
-    #: running | completed | preempted | failed | preflight failed
+    #: seconds spent training (fit start to the last batch noted)
+    train_s: float = 0.0
+    #: when the first batch of this attempt was done (training again after a stop)
+    first_batch_at: float | None = None
+    #: running | completed | stopped | failed | lost
     ended: str = "running"
+    ended_at: float | None = None
+    #: why it ended (BUDGET_OF_CAUSE, FINAL_CAUSES) and what was done about it
+    cause: str | None = None
+    #: restart (in the allocation) | requeue | fail | none
+    action: str | None = None
+    #: when the supervisor decided it (the stop was detected)
+    decided_at: float | None = None
+    error: str | None = None
+    #: nodes blamed for the failure (left out of the next allocation)
+    suspects: list[str] = field(default_factory=list)
     signal: str | None = None
     signal_time: float | None = None
     stopped_at_batch: int | None = None
     save_s: float | None = None
+    #: the longest periodic checkpoint save seen (upper bound: save plus any eval at that batch)
+    checkpoint_save_s: float | None = None
     signal_to_requeue_s: float | None = None
     requeued: bool = False
 
@@ -141,17 +184,30 @@ class Attempt:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    @property
+    def allocation(self) -> tuple[str | None, int]:
+        return (self.job_id, self.restart)
+
 
 #: what results.json shows of each attempt
 ATTEMPT_SUMMARY = (
     "job_id",
     "restart",
+    "step",
+    "nodes",
     "ended",
+    "cause",
+    "action",
+    "error",
+    "suspects",
     "signal",
     "resumed_at_batch",
+    "last_batch",
     "stopped_at_batch",
     "save_s",
     "signal_to_requeue_s",
+    "queue_wait_s",
+    "train_s",
 )
 
 
@@ -173,21 +229,100 @@ class Attempts:
     def current(self) -> Attempt:
         return self.items[-1]
 
-    def batches_lost(self) -> int:
-        """Batches trained in an attempt but recomputed by the next one."""
-        return sum(
-            max(0, prev.last_batch - nxt.resumed_at_batch)
-            for prev, nxt in zip(self.items, self.items[1:], strict=False)
-        )
+    def count(self, budget: str) -> int:
+        """Attempts so far whose cause counts against ``budget`` (a fault.max_* key)."""
+        return sum(1 for a in self.items if a.cause and BUDGET_OF_CAUSE.get(a.cause) == budget)
 
-    def summary(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in asdict(a).items() if k in ATTEMPT_SUMMARY} for a in self.items]
+    def recomputed(self) -> dict[str, int]:
+        """Batches trained in an attempt but trained again by the next one, by the cause of the stop."""
+        out: dict[str, int] = {}
+        for prev, nxt in zip(self.items, self.items[1:], strict=False):
+            lost = max(0, prev.last_batch - nxt.resumed_at_batch)
+            if lost:
+                key = prev.cause or prev.ended
+                out[key] = out.get(key, 0) + lost
+        return out
+
+    def batches_lost(self) -> int:
+        return sum(self.recomputed().values())
+
+    def summary(self) -> dict[str, Any]:
+        """What results.json says about the attempts: restarts by cause, queue waits and goodput."""
+        items = self.items
+        listed = []
+        allocations: dict[tuple[str | None, int], list[float]] = {}
+        productive_node_s = 0.0
+        nodes_of: dict[tuple[str | None, int], int] = {}
+        for i, a in enumerate(items):
+            row = {k: v for k, v in asdict(a).items() if k in ATTEMPT_SUMMARY}
+            prev = items[i - 1] if i else None
+            new_allocation = prev is None or prev.allocation != a.allocation
+            begin = _or(a.alloc_started_at, a.started_at)
+            row["queue_wait_s"] = (
+                round(max(0.0, begin - _or(prev.ended_at, prev.started_at)), 3)
+                if prev is not None and new_allocation
+                else 0.0
+            )
+            listed.append(row)
+            end = _or(a.ended_at, a.started_at)
+            span = allocations.setdefault(a.allocation, [begin, end])
+            span[0], span[1] = min(span[0], begin), max(span[1], end)
+            n = max(1, len(a.nodes))
+            nodes_of[a.allocation] = max(nodes_of.get(a.allocation, 1), n)
+            trained = max(0, a.last_batch - a.resumed_at_batch)
+            kept = (
+                trained
+                if i == len(items) - 1
+                else max(0, min(a.last_batch, items[i + 1].resumed_at_batch) - a.resumed_at_batch)
+            )
+            if trained:
+                productive_node_s += a.train_s * kept / trained * n
+        allocated_node_s = sum((end - begin) * nodes_of[key] for key, (begin, end) in allocations.items())
+        causes: dict[str, int] = {}
+        for a in items[:-1] if items and items[-1].ended == "running" else items:
+            if a.cause and a.cause != "completed":
+                causes[a.cause] = causes.get(a.cause, 0) + 1
+        requeues = [a.signal_to_requeue_s for a in items if a.signal_to_requeue_s is not None]
+        first = items[0] if items else None
+        last = items[-1] if items else None
+        return {
+            "restarts": max(len(items) - 1, last.restart if last else 0),
+            "restarts_by_cause": causes,
+            "batches_lost": self.batches_lost(),
+            "batches_recomputed": self.recomputed(),
+            "attempts": listed,
+            "signal_to_requeue_s": requeues[-1] if requeues else None,
+            "slurm_job_ids": sorted({a.job_id for a in items if a.job_id}, key=str),
+            "total_wallclock_s": (
+                round(_or(last.ended_at, last.started_at) - _or(first.alloc_started_at, first.started_at), 3)
+                if first and last
+                else None
+            ),
+            "allocated_node_s": round(allocated_node_s, 3),
+            "productive_node_s": round(productive_node_s, 3),
+            "goodput": round(productive_node_s / allocated_node_s, 4) if allocated_node_s > 0 else None,
+        }
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def summarize(run_dir: Path | str, attempts: Attempts, status: str, fields_: dict[str, Any]) -> dict[str, Any]:
+    """Write results.json: what is there already, ``fields_`` and the summary of ``attempts``."""
+    results = read_results(run_dir) or {"schema_version": SCHEMA_VERSION, "error": None}
+    results.update(fields_)
+    results.update(attempts.summary())
+    results["status"] = status
+    results["finished_at"] = time.time()
+    write_results(run_dir, results)
+    return results
 
 
 class RunRecord:
-    """The record of one run, kept by global rank 0 of its job.
+    """The record of one run, kept by global rank 0 of a training step.
 
-    Every way a run ends goes through :meth:`completed`, :meth:`failed` or
+    Every way a step ends goes through :meth:`completed`, :meth:`failed` or
     :meth:`stopped`; each closes the current attempt first and then writes
     results.json, so the two files always agree.
     """
@@ -200,11 +335,30 @@ class RunRecord:
 
     @classmethod
     def open(
-        cls, run_dir: Path, plan: JobPlan, info: dict[str, Any], *, job_id: str | None, restart: int, started_at: float
+        cls,
+        run_dir: Path,
+        plan: JobPlan,
+        info: dict[str, Any],
+        *,
+        job_id: str | None,
+        restart: int,
+        started_at: float,
+        step: int = 0,
+        nodes: list[str] | None = None,
+        alloc_started_at: float | None = None,
     ) -> RunRecord:
         """Load the attempts so far and start a new one."""
         attempts = Attempts.load(run_dir)
-        attempts.items.append(Attempt(job_id=job_id, restart=restart, started_at=started_at))
+        attempts.items.append(
+            Attempt(
+                job_id=job_id,
+                restart=restart,
+                started_at=started_at,
+                step=step,
+                nodes=list(nodes or []),
+                alloc_started_at=alloc_started_at,
+            )
+        )
         attempts.save()
         return cls(run_dir, plan, info, attempts)
 
@@ -218,41 +372,57 @@ class RunRecord:
             setattr(self.current, key, value)
         self.attempts.save()
 
-    # -- the ways a run ends ----------------------------------------------------
+    # -- the ways a step ends ---------------------------------------------------
     def completed(self, figures: dict[str, Any], *, batch: int) -> dict[str, Any]:
         """Training (and the post-train stage) finished: ``figures`` are the measurements."""
-        return self._close("completed", "completed", figures, batch=batch)
+        return self._close("completed", "completed", figures, batch=batch, cause="completed")
 
     def failed(
-        self, error: str, figures: dict[str, Any] | None = None, *, ended: str = "failed", batch: int | None = None
+        self,
+        error: str,
+        figures: dict[str, Any] | None = None,
+        *,
+        batch: int | None = None,
+        cause: str | None = None,
+        suspects: list[str] | None = None,
+        status: str = "failed",
     ) -> dict[str, Any]:
-        """The run stopped for good: ``error`` says why (one line)."""
-        return self._close("failed", ended, {**(figures or {}), "error": error}, batch=batch)
+        """The step failed: ``error`` says why (one line). Under a supervisor the status is
+        ``interrupted`` until it has decided whether the run goes on."""
+        if suspects:
+            self.current.suspects = sorted(set(suspects))
+        return self._close(status, "failed", {**(figures or {}), "error": error}, batch=batch, cause=cause)
 
     def stopped(
-        self, figures: dict[str, Any], *, ended: str, batch: int, requeued: bool, error: str | None = None
+        self,
+        figures: dict[str, Any],
+        *,
+        batch: int,
+        cause: str | None,
+        status: str = "interrupted",
+        error: str | None = None,
     ) -> dict[str, Any]:
-        """The run stopped on a signal (or a request) after saving; ``requeued``: it will go on."""
-        status = "requeued" if requeued else "failed"
-        return self._close(status, ended, {**figures, "error": error}, batch=batch)
+        """The step stopped on a signal (or a request) after saving a checkpoint."""
+        return self._close(status, "stopped", {**figures, "error": error}, batch=batch, cause=cause)
 
-    def _close(self, status: str, ended: str, figures: dict[str, Any], *, batch: int | None) -> dict[str, Any]:
-        self.current.ended = ended
+    def _close(
+        self, status: str, ended: str, figures: dict[str, Any], *, batch: int | None, cause: str | None
+    ) -> dict[str, Any]:
+        a = self.current
+        a.ended, a.ended_at = ended, time.time()
+        if cause is not None:
+            a.cause = cause
+        if figures.get("error"):
+            a.error = str(figures["error"])
         if batch is not None:
-            self.current.last_batch = batch
+            a.last_batch = batch
         self.attempts.save()
         results = skeleton(self.plan, status)
         results.update(self.info)
         results.update({k: v for k, v in figures.items() if v is not None or k not in results})
         if results.get("batches_done") is None and batch is not None:
             results["batches_done"] = batch
-        items = self.attempts.items
-        results["restarts"] = max(len(items) - 1, self.current.restart)
-        results["batches_lost"] = self.attempts.batches_lost()
-        results["attempts"] = self.attempts.summary()
-        requeues = [a.signal_to_requeue_s for a in items if a.signal_to_requeue_s is not None]
-        results["signal_to_requeue_s"] = requeues[-1] if requeues else None
-        results["slurm_job_ids"] = sorted({a.job_id for a in items if a.job_id}, key=str)
+        results.update(self.attempts.summary())
         results["finished_at"] = time.time()
         write_results(self.run_dir, results)
         return results

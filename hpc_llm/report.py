@@ -37,9 +37,25 @@ COLUMNS = [
     "Checkpoint",
     "Conversion, inference & eval OK?",
     "Eval accuracy",
+    "Goodput",
     "Restarts",
     "Status",
 ]
+
+
+def total_wallclock(results: dict[str, Any]) -> float | None:
+    """Seconds from the first start to the end, over every attempt (queue waits between
+    requeues included); a run that never restarted has just its own wall clock."""
+    value = results.get("total_wallclock_s") or results.get("wallclock_s")
+    return float(value) if value else None
+
+
+def restarts_text(results: dict[str, Any]) -> str:
+    """'3 (time_limit 2, preemption 1)'."""
+    n = results.get("restarts", 0)
+    causes = results.get("restarts_by_cause") or {}
+    detail = ", ".join(f"{cause} {count}" for cause, count in sorted(causes.items()))
+    return f"{n} ({detail})" if detail else str(n)
 
 
 @dataclass
@@ -128,7 +144,7 @@ def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
         by_exp[r.experiment].append(r)
     groups = []
     for exp, members in sorted(by_exp.items()):
-        done = [r for r in members if r.status == "completed" and r.results.get("wallclock_s")]
+        done = [r for r in members if r.status == "completed" and total_wallclock(r.results)]
         node_counts = sorted({r.nodes for r in done if r.nodes is not None})
         if baseline_nodes is not None and node_counts and baseline_nodes not in node_counts:
             raise ConfigError(
@@ -146,10 +162,11 @@ def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
 
 def _row(r: Run, base: Run | None) -> dict[str, Any]:
     res = r.results
-    wall = res.get("wallclock_s") if r.status == "completed" else None
+    wall = total_wallclock(res) if r.status == "completed" else None
+    base_wall = total_wallclock(base.results) if base is not None else None
     speedup = ideal = eff = None
-    if wall and base is not None and r.nodes and base.nodes:
-        speedup = float(base.results["wallclock_s"]) / float(wall)
+    if wall and base_wall and base is not None and r.nodes and base.nodes:
+        speedup = base_wall / wall
         ideal = r.nodes / base.nodes
         eff = speedup / ideal
     ev = res.get("eval") or {}
@@ -178,7 +195,8 @@ def _row(r: Run, base: Run | None) -> dict[str, Any]:
             )
         ),
         "Eval accuracy": round(float(ev["token_accuracy"]), 3) if "token_accuracy" in ev else None,
-        "Restarts": res.get("restarts", 0) if res else "-",
+        "Goodput": round(float(res["goodput"]), 3) if res.get("goodput") is not None else None,
+        "Restarts": restarts_text(res) if res else "-",
         "Status": r.status + (f" ({res['error']})" if res.get("error") and r.status == "failed" else ""),
     }
 

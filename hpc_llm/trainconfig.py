@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab
+from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab, collective_timeout_s
 from hpc_llm.errors import ConfigError
 
 #: names under which the job registers hpc_llm's logger and callbacks in LLM
@@ -37,7 +37,12 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
         # The data source's held-out loader is used only when an evaluator asks for it.
         data.pop("eval_loader", None)
     fragments.extend(eval_fragments)
-    ours: dict[str, Any] = {"run_name": run_name, "loggers": {RESULTS_LOGGER: {}}}
+    ours: dict[str, Any] = {
+        "run_name": run_name,
+        "loggers": {RESULTS_LOGGER: {}},
+        # torch.distributed's process-group timeout: a stuck collective raises
+        "dist_timeout": collective_timeout_s(cfg, job.plan),
+    }
     callbacks: dict[str, Any] = {}
     if cfg.watchdog.enabled:
         w = cfg.watchdog
@@ -47,7 +52,7 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
             "patience": w.patience,
             "action": w.action,
         }
-    if cfg.preemption.enabled:
+    if cfg.fault.enabled:
         # after the watchdog: a stop it requests is acted on at the same batch
         callbacks[PREEMPTION_CALLBACK] = {}
     if callbacks:

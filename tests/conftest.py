@@ -20,8 +20,12 @@ PY = sys.executable
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("hpc_llm_cache")
+def cache_dir(pytestconfig: pytest.Config) -> Path:
+    """hpc_llm's cache (the tiny corpus' tokenizer and shards), built once for all workers:
+    hpc_llm builds it under a lock (hpc_llm.plugins.once)."""
+    path = shared_dir(pytestconfig) / "hpc_llm_cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture
@@ -117,28 +121,70 @@ def _free_port_block(n: int) -> int:
     raise RuntimeError("no free port block")
 
 
-@pytest.fixture(scope="session")
-def dev_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """One real 3-node Slurm cluster (Debian slurm-wlm) shared by every Slurm test.
+def shared_dir(config: pytest.Config) -> Path:
+    """A directory every test process of this session shares (xdist workers included), outside
+    /tmp (Slurm jobs get a private /tmp) and outside --basetemp (pytest empties that)."""
+    basetemp = config.getoption("basetemp") or os.environ.get("HPC_LLM_TEST_BASETEMP")
+    if not basetemp:
+        return ROOT / ".test-shared"
+    return Path(str(Path(basetemp).resolve()) + "-shared")
 
-    Started through ``hpc_llm.slurm.devcluster`` (what ``hpc-llm dev-cluster up``
-    runs) and stopped, by pid, at the end of the session.
-    """
+
+def _slurm_tests_wanted(config: pytest.Config) -> bool:
     import shutil
 
+    markexpr = config.getoption("markexpr") or ""
+    return "not slurm" not in markexpr and shutil.which("slurmctld") is not None and os.geteuid() == 0
+
+
+CLUSTER_ENV = "HPC_LLM_TEST_CLUSTER"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's one dev cluster, started by the controlling process (not by an xdist
+    worker), so every worker shares it; workers find it through $HPC_LLM_TEST_CLUSTER."""
+    if hasattr(config, "workerinput") or not _slurm_tests_wanted(config):
+        return
     from hpc_llm.slurm import devcluster
 
-    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+    shared = shared_dir(config)
+    if str(shared).startswith("/tmp/"):
+        raise pytest.UsageError("Slurm jobs get a private /tmp: run pytest with --basetemp outside /tmp (see README)")
+    root = shared / "devcluster"
+    devcluster.down(root)  # a cluster an interrupted session left behind
+    import shutil
+
+    shutil.rmtree(shared, ignore_errors=True)
+    shared.mkdir(parents=True)
+    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16))
+    os.environ[CLUSTER_ENV] = str(root)
+    config._hpc_llm_cluster = cluster  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = getattr(config, "_hpc_llm_cluster", None)
+    if cluster is not None:
+        from hpc_llm.slurm import devcluster
+
+        devcluster.down(cluster.root)
+
+
+@pytest.fixture(scope="session")
+def dev_cluster():
+    """The session's real 3-node Slurm cluster (Debian slurm-wlm), shared by every Slurm test
+    and every xdist worker: started through ``hpc_llm.slurm.devcluster`` (what ``hpc-llm
+    dev-cluster up`` runs) before the tests and stopped, by pid, after them."""
+    from hpc_llm.slurm import devcluster
+
+    root = os.environ.get(CLUSTER_ENV)
+    if not root:
         reason = "needs Debian slurm-wlm and root (scripts/setup-dev.sh installs it)"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    root = tmp_path_factory.mktemp("devcluster")
-    if str(root).startswith("/tmp/"):
-        pytest.fail("Slurm jobs get a private /tmp: run pytest with --basetemp outside /tmp (see README)")
-    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(4))
-    yield cluster
-    devcluster.down(root)
+    cluster = devcluster.load(Path(root))
+    assert cluster is not None and devcluster.running(cluster), f"the session's dev cluster in {root} is not up"
+    return cluster
 
 
 @pytest.fixture

@@ -187,7 +187,7 @@ def test_bad_preflight_and_watchdog_input(app_env, runs_dir, tmp_path):
         (["preflight.enabled=true", "preflight.checks=[allreduce,nvlink]"], "unknown health check 'nvlink'"),
         (["preflight.enabled=true", "preflight.min_tflops=500"], "preflight.min_tflops is set but cluster.device=cpu"),
         (["watchdog.action=reboot"], "watchdog.action='reboot'; allowed: warn, requeue"),
-        (["watchdog.enabled=true", "watchdog.action=requeue", "preemption.enabled=false"], "needs preemption.enabled"),
+        (["watchdog.enabled=true", "watchdog.action=requeue", "fault.enabled=false"], "needs fault.enabled"),
     ]
     for overrides, message in cases:
         proc = run_app(["+experiment=mpt_tiny", *overrides], app_env, cwd=tmp_path, timeout=120)

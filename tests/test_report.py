@@ -46,7 +46,18 @@ def sweep(tmp_path: Path) -> Path:
     s = tmp_path / "sweep"
     # the seeds' Table 2 wall-clock times for 1, 2, 4 nodes, and a run that failed at 8
     write_run(s, 0, nodes=1, wallclock_s=4708.121, tokens_per_sec=7124)
-    write_run(s, 1, nodes=2, wallclock_s=1764.485, tokens_per_sec=13844, restarts=1)
+    # preempted once: its last attempt took 1000 s, the whole run (queue wait included) 1764.485 s
+    write_run(
+        s,
+        1,
+        nodes=2,
+        wallclock_s=1000.0,
+        total_wallclock_s=1764.485,
+        tokens_per_sec=13844,
+        restarts=1,
+        restarts_by_cause={"preemption": 1},
+        goodput=0.912,
+    )
     write_run(s, 2, nodes=4, wallclock_s=1101.026, tokens_per_sec=28959)
     write_run(s, 3, nodes=8, status="failed", error="NCCL timeout", wallclock_s=None, tokens_per_sec=None)
     running = s / "4" / ".hydra"  # submitted, no results yet
@@ -59,7 +70,9 @@ def test_speedup_and_efficiency_arithmetic(sweep):
     [g] = report.build(sweep)
     rows = {r["Nodes"]: r for r in g.rows}
     assert g.baseline_nodes == 1
+    # from the whole run's wall clock, not its last attempt's (which would say 4.71)
     assert rows[2]["Speedup"] == round(4708.121 / 1764.485, 2) == 2.67  # as in the seeds' Table 2
+    assert rows[2]["Restarts"] == "1 (preemption 1)" and rows[2]["Goodput"] == 0.912
     assert rows[4]["Speedup"] == round(4708.121 / 1101.026, 2) == 4.28
     assert rows[4]["Ideal"] == 4.0
     assert rows[4]["Efficiency"] == round((4708.121 / 1101.026) / 4, 3)
@@ -154,3 +167,61 @@ def test_estimate_uses_a_measured_sweep(sweep):
     assert e.efficiency.value == round((4708.121 / 1101.026) / 4, 3)
     assert "measured at 4 node(s)" in e.efficiency.source
     assert model_flops_per_token({**train, "max_seq_len": 2048})[0] == e.n_params
+
+
+PRETRAINING = [
+    "mpt125m_c4",
+    "mpt350m_c4",
+    "mpt760m_c4",
+    "mpt1b_c4",
+    "mpt3b_c4",
+    "mpt7b_c4",
+    "mpt13b_c4",
+    "mpt30b_c4",
+    "mpt70b_c4",
+]
+
+
+@pytest.mark.parametrize("experiment", PRETRAINING)
+def test_pretraining_checkpoints_are_periodic_and_kept_few_from_the_estimated_save_cost(experiment):
+    """Not 1ep (never, within an epoch of C4) and not keep-all (a 70B run fills the disk)."""
+    from omegaconf import OmegaConf
+
+    from hpc_llm.cli import compose
+    from hpc_llm.estimate import checkpoint_plan
+
+    cfg = compose([f"+experiment={experiment}"])
+    train = OmegaConf.to_container(cfg.train, resolve=True)
+    e = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=cfg.cluster.peak_flops_per_gpu)
+    plan = checkpoint_plan(e, train["global_train_batch_size"] * train["max_seq_len"])
+    interval = int(str(cfg.checkpoint.interval).removesuffix("ba"))
+    assert str(cfg.checkpoint.interval).endswith("ba")
+    assert interval == pytest.approx(plan.interval_batches, rel=0.05)
+    assert cfg.checkpoint.keep == plan.keep == 3
+
+
+def test_young_interval_arithmetic():
+    from hpc_llm.estimate import CHECKPOINT_BYTES_PER_PARAM, NODE_MTBF_DAYS, checkpoint_plan
+
+    train = {
+        "model": {
+            "name": "mpt_causal_lm",
+            "d_model": 8192,
+            "n_heads": 64,
+            "n_layers": 80,
+            "expansion_ratio": 4,
+            "max_seq_len": 2048,
+            "vocab_size": 50368,
+        },
+        "max_seq_len": 2048,
+        "global_train_batch_size": 1024,
+    }
+    e = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=989e12)
+    plan = checkpoint_plan(e, 1024 * 2048)
+    assert plan.bytes == e.n_params * CHECKPOINT_BYTES_PER_PARAM
+    assert plan.save_s == pytest.approx(plan.bytes / (8 * 2e9))
+    assert plan.mtbf_s == pytest.approx(NODE_MTBF_DAYS * 86400 / 8)
+    assert plan.interval_s == pytest.approx((2 * plan.save_s * plan.mtbf_s) ** 0.5)
+    # twice the nodes: half the save time and half the MTBF, so half the interval
+    twice = checkpoint_plan(estimate(train, nodes=16, gpus_per_node=8, peak_flops_per_gpu=989e12), 1024 * 2048)
+    assert twice.interval_s == pytest.approx(plan.interval_s / 2)

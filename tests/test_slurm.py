@@ -17,8 +17,20 @@ from tests.conftest import explain, results_of, run_app, run_cli
 
 pytestmark = [pytest.mark.slurm]
 
-FAST = ["+experiment=mpt_tiny", "train.max_duration=8ba", "eval=none", "hydra/launcher=slurm",
-        "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"]
+FAST = [
+    "+experiment=mpt_tiny",
+    "train.max_duration=8ba",
+    "eval=none",
+    "hydra/launcher=slurm",
+    "hydra.launcher.wait=true",
+    "hydra.launcher.poll_s=1",
+]
+
+
+def jobs_from(cwd: Path, env) -> list[str]:
+    """Jobs in the queue that were submitted from ``cwd`` (other tests run side by side)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], env=env, capture_output=True, text=True, check=True)
+    return [ln.split("|")[0] for ln in out.stdout.splitlines() if ln.endswith(f"|{cwd}")]
 
 
 def squeue(env) -> list[str]:
@@ -28,8 +40,17 @@ def squeue(env) -> list[str]:
 
 def test_single_run_without_m_trains_on_two_nodes(slurm_env, runs_dir, tmp_path):
     """No -m: one job is submitted (a 1-point sweep) and trains across 2 nodes."""
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2",
-                    "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"], slurm_env, cwd=tmp_path)
+    proc = run_app(
+        [
+            "+experiment=mpt_tiny",
+            "hydra/launcher=slurm",
+            "resources.nodes=2",
+            "hydra.launcher.wait=true",
+            "hydra.launcher.poll_s=1",
+        ],
+        slurm_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     assert "submitted Slurm job" in proc.stdout
     [r] = results_of(runs_dir)
@@ -42,9 +63,15 @@ def test_single_run_without_m_trains_on_two_nodes(slurm_env, runs_dir, tmp_path)
     assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == [f"rank{i}.log" for i in range(4)]
     script = (run_dir / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
-    # ranks 2 and 3 ran on the second node (NODE_RANK 1) in node-local scratch
-    log2 = (run_dir / "logs" / "rank2.log").read_text()
-    assert "rank2" in log2
+    # ranks 2 and 3 ran on the second node (node rank 1), each node's ranks in their own
+    # node-local working dir, outside the shared run dir
+    ranks = {p["rank"]: p for p in r["ranks"]}
+    assert [ranks[i]["node_rank"] for i in range(4)] == [0, 0, 1, 1]
+    assert [ranks[i]["local_rank"] for i in range(4)] == [0, 1, 0, 1]
+    assert ranks[0]["node"] == ranks[1]["node"] != ranks[2]["node"] == ranks[3]["node"]
+    assert ranks[0]["cwd"] == ranks[1]["cwd"] != ranks[2]["cwd"] == ranks[3]["cwd"]
+    assert ranks[2]["cwd"].endswith(f"hpc_llm-{r['slurm_job_ids'][0]}/node1")
+    assert not any(p["cwd"].startswith(str(run_dir)) for p in ranks.values())
 
 
 def test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger(slurm_env, runs_dir, tmp_path):
@@ -77,8 +104,12 @@ def test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger(slurm_env, runs_di
 
 
 def test_no_wait_submit_then_cancel(slurm_env, runs_dir, tmp_path):
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "train.max_duration=100000ba"],
-                   slurm_env, cwd=tmp_path, timeout=60)
+    proc = run_app(
+        ["+experiment=mpt_tiny", "hydra/launcher=slurm", "train.max_duration=100000ba"],
+        slurm_env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 0, explain(proc)
     line = next(ln for ln in proc.stdout.splitlines() if "submitted Slurm job" in ln)
     job_id = line.split("submitted Slurm job ")[1].split(",")[0]
@@ -98,20 +129,22 @@ BAD = [
     (["resources.nodes=4"], "resources.nodes=4 is more than partition 'low' has (3 nodes)"),
     (["hydra.launcher.partition=gpu"], "partition 'gpu' does not exist on this cluster; allowed: high, low"),
     (["resources.time=tomorrow"], "resources.time='tomorrow' is not a Slurm time limit"),
-    (["resources.tasks_per_node=2", "resources.cpus_per_task=2"], "= 4 CPUs per node, but nodes of partition 'low' have"),
+    (
+        ["resources.tasks_per_node=2", "resources.cpus_per_task=2"],
+        "= 4 CPUs per node, but nodes of partition 'low' have",
+    ),
     (["resources.nodes=1,4"], "resources.nodes=4 is more than partition"),  # one bad point stops the sweep
 ]
 
 
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(b[0]) for b in BAD])
 def test_bad_slurm_input_submits_nothing(overrides, message, slurm_env, runs_dir, tmp_path):
-    before = squeue(slurm_env)
     proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", *overrides], slurm_env, cwd=tmp_path, timeout=60)
     assert proc.returncode == 2, explain(proc)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], explain(proc)
     assert not runs_dir.exists()
-    assert squeue(slurm_env) == before
+    assert jobs_from(tmp_path, slurm_env) == []  # nothing was submitted from here
 
 
 def test_no_slurm_reachable_says_how_to_start_one(app_env, runs_dir, tmp_path):
@@ -130,5 +163,4 @@ def test_dev_cluster_up_is_idempotent(dev_cluster):
     again = devcluster.up(root=dev_cluster.root, nodes=dev_cluster.nodes, ctld_port=dev_cluster.ctld_port)
     assert again == dev_cluster and devcluster.running(dev_cluster) == pids
     assert len(pids) == 1 + dev_cluster.nodes
-    conf = json.dumps(dev_cluster.env())
-    assert "slurm.conf" in conf
+    assert dev_cluster.env()["SLURM_CONF"] == str(dev_cluster.conf) and dev_cluster.conf.is_file()

@@ -18,8 +18,12 @@ from hpc_llm.errors import ConfigError
 from hpc_llm.plan import JobPlan
 from hpc_llm.plugins.base import ParallelismStrategy
 
-# FSDP1 defaults from LLM Foundry's pretraining yamls; FSDP2 takes a subset.
+# FSDP1 defaults from LLM Foundry's pretraining yamls; FSDP2 takes a subset. Checkpoints
+# are sharded: every rank writes its own shard (Composer's FSDP1 default, "full", gathers
+# the whole state on rank 0 first, which a 70B model does not fit). FSDP2's default is
+# already "sharded".
 FSDP1_DEFAULTS: dict[str, Any] = {
+    "state_dict_type": "sharded",
     "sharding_strategy": "FULL_SHARD",
     "mixed_precision": "PURE",
     "activation_checkpointing": False,

@@ -120,12 +120,36 @@ class EvalConfig:
 
 
 @dataclass
-class PreemptionConfig:
-    # Save a checkpoint on the Slurm signal (hydra.launcher.signal) and requeue.
+class FaultConfig:
+    # Survive what a cluster does to long runs (docs/design.md, "Long runs"): save on
+    # the Slurm stop signal (hydra.launcher.signal) and requeue; restart after an
+    # infrastructure failure or a hang. false: one attempt, no signal, no restart.
     enabled: bool = True
-    # Requeues allowed (preemptions + timeouts); beyond it the run fails with
-    # the reason in results.json. Crashes are never requeued.
-    max_requeues: int = 5
+    # Requeue budgets, one per cause. Time-limit requeues: unlimited (null) as long
+    # as each attempt trains at least one batch (one that does not is a failure).
+    max_timeouts: Optional[int] = None
+    # Preemptions by higher-priority jobs.
+    max_preemptions: int = 100
+    # Infrastructure failures: a rank killed by a signal, an NCCL/CUDA/network
+    # error, a hang, a node that died. A user error (an exception before the first
+    # batch, or the same exception at the same batch twice) fails the run at once.
+    max_failures: int = 5
+    # Seconds before the time limit the ranks stop and save. null: twice the longest
+    # checkpoint save measured so far plus 30 s, at most hydra.launcher.signal_lead_s
+    # (the --signal lead, which is all there is before the first save is measured).
+    stop_lead_s: Optional[float] = None
+    # After a failure with no suspect node, restart inside the same allocation (no
+    # queue wait); a node that fails twice is suspect and the job is requeued without it.
+    restart_in_place: bool = True
+    # Each rank writes a heartbeat (liveness and batch progress) this often...
+    heartbeat_s: float = 30.0
+    # ...and a rank silent for longer, or no batch trained for longer, is a hang:
+    # the rank is named, the step is killed and recovered as a failure.
+    hang_timeout_s: float = 1800.0
+    # torch.distributed process-group timeout (LLM Foundry dist_timeout): a
+    # collective stuck longer raises on every rank instead of holding the allocation.
+    # null: 600 s, or half the time limit when that is shorter.
+    collective_timeout_s: Optional[float] = None
 
 
 @dataclass
@@ -149,7 +173,7 @@ class PreflightConfig:
     # Square bf16 matmul size for the GPU check.
     matmul_size: int = 8192
     # On failure, requeue the job excluding the node(s) the checks named (when they
-    # are only part of the allocation; counts against preemption.max_requeues).
+    # are only part of the allocation; counts against fault.max_failures).
     exclude_bad_nodes: bool = False
 
 
@@ -209,7 +233,7 @@ class HpcLlmConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     container: ContainerConfig = field(default_factory=ContainerConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

@@ -146,10 +146,40 @@ def check_watchdog(cfg: DictConfig) -> None:
         raise ConfigError(f"watchdog.fraction={w.fraction}: must be between 0 and 1 (a fraction of the median)")
     if int(w.window) < 3 or int(w.patience) < 1:
         raise ConfigError(f"watchdog.window={w.window}, patience={w.patience}: need window >= 3 and patience >= 1")
-    if w.enabled and w.action == "requeue" and not cfg.preemption.enabled:
+    if w.enabled and w.action == "requeue" and not cfg.fault.enabled:
+        raise ConfigError("watchdog.action=requeue saves and requeues like a preemption; it needs fault.enabled=true")
+
+
+def check_fault(cfg: DictConfig, plan: JobPlan) -> None:
+    f = cfg.fault
+    for key in ("max_preemptions", "max_failures", "max_timeouts"):
+        value = f[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            allowed = "an integer >= 0" + (" or null (no limit)" if key == "max_timeouts" else "")
+            raise ConfigError(f"fault.{key}={value!r}: must be {allowed}")
+    if not float(f.heartbeat_s) > 0:
+        raise ConfigError(f"fault.heartbeat_s={f.heartbeat_s}: must be > 0 seconds")
+    if float(f.hang_timeout_s) < 3 * float(f.heartbeat_s):
         raise ConfigError(
-            "watchdog.action=requeue saves and requeues like a preemption; it needs preemption.enabled=true"
+            f"fault.hang_timeout_s={f.hang_timeout_s} is shorter than 3 heartbeats (fault.heartbeat_s="
+            f"{f.heartbeat_s}); allowed: >= {3 * float(f.heartbeat_s):g}"
         )
+    if f.stop_lead_s is not None and not 0 < float(f.stop_lead_s) < plan.time_limit_s:
+        raise ConfigError(
+            f"fault.stop_lead_s={f.stop_lead_s}: allowed: more than 0 and less than the time limit "
+            f"({plan.time_limit_s} s), or null (derived from the measured checkpoint save time)"
+        )
+    if f.collective_timeout_s is not None and not 10 <= float(f.collective_timeout_s) < plan.time_limit_s:
+        raise ConfigError(
+            f"fault.collective_timeout_s={f.collective_timeout_s}: allowed: 10 s up to the time limit "
+            f"({plan.time_limit_s} s), so a stuck collective ends before the allocation does"
+        )
+
+
+def collective_timeout_s(cfg: DictConfig, plan: JobPlan) -> float:
+    """fault.collective_timeout_s, or 600 s (half the time limit when that is shorter)."""
+    value = cfg.fault.collective_timeout_s
+    return float(value) if value is not None else min(600.0, plan.time_limit_s / 2)
 
 
 def components(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
@@ -190,6 +220,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
         for check in job.health_checks:
             check.validate(cfg.preflight, plan)
     check_watchdog(cfg)
+    check_fault(cfg, plan)
     check_train_keys(cfg.train)
     if "global_train_batch_size" in cfg.train:
         batch_split(

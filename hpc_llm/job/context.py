@@ -33,10 +33,6 @@ class JobContext:
     #: slowdowns the throughput watchdog reported (global rank 0)
     watchdog_events: list[dict[str, Any]] = field(default_factory=list)
 
-    def record_progress(self, batch: int) -> None:
-        if self.record is not None:
-            self.record.note(last_batch=batch)
-
 
 #: the context of the rank running in this process; LLM Foundry builds our
 #: registered logger and callback with no arguments, so they look it up here

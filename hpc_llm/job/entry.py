@@ -5,6 +5,11 @@ The launcher pickles (task function, job config) once per job
 runtime config available (``HydraConfig.get()``), runs the task function
 with the job config, and rank 0 stores the return value for the launcher.
 The task function is any Hydra task function.
+
+Under the job's supervisor (:mod:`hpc_llm.job.supervisor`) every rank also
+keeps a heartbeat (:mod:`hpc_llm.job.heartbeat`) and, if the task function
+dies of an exception, leaves a failure report (:mod:`hpc_llm.job.failures`)
+that lets the supervisor tell a user error from a machine's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict, read_write
 
-from hpc_llm.job import preemption
+from hpc_llm.job import failures, heartbeat, preemption, supervisor_env
 from hpc_llm.launchers.payload import RETURN
 
 
@@ -28,13 +33,20 @@ def _is_rank0() -> bool:
     return os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) == "0"
 
 
+def _rank() -> int:
+    return int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+
+
 def run_payload(path: Path) -> Any:
     # First thing, before the training stack loads: the Slurm stop signal is
     # recorded (and acted on at the next batch boundary) instead of killing us.
     preemption.install()
+    run_dir = Path(path).parent.parent
+    if os.environ.get(supervisor_env.HEARTBEAT_S):
+        heartbeat.start(run_dir, _rank(), float(os.environ[supervisor_env.HEARTBEAT_S]))
     if _is_rank0():
         (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
-    preemption.mark_ready(Path(path).parent.parent)
+    preemption.mark_ready(run_dir)
     task_function, config = cloudpickle.loads(Path(path).read_bytes())
     if not isinstance(config, DictConfig):
         raise TypeError(f"{path} holds a {type(config).__name__}, not a job config; was it written by hpc_llm?")
@@ -42,7 +54,14 @@ def run_payload(path: Path) -> Any:
     task_cfg = copy.deepcopy(config)
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
-    value = task_function(task_cfg)
+    try:
+        value = task_function(task_cfg)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        if os.environ.get(supervisor_env.SUPERVISED):
+            failures.report(run_dir, exc, rank=_rank(), node=heartbeat.node_name(), batch=heartbeat.current_batch())
+        raise
     if _is_rank0():
         try:
             blob = cloudpickle.dumps(value)

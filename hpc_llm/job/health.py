@@ -12,7 +12,6 @@ import datetime
 import logging
 import os
 import socket
-import subprocess
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -94,28 +93,3 @@ def barrier() -> None:
 
     if dist.is_initialized():
         dist.barrier()
-
-
-def exclude_and_requeue(job_id: str, nodes: list[str]) -> None:
-    """Requeue this job so that Slurm will not place it on ``nodes`` again.
-
-    The requeue starts ending this very job (SIGTERM to its steps), and the
-    exclusion can only be set once it is pending again, so SIGTERM is ignored
-    while the two commands run.
-    """
-    import signal
-
-    from hpc_llm.job import preemption
-
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        preemption.requeue(job_id)
-        subprocess.run(
-            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -1,31 +1,28 @@
-"""Save on the Slurm signal, requeue once, resume exactly where the job stopped.
+"""Save on the Slurm stop signal and stop at a batch boundary, every rank at the same one.
 
-Slurm sends the job's ``--signal`` (USR2 by default; never USR1, which NCCL
-uses) ``signal_lead_s`` before the time limit, and at preemption when the
-partition has ``preempt_send_user_signal``. Then:
+Slurm sends the job's ``--signal`` (USR2; never USR1, which NCCL uses)
+``signal_lead_s`` before the time limit, and at preemption when the
+partition has ``preempt_send_user_signal``, to the batch host; the job's
+supervisor (:mod:`hpc_llm.job.supervisor`) forwards it to every rank. Then:
 
 1. :func:`install` (called first thing in every rank, before the training
    stack is imported) records the signal instead of dying.
-2. ``PreemptionCallback`` (hpc_llm.job.preemption_callback) all-reduces a stop flag at every batch
-   boundary, so every rank stops after the same batch; the checkpoint is then
-   written synchronously through Composer's own CheckpointSaver (which moves
-   ``latest-rank0.pt`` only after the file is complete), and
-   :class:`Preempted` unwinds out of ``fit``.
-3. The task (hpc_llm.job.task) has global rank 0 record the stop in the
-   run's record (hpc_llm.record) and run ``scontrol requeue`` once, unless
-   ``preemption.max_requeues`` is reached.
+2. ``PreemptionCallback`` (hpc_llm.job.preemption_callback) all-reduces a
+   stop flag at every batch boundary, so every rank stops after the same
+   batch; the checkpoint is then written synchronously through Composer's own
+   CheckpointSaver (which moves ``latest-rank0.pt`` only after the file is
+   complete), and :class:`Preempted` unwinds out of ``fit``.
+3. Global rank 0 records the stop (hpc_llm.record); the ranks exit 0; the
+   supervisor requeues the job (within the run's budget for that cause).
 4. The requeued job (same job id, same run dir, ``SLURM_RESTART_COUNT`` + 1)
-   resumes through Composer autoresume (``latest-rank0.pt``) and Streaming's
-   dataloader state, so no batch is recomputed (``batches_lost`` = 0).
-
-A crash (an exception, a non-zero exit without the signal) is never requeued.
+   resumes through Composer autoresume and Streaming's dataloader state, so
+   no batch is recomputed (``batches_lost`` = 0).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -60,14 +57,15 @@ def install(sig_name: str | None = None) -> str | None:
 
 
 def mark_ready(run_dir: Path) -> None:
-    """Tell the batch shell this rank's handler is installed (it forwards the signal then)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job or not _installed:
+    """Tell the supervisor this rank's handler is installed (it forwards the signal then)."""
+    from hpc_llm.job.failures import step_tag
+    from hpc_llm.record import PRIVATE_DIR
+
+    if not os.environ.get("SLURM_JOB_ID") or not _installed:
         return
-    rank = os.environ.get("SLURM_PROCID", "0")
-    ready = Path(run_dir) / ".hpc_llm" / "ready"
+    ready = Path(run_dir) / PRIVATE_DIR / "ready"
     ready.mkdir(parents=True, exist_ok=True)
-    (ready / f"{job}.{os.environ.get('SLURM_RESTART_COUNT') or 0}.{rank}").touch()
+    (ready / f"{step_tag()}.{os.environ.get('SLURM_PROCID', '0')}").touch()
 
 
 def request_stop(reason: str) -> None:
@@ -89,9 +87,3 @@ class Preempted(Exception):
         self.save_s = save_s
         self.signal_name = signal_name
         self.signal_time = signal_time
-
-
-def requeue(job_id: str) -> float:
-    """``scontrol requeue`` this job; returns when Slurm accepted it."""
-    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
-    return time.time()

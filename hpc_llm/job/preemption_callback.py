@@ -13,7 +13,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from hpc_llm.job import context, preemption
+from hpc_llm.job import context, heartbeat, preemption
 
 
 class PreemptionCallback(Callback):
@@ -25,18 +25,53 @@ class PreemptionCallback(Callback):
         self.ctx = context.CURRENT
         self.progress_every_s = progress_every_s
         self._last_progress = 0.0
+        self._fit_start = time.time()
+        self._batch_end: tuple[int, float] | None = None
+        self._longest_save = 0.0
 
     def fit_start(self, state: State, logger: Logger) -> None:
         # Autoresume has already loaded the checkpoint: this is where we resume.
+        self._fit_start = time.time()
+        heartbeat.progress(int(state.timestamp.batch))
+        heartbeat.phase(heartbeat.TRAINING)
         if self.ctx.record is not None:
-            self.ctx.record.note(resumed_at_batch=int(state.timestamp.batch))
+            self.ctx.record.note(resumed_at_batch=int(state.timestamp.batch), last_batch=int(state.timestamp.batch))
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        heartbeat.phase("eval")
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        heartbeat.phase(heartbeat.TRAINING)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        heartbeat.phase("post")
+        if self.ctx.record is not None:
+            self.ctx.record.note(last_batch=int(state.timestamp.batch), train_s=round(time.time() - self._fit_start, 3))
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        # A periodic checkpoint is written between one batch's end and the next one's start:
+        # its duration (an upper bound) tells the supervisor how much lead a stop signal needs.
+        if self._batch_end is None:
+            return
+        batch, ended = self._batch_end
+        saver = next((cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)), None)
+        if saver is not None and saver.last_checkpoint_batch is not None and int(saver.last_checkpoint_batch) == batch:
+            took = time.time() - ended
+            if took > self._longest_save and self.ctx.record is not None:
+                self._longest_save = took
+                self.ctx.record.note(checkpoint_save_s=round(took, 3))
 
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)
         now = time.time()
+        heartbeat.progress(batch)
+        if self._batch_end is None and self.ctx.record is not None:
+            self.ctx.record.note(first_batch_at=now)
+        self._batch_end = (batch, now)
         if now - self._last_progress > self.progress_every_s:
             self._last_progress = now
-            self.ctx.record_progress(batch)
+            if self.ctx.record is not None:
+                self.ctx.record.note(last_batch=batch, train_s=round(now - self._fit_start, 3))
         # One tiny all-reduce per batch: every rank stops after the same batch.
         flag = state.device.tensor_to_device(torch.tensor([1 if preemption.received() else 0], dtype=torch.int32))
         dist.all_reduce(flag, reduce_operation="MAX")

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import context, distenv, health, preemption
+from hpc_llm.job import context, distenv, health, preemption, supervisor_env
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.measure import progress_figures, training_figures
 from hpc_llm.record import RunRecord, run_info
@@ -37,7 +37,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     started = time.time()
     job, ctx = set_up(cfg, started)
     try:
-        check_requeue_budget(cfg)
         if cfg.preflight.enabled:
             # before anything else touches the allocation: a bad node stops the job here
             health.run_preflight(cfg, job.health_checks, ctx)
@@ -63,7 +62,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise SystemExit(1) from None  # the reason is logged and in results.json
     except BaseException as exc:
         if ctx.record is not None:
-            ctx.record.failed(f"{type(exc).__name__}: {exc}", progress_figures(ctx))
+            ctx.record.failed(
+                f"{type(exc).__name__}: {exc}",
+                progress_figures(ctx),
+                status="interrupted" if supervised() else "failed",
+            )
             log.error("training failed:\n%s", traceback.format_exc())
         raise
 
@@ -84,6 +87,7 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
         )
     ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist), cfg=cfg)
     if dist.rank == 0:
+        alloc = os.environ.get(supervisor_env.ALLOC_START)
         ctx.record = RunRecord.open(
             run_dir,
             job.plan,
@@ -91,6 +95,9 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
             job_id=os.environ.get("SLURM_JOB_ID"),
             restart=restart_count(),
             started_at=started,
+            step=int(os.environ.get(supervisor_env.STEP) or 0),
+            nodes=[n for n in os.environ.get(supervisor_env.NODES, "").split(",") if n],
+            alloc_started_at=float(alloc) if alloc else None,
         )
     os.chdir(ctx.node_dir)
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
@@ -116,12 +123,9 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
-def check_requeue_budget(cfg: DictConfig) -> None:
-    if restart_count() > cfg.preemption.max_requeues:
-        raise RuntimeError(
-            f"requeued {restart_count()} times, more than preemption.max_requeues="
-            f"{cfg.preemption.max_requeues}; not training again"
-        )
+def supervised() -> bool:
+    """A supervisor (hpc_llm.job.supervisor) watches this step and decides what a stop means."""
+    return bool(os.environ.get(supervisor_env.SUPERVISED))
 
 
 # -- train -----------------------------------------------------------------------
@@ -208,72 +212,56 @@ def _since(t: float) -> float:
 
 
 def after_stop(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preemption.Preempted) -> None:
-    """Global rank 0 records the stop and requeues the job once; the others just exit."""
+    """Global rank 0 records the stop; under the supervisor every rank exits 0 and it requeues."""
     record = ctx.record
-    if record is None:
-        return
-    record.note(
-        signal=stop.signal_name, signal_time=stop.signal_time, stopped_at_batch=stop.batch, save_s=round(stop.save_s, 3)
-    )
-    job_id = os.environ.get("SLURM_JOB_ID")
     latest = job.checkpoint.latest(cfg.checkpoint, job.plan)
-    figures = {**progress_figures(ctx), "batches_done": stop.batch, "checkpoint": latest}
-    if job_id and restart_count() < cfg.preemption.max_requeues:
-        record.note(signal_to_requeue_s=round(preemption.requeue(job_id) - stop.signal_time, 3), requeued=True)
-        record.stopped(figures, ended="preempted", batch=stop.batch, requeued=True)
-        log.warning(
-            "%s: checkpoint at batch %d saved in %.1fs; job %s requeued",
-            stop.signal_name,
-            stop.batch,
-            stop.save_s,
-            job_id,
+    if record is not None:
+        record.note(
+            signal=stop.signal_name,
+            signal_time=stop.signal_time,
+            stopped_at_batch=stop.batch,
+            save_s=round(stop.save_s, 3),
         )
-        return
-    reason = (
-        f"stopped by {stop.signal_name} after batch {stop.batch} and not requeued: "
-        + (f"preemption.max_requeues={cfg.preemption.max_requeues} reached" if job_id else "not running under Slurm")
-        + f"; resume from {latest}"
-    )
-    record.stopped(figures, ended="preempted", batch=stop.batch, requeued=False, error=reason)
-    raise SystemExit(1)
+        figures = {**progress_figures(ctx), "batches_done": stop.batch, "checkpoint": latest}
+        cause = "watchdog" if stop.signal_name == "watchdog" else None
+        if supervised():
+            record.stopped(figures, batch=stop.batch, cause=cause)
+            log.warning("%s: checkpoint at batch %d saved in %.1fs", stop.signal_name, stop.batch, stop.save_s)
+        else:
+            record.stopped(
+                figures,
+                batch=stop.batch,
+                cause=cause,
+                status="failed",
+                error=f"stopped by {stop.signal_name} after batch {stop.batch} and not requeued "
+                f"(no Slurm supervisor); resume from {latest}",
+            )
+    if not supervised():
+        raise SystemExit(1)
 
 
 def after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: health.CheckFailed) -> None:
-    """Record why (rank 0); with preflight.exclude_bad_nodes, requeue away from the named nodes.
+    """Record why (rank 0); with preflight.exclude_bad_nodes, the supervisor requeues away from the named nodes.
 
     Every rank reaches the same decision from the same figures. Rank 0 writes
     results.json before anyone exits (a rank exiting 1 first would make srun
-    kill rank 0), and all exit 0 together when the job is requeued.
+    kill rank 0).
     """
-    job_id = os.environ.get("SLURM_JOB_ID")
     everyone = set((ctx.preflight or {}).get("nodes") or [])
-    requeue = bool(
-        cfg.preflight.exclude_bad_nodes
-        and job_id
-        and failed.nodes
-        and set(failed.nodes) < everyone
-        and restart_count() < cfg.preemption.max_requeues
-    )
+    requeue = bool(cfg.preflight.exclude_bad_nodes and supervised() and failed.nodes and set(failed.nodes) < everyone)
     if ctx.record is not None:
         where = f" (nodes: {', '.join(failed.nodes)})" if failed.nodes else ""
         reason = f"preflight check '{(ctx.preflight or {}).get('failed_check')}' failed: {failed.reason}{where}"
         figures = {**progress_figures(ctx), "batches_done": 0}
         if requeue:
-            ctx.record.stopped(
-                {**figures, "excluded_nodes": failed.nodes},
-                ended="preflight failed",
-                batch=0,
-                requeued=True,
-                error=reason,
-            )
-            log.warning("%s; requeueing job %s excluding %s", reason, job_id, ", ".join(failed.nodes))
-            try:
-                health.exclude_and_requeue(str(job_id), failed.nodes)
-            except Exception as exc:  # the reason is recorded either way
-                log.error("could not requeue job %s excluding %s: %s", job_id, failed.nodes, exc)
-        else:
-            ctx.record.failed(reason, figures, ended="preflight failed", batch=0)
-            log.error("%s; not training", reason)
+            figures["excluded_nodes"] = failed.nodes
+        ctx.record.failed(
+            reason,
+            figures,
+            batch=0,
+            cause="preflight" if requeue else "preflight_failed",
+            suspects=failed.nodes,
+            status="interrupted" if requeue else "failed",
+        )
+        log.error("%s; %s", reason, "requeueing without them" if requeue else "not training")
     health.barrier()
-    if requeue:
-        raise SystemExit(0)

@@ -36,10 +36,8 @@ class SbatchSpec:
     setup: Sequence[str] = ()
     #: lines from the container runtime (staging, per-node check), already shell
     container_lines: Sequence[str] = ()
-    #: signal the batch shell receives (sbatch --signal=B:SIG) and forwards to srun
-    stop_signal: str | None = None
-    #: where ranks mark that their stop-signal handler is installed
-    ready_dir: str | None = None
+    #: the command the batch script execs to run srun (hpc_llm.job.supervisor)
+    supervisor: Sequence[str] = ()
 
 
 def sbatch_flag(key: str, value: Any) -> str:
@@ -80,8 +78,7 @@ def render(spec: SbatchSpec) -> str:
         passthrough=[_check_env_name(n) for n in sorted(spec.passthrough)],
         srun_args=[shlex.quote(a) for a in spec.srun_args],
         command=[shlex.quote(a) for a in spec.command],
-        stop_signal=spec.stop_signal,
-        ready_dir=spec.ready_dir,
+        supervisor=[shlex.quote(a) for a in spec.supervisor],
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
     )

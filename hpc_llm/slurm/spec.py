@@ -61,21 +61,74 @@ def python_command(opts: DictConfig) -> list[str]:
     return shlex.split(opts.python) if opts.python else [sys.executable]
 
 
-def stop_signal(name: str) -> str:
-    """The launcher's signal name, checked: a real signal, and never USR1 (NCCL's)."""
-    import signal as _signal
+#: Signals srun passes to the tasks unchanged: it kills the step on TERM, HUP and
+#: QUIT, prints a status on the first INT and aborts on the second, and keeps
+#: CONT, ALRM and PIPE to itself (Slurm's src/srun/srun_job.c, _srun_signal_mgr;
+#: docs/design.md). Of USR1 and USR2, NCCL uses USR1.
+STOP_SIGNALS = ("USR2",)
 
+
+def stop_signal(name: str) -> str:
+    """The launcher's stop signal, checked: one srun forwards to the ranks as it is."""
     bare = str(name).upper().removeprefix("SIG")
-    if bare == "USR1":
-        raise ConfigError("hydra.launcher.signal=USR1: NCCL uses SIGUSR1; allowed: USR2, TERM, INT, ...")
-    if f"SIG{bare}" not in _signal.Signals.__members__:
-        raise ConfigError(f"hydra.launcher.signal={name!r} is not a signal name; allowed: USR2, TERM, INT, ...")
+    if bare not in STOP_SIGNALS:
+        why = {
+            "USR1": "NCCL uses SIGUSR1",
+            "TERM": "srun answers SIGTERM by killing the step (the ranks could not save)",
+            "HUP": "srun answers SIGHUP by killing the step",
+            "QUIT": "srun answers SIGQUIT by killing the step",
+            "INT": "srun only prints a status on the first SIGINT",
+        }.get(bare, "srun would not pass it to the ranks unchanged")
+        raise ConfigError(f"hydra.launcher.signal={name!r}: {why}; allowed: {', '.join(STOP_SIGNALS)}")
     return bare
+
+
+def supervisor_command(
+    cfg: DictConfig, opts: DictConfig, run_dir: str, res: JobResources, sig: str | None
+) -> list[str]:
+    """``python -m hpc_llm.job.supervisor`` with the run's fault-tolerance policy (``fault.*``).
+
+    A Hydra app without a ``fault`` section gets one attempt and no stop signal."""
+    fault = OmegaConf.select(cfg, "fault", default=None)
+    args = [
+        *python_command(opts),
+        "-u",
+        "-m",
+        "hpc_llm.job.supervisor",
+        "--run-dir",
+        run_dir,
+        "--nodes",
+        str(res.nodes),
+    ]
+    if fault is None or not fault.enabled or sig is None:
+        return [*args, "--no-recover"]
+    args += [
+        "--signal",
+        sig,
+        "--signal-lead-s",
+        str(int(opts.signal_lead_s)),
+        "--max-preemptions",
+        str(fault.max_preemptions),
+        "--max-failures",
+        str(fault.max_failures),
+        "--heartbeat-s",
+        f"{float(fault.heartbeat_s):g}",
+        "--hang-timeout-s",
+        f"{float(fault.hang_timeout_s):g}",
+    ]
+    if fault.max_timeouts is not None:
+        args += ["--max-timeouts", str(fault.max_timeouts)]
+    if fault.stop_lead_s is not None:
+        args += ["--stop-lead-s", f"{float(fault.stop_lead_s):g}"]
+    if not fault.restart_in_place:
+        args.append("--no-restart-in-place")
+    return args
 
 
 def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     res = job_resources(cfg, opts)
-    sig = stop_signal(opts.signal)
+    fault_enabled = bool(OmegaConf.select(cfg, "fault.enabled", default=False))
+    sig = stop_signal(opts.signal) if fault_enabled else None
     cluster = OmegaConf.select(cfg, str(opts.cluster_key), default=None) or {}
     name = str(OmegaConf.select(cfg, "experiment", default=None) or cfg.hydra.job.name)
     logs = Path(run_dir) / LOGS_DIR
@@ -87,8 +140,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         "time": slurm_time(res.time_s),
         "output": str(logs / "slurm-%j.out"),
         "open_mode": "append",
-        # B: the batch shell gets it and forwards it to srun (see the template)
-        "signal": f"B:{sig}@{int(opts.signal_lead_s)}",
+        # B: only the batch step (the supervisor) gets it; it forwards it to the ranks
+        "signal": f"B:{sig}@{int(opts.signal_lead_s)}" if sig else None,
         "requeue": True,
         "partition": opts.partition or cluster.get("partition"),
         "account": opts.account or cluster.get("account"),
@@ -104,8 +157,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         flags[str(key)] = value
     env = {str(k): str(v) for k, v in (cluster.get("env") or {}).items()}
     env["SUBMITIT_EXECUTOR"] = "slurm"
-    if OmegaConf.select(cfg, "preemption.enabled", default=True):
-        # hpc_llm.job.preemption saves and requeues on this signal
+    if sig:
+        # the ranks save and stop on this signal (hpc_llm.job.preemption)
         env["HPC_LLM_STOP_SIGNAL"] = sig
     env.setdefault("OMP_NUM_THREADS", str(res.cpus_per_task))
     srun_args = [
@@ -142,8 +195,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         passthrough=passthrough,
         setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
         container_lines=container_lines,
-        stop_signal=sig if env.get("HPC_LLM_STOP_SIGNAL") else None,
-        ready_dir=str(Path(run_dir) / ".hpc_llm" / "ready"),
+        supervisor=supervisor_command(cfg, opts, run_dir, res, sig),
     )
 
 

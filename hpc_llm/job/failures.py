@@ -1,0 +1,201 @@
+"""What a failed training step left behind, and whether the user or the machine is to blame.
+
+Every rank that dies of an exception writes
+``<run dir>/.hpc_llm/failures/<job>.<restart>.<step>.<rank>.json`` (type,
+one-line message, the batch it had finished, node) before it exits
+(:func:`report`, called by :mod:`hpc_llm.job.entry`). A rank killed by a
+signal writes nothing; ``srun`` names it on stderr instead
+(:func:`parse_srun_errors`). The supervisor reads both and classifies the
+step's end (:func:`classify`): an infrastructure failure (a rank killed by a
+signal, an NCCL/CUDA/network error, a peer that vanished, a node failure) is
+recovered; a user error (an exception before the first batch of the attempt,
+or the same exception at the same batch twice) fails the run with the reason.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpc_llm.job.supervisor_env import STEP
+from hpc_llm.record import PRIVATE_DIR
+
+FAILURES_DIR = "failures"
+
+#: exception text that means the machine (GPU, driver, network, a peer), not the code
+INFRA_PATTERNS = re.compile(
+    "|".join(
+        (
+            r"NCCL",
+            r"CUDA error",
+            r"cudaError",
+            r"CUBLAS_STATUS",
+            r"CUDNN_STATUS",
+            r"uncorrectable ECC",
+            r"Xid",
+            r"DistBackendError",
+            r"DistNetworkError",
+            r"DistStoreError",
+            r"Connection closed by peer",
+            r"Connection reset by peer",
+            r"Connection refused",
+            r"Broken pipe",
+            r"Timed out",
+            r"timed out",
+            r"Socket Timeout",
+            r"ProcessGroupGloo",
+            r"ProcessGroupNCCL",
+            r"Watchdog caught collective operation timeout",
+            r"Stale file handle",
+            r"Input/output error",
+        )
+    )
+)
+#: srun's one line per failed task: "srun: error: n2: task 3: Killed"
+_SRUN_TASK = re.compile(r"srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
+_SRUN_NODE_FAIL = re.compile(r"(?:Node failure on|node failure on|NODE_FAIL.*on) (?P<node>[\w\-\[\],.]+)")
+
+
+def failures_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / PRIVATE_DIR / FAILURES_DIR
+
+
+def step_tag(env: dict[str, str] | None = None) -> str:
+    """``<job>.<restart>.<step>``: which training launch a file belongs to."""
+    e = os.environ if env is None else env
+    return f"{e.get('SLURM_JOB_ID', 'local')}.{e.get('SLURM_RESTART_COUNT') or 0}.{e.get(STEP) or 0}"
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    node: str
+    type: str
+    message: str
+    #: the last batch this rank finished (-1: none in this process)
+    batch: int
+    time: float
+    traceback: str = ""
+
+    @property
+    def infrastructure(self) -> bool:
+        return bool(INFRA_PATTERNS.search(f"{self.type}: {self.message}"))
+
+    @property
+    def signature(self) -> tuple[str, str, int]:
+        """What makes two failures "the same exception at the same batch"."""
+        return (self.type, self.message, self.batch)
+
+
+def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, batch: int) -> Path:
+    """Write this rank's failure (called as the exception leaves the task function)."""
+    folder = failures_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    message = " ".join(str(exc).split())[:2000]
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])[-4000:]
+    failure = RankFailure(rank, node, type(exc).__name__, message, batch, time.time(), tb)
+    path = folder / f"{step_tag()}.{rank}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(failure)))
+    os.replace(tmp, path)
+    return path
+
+
+def read(run_dir: Path | str, tag: str) -> list[RankFailure]:
+    """Every rank's failure of one training launch, earliest first."""
+    folder = failures_dir(run_dir)
+    out = []
+    for path in sorted(folder.glob(f"{tag}.*.json")) if folder.is_dir() else []:
+        try:
+            out.append(RankFailure(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda f: (f.time, f.rank))
+
+
+def read_all(run_dir: Path | str) -> list[RankFailure]:
+    return read(run_dir, "*")
+
+
+@dataclass(frozen=True)
+class TaskError:
+    """One ``srun: error: <node>: task <n>: <what>`` line."""
+
+    node: str
+    tasks: str
+    what: str
+
+    @property
+    def killed_by_signal(self) -> bool:
+        # srun's words for a task that died of a signal, not of its own exit code
+        return not self.what.startswith("Exited with exit code")
+
+
+def parse_srun_errors(lines: list[str]) -> tuple[list[TaskError], list[str]]:
+    """srun's task errors (in the order printed: the first is the cause, the rest often its
+    consequences) and nodes it reported as failed."""
+    tasks, nodes = [], []
+    for line in lines:
+        m = _SRUN_TASK.search(line)
+        if m:
+            tasks.append(TaskError(m["node"], m["tasks"], m["what"]))
+            continue
+        n = _SRUN_NODE_FAIL.search(line)
+        if n:
+            nodes.append(n["node"])
+    return tasks, nodes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a failed step ended, as the supervisor sees it."""
+
+    #: failure | hang | node_failure | user_error
+    cause: str
+    #: one line for results.json
+    reason: str
+    #: nodes to blame (may be empty)
+    nodes: tuple[str, ...] = ()
+
+
+def classify(
+    failures: list[RankFailure],
+    task_errors: list[TaskError],
+    failed_nodes: list[str],
+    *,
+    resumed_at_batch: int,
+    earlier: list[RankFailure],
+) -> Verdict:
+    """Blame the user or the machine for a step that ended abnormally (no hang, no stop signal)."""
+    if failed_nodes:
+        return Verdict(
+            "node_failure",
+            f"Slurm reported node failure on {', '.join(failed_nodes)}",
+            tuple(sorted(set(failed_nodes))),
+        )
+    user = [f for f in failures if not f.infrastructure]
+    if user:
+        first = user[0]
+        what = f"{first.type}: {first.message} (rank {first.rank} on {first.node}"
+        if first.batch <= resumed_at_batch:
+            return Verdict("user_error", f"{what}, before the first batch of the attempt)")
+        if any(e.signature == first.signature for e in earlier):
+            return Verdict("user_error", f"{what}, during batch {first.batch + 1} again)")
+        return Verdict("failure", f"{what}, during batch {first.batch + 1}; retrying once)", ())
+    killed = [t for t in task_errors if t.killed_by_signal]
+    if killed:
+        t = killed[0]
+        return Verdict("failure", f"task {t.tasks} on {t.node}: {t.what}", (t.node,))
+    if failures:
+        first = failures[0]
+        return Verdict("failure", f"{first.type}: {first.message} (rank {first.rank} on {first.node})", ())
+    if task_errors:
+        t = task_errors[0]
+        return Verdict("failure", f"task {t.tasks} on {t.node}: {t.what}", ())
+    return Verdict("failure", "the training step ended abnormally and no rank said why", ())

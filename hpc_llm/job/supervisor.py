@@ -1,0 +1,691 @@
+"""The job's supervisor: runs the training step, watches it, decides what its end means.
+
+The batch script ``exec``s it on the batch host once the rendezvous is set::
+
+    python -m hpc_llm.job.supervisor --run-dir DIR [policy] -- srun <args> <task command>
+
+It is the batch step's main process, so Slurm's ``--signal=B:USR2@lead``
+reaches it. It then:
+
+* forwards the stop signal to every rank (once all have their handler, see
+  :func:`hpc_llm.job.preemption.mark_ready`), telling a time-limit signal
+  from a preemption by the job's end time;
+* watches each rank's heartbeat (:mod:`hpc_llm.job.heartbeat`): a rank silent
+  for ``--hang-timeout-s`` is named, and so is a step where no rank trained a
+  batch for that long; the step is killed (srun's double interrupt);
+* when the step ends, classifies it (:mod:`hpc_llm.job.failures`) and acts:
+  done; a user error fails the run; an infrastructure failure restarts the
+  step in the same allocation (no queue wait) unless a node is suspect (a
+  node failure, or a node blamed twice), in which case the job is requeued
+  with the suspects added to its excluded nodes; a stop on a signal requeues.
+  Each cause has its own budget (``fault.max_*``);
+* writes the run's record first, then requeues, with SIGTERM ignored, and
+  records a failing ``scontrol requeue`` instead of dying of it.
+
+A Slurm requeue it did not ask for (NODE_FAIL with ``--requeue``) leaves the
+last attempt "running" in attempts.json; the next start closes it as lost.
+In-job side, but stdlib only: no training stack on the batch host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_llm.job import failures, heartbeat, supervisor_env
+from hpc_llm.record import BUDGET_OF_CAUSE, PRIVATE_DIR, Attempt, Attempts, summarize
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+READY_DIR = "ready"
+#: seconds between checks of the step, the heartbeats and pending signals
+POLL_S = 0.5
+#: a B: signal this close to the time limit (beyond the lead) is the time-limit one
+#: (Slurm may send it up to a minute early)
+TIME_LIMIT_SLACK_S = 60.0
+#: the stop lead: this many times the longest checkpoint save, plus a margin to exit
+LEAD_SAVES = 2.0
+#: a SIGTERM this close to the end time is Slurm's time limit, not a cancellation
+TERM_AT_END_S = 5.0
+LEAD_MARGIN_S = 30.0
+
+
+@dataclass
+class Policy:
+    run_dir: Path
+    #: nodes the run needs (an exclusion may never leave fewer)
+    nodes: int
+    #: the stop signal forwarded to the ranks; None: fault tolerance is off
+    stop_signal: str | None
+    signal_lead_s: float
+    recover: bool = True
+    max_timeouts: int | None = None
+    max_preemptions: int = 100
+    max_failures: int = 5
+    restart_in_place: bool = True
+    #: fixed seconds before the time limit to stop; None: derived from measured saves
+    stop_lead_s: float | None = None
+    heartbeat_s: float = 30.0
+    hang_timeout_s: float = 1800.0
+
+    def budget(self, key: str) -> int | None:
+        value: int | None = getattr(self, key)
+        return value
+
+
+@dataclass
+class SlurmJob:
+    """What ``scontrol show job`` says about this allocation (all optional off Slurm)."""
+
+    job_id: str | None
+    #: what scontrol requeue/update take: <array job>_<task> for an array task
+    ref: str | None
+    restart: int
+    start: float | None = None
+    end: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
+    partition: str | None = None
+
+    @classmethod
+    def current(cls) -> SlurmJob:
+        env = os.environ
+        job_id = env.get("SLURM_JOB_ID")
+        array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+        ref = f"{array}_{task}" if array and task else job_id
+        job = cls(job_id, ref, int(env.get("SLURM_RESTART_COUNT") or 0))
+        if job_id:
+            info = _scontrol_show_job(job_id)
+            job.start, job.end = _slurm_time(info.get("StartTime")), _slurm_time(info.get("EndTime"))
+            job.nodes = _hostnames(info.get("NodeList") or env.get("SLURM_JOB_NODELIST"))
+            job.excluded = _hostnames(info.get("ExcNodeList"))
+            job.partition = info.get("Partition")
+        return job
+
+
+def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _scontrol_show_job(job_id: str) -> dict[str, str]:
+    try:
+        out = _run(["scontrol", "show", "job", "-o", job_id])
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    info: dict[str, str] = {}
+    for token in out.stdout.split():
+        if "=" in token:
+            key, value = token.split("=", 1)
+            info.setdefault(key, value)
+    return info
+
+
+def _slurm_time(text: str | None) -> float | None:
+    if not text or text in ("Unknown", "None", "(null)"):
+        return None
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _hostnames(nodelist: str | None) -> list[str]:
+    if not nodelist or nodelist in ("(null)", "None"):
+        return []
+    try:
+        out = _run(["scontrol", "show", "hostnames", nodelist])
+        if out.returncode == 0:
+            return [n for n in out.stdout.split() if n]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return [n for n in nodelist.split(",") if n]
+
+
+def _partition_nodes(partition: str | None) -> list[str]:
+    if not partition:
+        return []
+    try:
+        out = _run(["sinfo", "-h", "-p", partition, "-N", "-o", "%N"])
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({n for n in out.stdout.split() if n})
+
+
+def ready_count(run_dir: Path, tag: str) -> int:
+    folder = run_dir / PRIVATE_DIR / READY_DIR
+    return len(list(folder.glob(f"{tag}.*"))) if folder.is_dir() else 0
+
+
+@dataclass
+class StepEnd:
+    """How one srun step ended, as seen from the batch host."""
+
+    returncode: int
+    srun_errors: list[str]
+    #: stop signal forwarded to the ranks, when the supervisor got it, and why Slurm sent it
+    stop: str | None = None
+    stop_time: float | None = None
+    stop_cause: str | None = None
+    #: named hang: (reason, nodes)
+    hang: tuple[str, tuple[str, ...]] | None = None
+    terminated: bool = False
+    #: the highest batch any rank's heartbeat reported, and seconds from its first to its last batch
+    top_batch: int = -1
+    heartbeat_train_s: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, policy: Policy, command: list[str]) -> None:
+        self.policy = policy
+        self.command = command
+        self.run_dir = policy.run_dir
+        self.job = SlurmJob.current()
+        self.step = 0
+        self._signals: deque[tuple[str, float]] = deque()
+        self._terminated = False
+        self._terminated_at = 0.0
+        #: seconds before the time limit the ranks are told to save (<= the sbatch --signal lead)
+        self.lead_s = policy.signal_lead_s
+
+    def _lead(self, attempts: Attempts) -> float:
+        """How long before the time limit to stop: twice the longest save measured so far plus
+        30 s to exit, capped by the sbatch lead (Slurm's signal comes no later than that).
+        A lead shorter than that need is recorded as a warning."""
+        if self.policy.stop_lead_s is not None:
+            return self.policy.stop_lead_s
+        saves = [s for a in attempts.items for s in (a.save_s, a.checkpoint_save_s) if s is not None]
+        if not saves:
+            return self.policy.signal_lead_s
+        need = LEAD_SAVES * max(saves) + LEAD_MARGIN_S
+        if need > self.policy.signal_lead_s:
+            warning = (
+                f"hydra.launcher.signal_lead_s={self.policy.signal_lead_s:g} may be too short: checkpoints took "
+                f"up to {max(saves):.0f}s; allow at least {need:.0f}s"
+            )
+            log.warning("hpc_llm supervisor: %s", warning)
+            summarize(self.run_dir, attempts, _read_status(self.run_dir) or "running", {"warnings": [warning]})
+            return self.policy.signal_lead_s
+        return need
+
+    # -- the loop ------------------------------------------------------------
+    def run(self) -> int:
+        self._install_handlers()
+        attempts = Attempts.load(self.run_dir)
+        self._close_lost(attempts)
+        early = self._check_budgets(attempts)
+        if early is not None:
+            return early
+        self.lead_s = self._lead(attempts)
+        while True:
+            end = self.run_step()
+            decision = self.decide(end)
+            if decision is not None:
+                return decision
+            self.step += 1
+
+    def _install_handlers(self) -> None:
+        def on_stop(signum: int, frame: Any) -> None:
+            self._signals.append((signal.Signals(signum).name, time.time()))
+
+        def on_term(signum: int, frame: Any) -> None:
+            if not self._terminated:
+                self._terminated, self._terminated_at = True, time.time()
+
+        if self.policy.stop_signal:
+            signal.signal(getattr(signal, f"SIG{self.policy.stop_signal}"), on_stop)
+        signal.signal(signal.SIGTERM, on_term)
+
+    # -- a previous allocation that died without a record ------------------------
+    def _close_lost(self, attempts: Attempts) -> None:
+        """The last attempt still says running: its allocation ended without anyone recording it
+        (a node failure, a requeue from outside). Slurm restarted us; say what we know."""
+        if not attempts.items or attempts.current.ended != "running":
+            return
+        a = attempts.current
+        if (a.job_id, a.restart) == (self.job.job_id, self.job.restart):
+            return
+        state, ended = _previous_state(a.job_id) if a.job_id else (None, None)
+        a.ended, a.ended_at = "lost", ended or (a.started_at + a.train_s)
+        a.decided_at = time.time()
+        a.cause = "node_failure" if state == "NODE_FAIL" else "lost"
+        a.error = (
+            f"the allocation ended while training (Slurm state {state})"
+            if state
+            else "the allocation ended while training, without a record (node failure or a requeue from outside)"
+        )
+        a.action = "requeue"
+        gone = [n for n in a.nodes if n not in self.job.nodes]
+        if a.cause == "node_failure" and gone:
+            a.suspects = gone
+        attempts.save()
+        log.warning("hpc_llm supervisor: previous attempt %s", a.error)
+
+    def _check_budgets(self, attempts: Attempts) -> int | None:
+        results = _read_status(self.run_dir)
+        if results in ("completed",):
+            log.warning("hpc_llm supervisor: the run already completed; nothing to do")
+            return 0
+        for key in ("max_failures", "max_preemptions", "max_timeouts"):
+            limit = self.policy.budget(key)
+            if limit is not None and attempts.count(key) > limit:
+                reason = f"fault.{key}={limit} reached ({attempts.count(key)} so far)"
+                self._fail(attempts, None, "budget", reason)
+                return 1
+        return None
+
+    # -- one step ----------------------------------------------------------------
+    def _step_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[supervisor_env.SUPERVISED] = "1"
+        env[supervisor_env.STEP] = str(self.step)
+        env[supervisor_env.NODES] = ",".join(self.job.nodes)
+        if self.job.start is not None:
+            env[supervisor_env.ALLOC_START] = str(self.job.start)
+        if self.policy.recover:
+            env[supervisor_env.HEARTBEAT_S] = str(self.policy.heartbeat_s)
+        return env
+
+    def run_step(self) -> StepEnd:
+        heartbeat.clear(self.run_dir)
+        env = self._step_env()
+        tag = failures.step_tag(env)
+        started = time.monotonic()
+        proc = subprocess.Popen(self.command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        errors: list[str] = []
+        pump = threading.Thread(target=_pump, args=(proc, errors), daemon=True)
+        pump.start()
+        end = StepEnd(returncode=0, srun_errors=errors)
+        watch = HangWatch(self.policy.hang_timeout_s)
+        pending: tuple[str, float] | None = None
+        forward_at = 0.0
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            while self._signals:
+                pending = self._signals.popleft()
+                end.stop_cause = self._signal_cause(pending[1])
+                forward_at = self._forward_at(pending[1], end.stop_cause)
+            if pending and end.stop is None and time.time() >= forward_at and self._all_ready(tag, env):
+                end.stop, end.stop_time = pending[0], pending[1]
+                log.warning("hpc_llm supervisor: forwarding %s to the ranks", pending[0])
+                _send(proc, signal.Signals[pending[0]])
+            if self._terminated and not end.terminated:
+                end.terminated = True
+            if self.policy.recover:
+                hang = watch.check(heartbeat.read_all(self.run_dir), time.monotonic() - started)
+                if hang is not None and end.hang is None and end.stop is None:
+                    end.hang = hang
+                    log.error("hpc_llm supervisor: %s; killing the step", hang[0])
+                    _kill_step(proc)
+        pump.join(timeout=10)
+        end.returncode = proc.returncode
+        end.top_batch, end.heartbeat_train_s = watch.top_batch, watch.train_s
+        return end
+
+    def _all_ready(self, tag: str, env: dict[str, str]) -> bool:
+        ntasks = int(env.get("SLURM_NTASKS") or 1)
+        return ready_count(self.run_dir, tag) >= ntasks
+
+    # -- what the end of a step means ---------------------------------------------
+    def decide(self, end: StepEnd) -> int | None:
+        """Record what happened and act: an exit code, or None to run the next step."""
+        attempts = Attempts.load(self.run_dir)
+        a = self._this_attempt(attempts)
+        if a.ended == "completed" and end.returncode == 0:
+            return 0
+        if end.terminated and end.stop is None:
+            a.ended, a.ended_at = "failed", a.ended_at or time.time()
+            if self.job.end is not None and self._terminated_at >= self.job.end - TERM_AT_END_S:
+                # the time limit itself (the ranks did not save in time): go on from the last checkpoint
+                a.error = "SIGTERM at the time limit before the ranks saved; resuming from the last checkpoint"
+                return self._requeue(attempts, a, "time_limit", [])
+            self._fail(attempts, a, "cancelled", "the job was cancelled or killed by Slurm (SIGTERM)")
+            return 1
+        if not self.policy.recover:
+            if a.ended == "running":
+                a.ended, a.ended_at = "failed", time.time()
+            reason = a.error or _last_words(end) or f"the training step exited with {end.returncode}"
+            self._fail(attempts, a, a.cause or "failure", reason)
+            return 1
+        if a.ended == "stopped" and end.returncode == 0:
+            cause = a.cause or self._stop_cause(end)
+            if cause == "time_limit" and a.last_batch <= a.resumed_at_batch:
+                cause, a.error = "failure", "no batch was trained before the time limit"
+            return self._requeue(attempts, a, cause, a.suspects)
+        if a.ended == "failed" and a.cause == "preflight":
+            return self._requeue(attempts, a, "preflight", a.suspects)
+        if a.ended == "failed" and a.cause in ("user_error", "preflight_failed"):
+            self._fail(attempts, a, a.cause, a.error or "the run failed")
+            return 1
+        # rank 0 notes progress every few seconds; the heartbeats saw the step's last batches
+        if end.top_batch > a.last_batch:
+            a.last_batch, a.train_s = end.top_batch, max(a.train_s, round(end.heartbeat_train_s, 3))
+        verdict = self._verdict(end, a, attempts)
+        a.ended = "failed" if a.ended == "running" else a.ended
+        a.ended_at = a.ended_at or time.time()
+        a.error = verdict.reason
+        a.suspects = sorted(set(verdict.nodes))
+        if verdict.cause == "user_error":
+            self._fail(attempts, a, "user_error", verdict.reason)
+            return 1
+        exclude = self._suspects(attempts, a, verdict)
+        if not exclude and self.policy.restart_in_place and self._budget_left(attempts, a, verdict.cause):
+            a.cause, a.action, a.decided_at = verdict.cause, "restart", time.time()
+            attempts.save()
+            summarize(self.run_dir, attempts, "restarting", {"error": verdict.reason})
+            log.warning("hpc_llm supervisor: %s; restarting the step in this allocation", verdict.reason)
+            return None
+        return self._requeue(attempts, a, verdict.cause, exclude)
+
+    def _forward_at(self, received: float, cause: str) -> float:
+        """When to pass a stop signal on: a preemption at once; the time-limit signal once the
+        time left is the lead this run needs (Slurm's --signal lead may be longer than that)."""
+        if self.job.end is None or cause != "time_limit":
+            return received
+        return max(received, self.job.end - self.lead_s)
+
+    def _signal_cause(self, when: float) -> str:
+        """Why Slurm sent the stop signal: while a preemption's grace time runs, ``scontrol show
+        job`` has a PreemptTime (verified on 22.05, docs/design.md); otherwise a signal near the
+        end time is the time-limit one, and anything else someone sent (``scancel --signal``)."""
+        info = _scontrol_show_job(self.job.job_id) if self.job.job_id else {}
+        if _slurm_time(info.get("PreemptTime")) is not None:
+            return "preemption"
+        end_time = _slurm_time(info.get("EndTime")) or self.job.end
+        if end_time is not None and when >= end_time - self.policy.signal_lead_s - TIME_LIMIT_SLACK_S:
+            return "time_limit"
+        return "signal"
+
+    def _stop_cause(self, end: StepEnd) -> str:
+        return end.stop_cause or "preemption"
+
+    def _verdict(self, end: StepEnd, a: Attempt, attempts: Attempts) -> failures.Verdict:
+        if end.hang is not None:
+            return failures.Verdict("hang", end.hang[0], end.hang[1])
+        tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
+        now = failures.read(self.run_dir, tag)
+        earlier = [f for f in failures.read_all(self.run_dir) if f not in now]
+        tasks, nodes = failures.parse_srun_errors(end.srun_errors)
+        return failures.classify(now, tasks, nodes, resumed_at_batch=a.resumed_at_batch, earlier=earlier)
+
+    def _suspects(self, attempts: Attempts, a: Attempt, verdict: failures.Verdict) -> list[str]:
+        """Nodes to leave out: a failed node at once, any other blamed node the second time."""
+        if verdict.cause == "node_failure":
+            return sorted(set(verdict.nodes))
+        before = {n for x in attempts.items[:-1] for n in x.suspects}
+        return sorted(n for n in set(verdict.nodes) if n in before)
+
+    def _budget_left(self, attempts: Attempts, a: Attempt, cause: str) -> bool:
+        key = BUDGET_OF_CAUSE.get(cause, "max_failures")
+        limit = self.policy.budget(key)
+        used = attempts.count(key) + (0 if a.cause and BUDGET_OF_CAUSE.get(a.cause) == key else 1)
+        return limit is None or used <= limit
+
+    # -- acting -------------------------------------------------------------------
+    def _this_attempt(self, attempts: Attempts) -> Attempt:
+        for a in reversed(attempts.items):
+            if (a.job_id, a.restart, a.step) == (self.job.job_id, self.job.restart, self.step):
+                return a
+        # rank 0 never got far enough to open one: the supervisor does
+        a = Attempt(
+            job_id=self.job.job_id,
+            restart=self.job.restart,
+            started_at=time.time(),
+            step=self.step,
+            nodes=list(self.job.nodes),
+            alloc_started_at=self.job.start,
+        )
+        if attempts.items:
+            a.resumed_at_batch = a.last_batch = attempts.items[-1].last_batch
+        attempts.items.append(a)
+        return a
+
+    def _fail(self, attempts: Attempts, a: Attempt | None, cause: str, reason: str) -> None:
+        if a is not None:
+            a.cause, a.action, a.error = a.cause if cause == "budget" else cause, "fail", reason
+            a.decided_at = a.decided_at or time.time()
+            a.ended_at = a.ended_at or time.time()
+            if a.ended == "running":
+                a.ended = "failed"
+        attempts.save()
+        summarize(self.run_dir, attempts, "failed", {"error": reason})
+        log.error("hpc_llm supervisor: the run failed: %s", reason)
+
+    def _requeue(self, attempts: Attempts, a: Attempt, cause: str, suspects: list[str]) -> int:
+        a.cause = cause
+        a.ended_at = a.ended_at or time.time()
+        if not self._budget_left(attempts, a, cause):
+            key = BUDGET_OF_CAUSE.get(cause, "max_failures")
+            self._fail(
+                attempts, a, "budget", f"fault.{key}={self.policy.budget(key)} reached; last stop: {a.error or cause}"
+            )
+            return 1
+        if self.job.ref is None:
+            self._fail(attempts, a, cause, f"{a.error or cause}; not running under Slurm, so not requeued")
+            return 1
+        exclude = self._exclusions(suspects)
+        a.action, a.requeued, a.suspects = "requeue", True, sorted(set(a.suspects) | set(suspects))
+        a.decided_at = a.decided_at or time.time()
+        attempts.save()
+        summarize(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
+        # records first; the requeue sends this very job SIGTERM, which we must outlive
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        out = _requeue_job(self.job.ref)
+        if out is not None:
+            a.requeued, a.action = False, "fail"
+            self._fail(
+                attempts, a, cause, f"scontrol requeue {self.job.ref} failed: {out}; last stop: {a.error or cause}"
+            )
+            return 1
+        if a.signal_time:
+            a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
+        if exclude:
+            err = _exclude(self.job.ref, exclude)
+            if err:
+                a.error = f"{a.error or cause}; could not exclude {','.join(exclude)}: {err}"
+        attempts.save()
+        summarize(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
+        log.warning(
+            "hpc_llm supervisor: %s; requeued%s",
+            a.error or cause,
+            f", excluding {','.join(exclude)}" if exclude else "",
+        )
+        return 0
+
+    def _exclusions(self, suspects: list[str]) -> list[str]:
+        """Earlier and user exclusions plus the new suspects, never leaving fewer nodes than the run needs."""
+        if not suspects:
+            return []
+        merged = sorted(set(self.job.excluded) | set(suspects))
+        pool = _partition_nodes(self.job.partition)
+        if pool and len([n for n in pool if n not in merged]) < self.policy.nodes:
+            log.warning(
+                "hpc_llm supervisor: excluding %s would leave fewer than %d nodes; not excluding them",
+                ",".join(suspects),
+                self.policy.nodes,
+            )
+            return []
+        return merged
+
+
+class HangWatch:
+    """Silence and stalls, judged by the supervisor's own clock."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, when it last changed)
+        self.progress: tuple[int, float] | None = None  # (max batch, when it last changed)
+        self.first_progress: float | None = None
+
+    @property
+    def top_batch(self) -> int:
+        return self.progress[0] if self.progress else -1
+
+    @property
+    def train_s(self) -> float:
+        if self.progress is None or self.first_progress is None:
+            return 0.0
+        return self.progress[1] - self.first_progress
+
+    def check(self, beats: dict[int, heartbeat.Beat], elapsed: float) -> tuple[str, tuple[str, ...]] | None:
+        now = time.monotonic()
+        for rank, beat in beats.items():
+            old = self.seen.get(rank)
+            if old is None or old[0] != beat.seq:
+                self.seen[rank] = (beat.seq, now)
+        silent = sorted(r for r, (_seq, t) in self.seen.items() if now - t > self.timeout_s)
+        if silent:
+            nodes = tuple(sorted({beats[r].node for r in silent if r in beats}))
+            return (
+                f"rank(s) {','.join(map(str, silent))} on {','.join(nodes)} silent for more than "
+                f"{self.timeout_s:g}s (frozen?)",
+                nodes,
+            )
+        top = max((b.batch for b in beats.values()), default=-1)
+        training = bool(beats) and all(b.phase == heartbeat.TRAINING for b in beats.values())
+        if top >= 0:
+            if self.progress is None or self.progress[0] != top:
+                if self.progress is not None and self.first_progress is None:
+                    self.first_progress = self.progress[1]
+                self.progress = (top, now)
+            elif not training:
+                self.progress = (top, now)  # evaluating or past training: no batch is due
+            elif now - self.progress[1] > self.timeout_s:
+                return (
+                    f"no batch trained for more than {self.timeout_s:g}s after batch {top} (a stuck collective?)",
+                    (),
+                )
+        return None
+
+
+def _pump(proc: subprocess.Popen[str], keep: list[str]) -> None:
+    """srun's stderr to ours (the batch log), keeping the lines that name failed tasks."""
+    assert proc.stderr is not None  # noqa: S101 - Popen(stderr=PIPE) sets it
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if "srun: error" in line or "NODE_FAIL" in line or "Node failure" in line:
+            keep.append(line.rstrip("\n"))
+
+
+def _send(proc: subprocess.Popen[str], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+def _kill_step(proc: subprocess.Popen[str]) -> None:
+    """srun's own abort: two interrupts within a second SIGKILL every task, frozen ones too."""
+    _send(proc, signal.SIGINT)
+    time.sleep(0.3)
+    _send(proc, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _requeue_job(ref: str) -> str | None:
+    """None when Slurm accepted the requeue, else its one-line complaint."""
+    try:
+        out = _run(["scontrol", "requeue", ref])
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
+
+
+def _exclude(ref: str, nodes: list[str]) -> str | None:
+    try:
+        out = _run(["scontrol", "update", f"JobId={ref}", f"ExcNodeList={','.join(nodes)}"])
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
+
+
+def _previous_state(job_id: str) -> tuple[str | None, float | None]:
+    """The state and end Slurm's accounting gives the previous run of this job (NODE_FAIL,
+    REQUEUED...); (None, None) without accounting."""
+    try:
+        out = _run(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,End"], timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    rows = [line.split("|") for line in out.stdout.splitlines() if "|" in line] if out.returncode == 0 else []
+    # the last line is the running allocation; the one before it is the previous run
+    if len(rows) < 2:
+        return None, None
+    state, end = rows[-2][0], rows[-2][1]
+    return (state.split()[0] if state.strip() else None), _slurm_time(end)
+
+
+def _read_status(run_dir: Path) -> str | None:
+    from hpc_llm.record import read_results
+
+    results = read_results(run_dir)
+    return str(results.get("status")) if results else None
+
+
+def _last_words(end: StepEnd) -> str | None:
+    return end.srun_errors[0] if end.srun_errors else None
+
+
+def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
+    if "--" not in argv:
+        raise SystemExit("usage: python -m hpc_llm.job.supervisor --run-dir DIR [options] -- srun ...")
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="hpc_llm.job.supervisor")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--signal", default=None)
+    p.add_argument("--signal-lead-s", type=float, default=120.0)
+    p.add_argument("--no-recover", action="store_true")
+    p.add_argument("--max-timeouts", type=int, default=None)
+    p.add_argument("--max-preemptions", type=int, default=100)
+    p.add_argument("--max-failures", type=int, default=5)
+    p.add_argument("--no-restart-in-place", action="store_true")
+    p.add_argument("--stop-lead-s", type=float, default=None)
+    p.add_argument("--heartbeat-s", type=float, default=30.0)
+    p.add_argument("--hang-timeout-s", type=float, default=1800.0)
+    a = p.parse_args(argv[:cut])
+    policy = Policy(
+        run_dir=Path(a.run_dir),
+        nodes=a.nodes,
+        stop_signal=a.signal,
+        signal_lead_s=a.signal_lead_s,
+        recover=not a.no_recover,
+        max_timeouts=a.max_timeouts,
+        max_preemptions=a.max_preemptions,
+        max_failures=a.max_failures,
+        restart_in_place=not a.no_restart_in_place,
+        stop_lead_s=a.stop_lead_s,
+        heartbeat_s=a.heartbeat_s,
+        hang_timeout_s=a.hang_timeout_s,
+    )
+    return policy, argv[cut + 1 :]
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    policy, command = parse_args(sys.argv[1:] if argv is None else argv)
+    if not command:
+        raise SystemExit("hpc_llm.job.supervisor: nothing to run after --")
+    try:
+        code = Supervisor(policy, command).run()
+    except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
+        log.exception("hpc_llm supervisor failed")
+        attempts = Attempts.load(policy.run_dir)
+        summarize(policy.run_dir, attempts, "failed", {"error": f"hpc_llm supervisor: {type(exc).__name__}: {exc}"})
+        code = 1
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""The supervisor's decisions without a cluster: classification, hang watching, budgets, goodput.
+
+The end-to-end behaviour (real Slurm, real training, real kills) is in
+tests/test_faults.py; these pin the arithmetic and the rules.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hpc_llm.job import failures, heartbeat, supervisor
+from hpc_llm.record import Attempt, Attempts
+
+
+def failure(rank=0, type_="RuntimeError", message="boom", batch=7, node="n1", t=None):
+    return failures.RankFailure(rank, node, type_, message, batch, t or time.time())
+
+
+SRUN_KILLED = [
+    "srun: error: n2: task 1: Killed",
+    "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
+    "srun: error: n1: task 0: Terminated",
+]
+
+
+def test_srun_stderr_names_the_task_that_died_first():
+    tasks, nodes = failures.parse_srun_errors(SRUN_KILLED)
+    assert [(t.node, t.tasks, t.what) for t in tasks] == [("n2", "1", "Killed"), ("n1", "0", "Terminated")]
+    assert nodes == []
+    assert tasks[0].killed_by_signal
+    [exited], _ = failures.parse_srun_errors(["srun: error: n1: task 0: Exited with exit code 1"])
+    assert not exited.killed_by_signal
+
+
+def test_a_killed_rank_is_an_infrastructure_failure_blaming_its_node():
+    tasks, nodes = failures.parse_srun_errors(SRUN_KILLED)
+    # the survivors saw their peer vanish: gloo/NCCL errors, not a user error
+    peers = [failure(rank=0, message="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer", node="n1")]
+    v = failures.classify(peers, tasks, nodes, resumed_at_batch=0, earlier=[])
+    assert (v.cause, v.nodes) == ("failure", ("n2",))
+    assert "task 1 on n2: Killed" in v.reason
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "NCCL error in: ProcessGroupNCCL.cpp:1553, unhandled system error",
+        "CUDA error: an illegal memory access was encountered",
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv",
+    ],
+)
+def test_nccl_cuda_and_collective_timeouts_are_the_machines_fault(message):
+    f = failure(type_="DistBackendError", message=message)
+    assert f.infrastructure
+    v = failures.classify([f], [], [], resumed_at_batch=0, earlier=[])
+    assert v.cause == "failure" and v.nodes == ()
+
+
+def test_an_exception_before_the_first_batch_is_a_user_error():
+    v = failures.classify(
+        [failure(type_="KeyError", message="'optimizer'", batch=-1)], [], [], resumed_at_batch=0, earlier=[]
+    )
+    assert v.cause == "user_error" and "before the first batch" in v.reason and "KeyError" in v.reason
+    # after a resume from batch 40, failing before training one more batch is the same thing
+    v = failures.classify([failure(batch=40)], [], [], resumed_at_batch=40, earlier=[])
+    assert v.cause == "user_error"
+
+
+def test_the_same_exception_at_the_same_batch_twice_is_a_user_error():
+    first = failures.classify([failure(batch=7)], [], [], resumed_at_batch=0, earlier=[])
+    assert first.cause == "failure" and "retrying once" in first.reason
+    again = failures.classify([failure(batch=7)], [], [], resumed_at_batch=5, earlier=[failure(batch=7)])
+    assert again.cause == "user_error" and "during batch 8 again" in again.reason
+    other_batch = failures.classify([failure(batch=9)], [], [], resumed_at_batch=5, earlier=[failure(batch=7)])
+    assert other_batch.cause == "failure"
+
+
+def test_a_node_failure_reported_by_slurm_blames_that_node():
+    tasks, nodes = failures.parse_srun_errors(["srun: error: Node failure on n3"])
+    v = failures.classify([], tasks, nodes, resumed_at_batch=0, earlier=[])
+    assert (v.cause, v.nodes) == ("node_failure", ("n3",))
+
+
+def test_failure_reports_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("HPC_LLM_STEP", "2")
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError as exc:
+        failures.report(tmp_path, exc, rank=3, node="n2", batch=11)
+    [f] = failures.read(tmp_path, "12.1.2")
+    assert (f.rank, f.node, f.type, f.message, f.batch) == (3, "n2", "ValueError", "bad value", 11)
+    assert "ValueError" in f.traceback
+    assert failures.read(tmp_path, "12.1.3") == []
+
+
+def beat(rank, seq, batch, node="n1", phase="train"):
+    return heartbeat.Beat(rank, seq, batch, node, 100 + rank, phase)
+
+
+def test_hang_watch_names_a_silent_rank(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    w = supervisor.HangWatch(timeout_s=20)
+    assert w.check({0: beat(0, 1, 5), 1: beat(1, 1, 5, node="n2")}, 1) is None
+    for i in range(2, 8):  # rank 0 keeps beating, rank 1 is frozen
+        clock[0] += 5
+        hang = w.check({0: beat(0, i, 5 + i), 1: beat(1, 1, 5, node="n2")}, 1)
+    assert hang is not None
+    assert hang[1] == ("n2",) and "rank(s) 1 on n2 silent" in hang[0]
+
+
+def test_hang_watch_calls_a_step_without_progress_a_hang_only_while_training(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    w = supervisor.HangWatch(timeout_s=20)
+    for i in range(1, 10):  # alive (seq moves) but stuck at batch 12 while training
+        clock[0] += 5
+        hang = w.check({0: beat(0, i, 12), 1: beat(1, i, 12)}, 1)
+        if hang:
+            break
+    assert hang is not None and hang[1] == () and "no batch trained" in hang[0]
+    post = supervisor.HangWatch(timeout_s=20)
+    for i in range(1, 10):  # the same, after training (HF export, inference): not a hang
+        clock[0] += 5
+        assert post.check({0: beat(0, i, 40, phase="post"), 1: beat(1, i, 40, phase="post")}, 1) is None
+
+
+def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
+    a1 = Attempt(
+        "1",
+        0,
+        started_at=10.0,
+        alloc_started_at=0.0,
+        nodes=["n1", "n2"],
+        resumed_at_batch=0,
+        last_batch=100,
+        train_s=50.0,
+        ended="stopped",
+        ended_at=60.0,
+        cause="time_limit",
+    )
+    a2 = Attempt(
+        "1",
+        1,
+        started_at=100.0,
+        alloc_started_at=90.0,
+        nodes=["n1", "n2"],
+        resumed_at_batch=80,
+        last_batch=200,
+        train_s=60.0,
+        ended="completed",
+        ended_at=170.0,
+        cause="completed",
+    )
+    s = Attempts(tmp_path / "a.json", [a1, a2]).summary()
+    # attempt 1 trained 100 batches in 50 s, 20 of them recomputed: 40 s kept; attempt 2 kept all 60 s
+    assert s["productive_node_s"] == pytest.approx((40 + 60) * 2)
+    assert s["allocated_node_s"] == pytest.approx((60 - 0) * 2 + (170 - 90) * 2)
+    assert s["goodput"] == pytest.approx(200 / 280, abs=1e-4)
+    assert s["batches_recomputed"] == {"time_limit": 20} and s["batches_lost"] == 20
+    assert s["restarts"] == 1 and s["restarts_by_cause"] == {"time_limit": 1}
+    assert [a["queue_wait_s"] for a in s["attempts"]] == [0.0, 30.0]
+    assert s["total_wallclock_s"] == 170.0
+
+
+def test_budgets_are_counted_per_cause(tmp_path):
+    items = [
+        Attempt("1", i, 0.0, cause=c)
+        for i, c in enumerate(["time_limit", "time_limit", "preemption", "hang", "failure", "node_failure"])
+    ]
+    a = Attempts(tmp_path / "a.json", items)
+    assert (a.count("max_timeouts"), a.count("max_preemptions"), a.count("max_failures")) == (2, 1, 3)
+
+
+def test_only_usr2_is_a_stop_signal():
+    from hpc_llm.errors import ConfigError
+    from hpc_llm.slurm.spec import stop_signal
+
+    assert stop_signal("SIGUSR2") == "USR2"
+    for name, why in (
+        ("USR1", "NCCL uses SIGUSR1"),
+        ("TERM", "srun answers SIGTERM by killing the step"),
+        ("INT", "only prints a status"),
+        ("USR9", "would not pass it"),
+    ):
+        with pytest.raises(ConfigError, match=why) as err:
+            stop_signal(name)
+        assert "allowed: USR2" in str(err.value)
+
+
+def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypatch):
+    """One step, run for real as a local child process: the signal is recorded by name and sent on by number."""
+    import signal as sig
+    import sys
+
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
+    )
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
+    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}  # the supervisor takes these over
+    sup._install_handlers()
+    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
+    import threading
+
+    threading.Timer(1.0, lambda: sig.raise_signal(sig.SIGUSR2)).start()
+    try:
+        end = sup.run_step()
+    finally:
+        for s, handler in saved.items():
+            sig.signal(s, handler)
+    assert end.stop == "SIGUSR2" and end.returncode == 0

@@ -1,0 +1,276 @@
+"""Long runs survive what a cluster does to them: real Slurm, real training, real faults.
+
+Every test submits a run through ``python -m hpc_llm ... hydra/launcher=slurm``,
+does to it what a cluster does (SIGKILL a rank, freeze one, kill a node's
+daemons, let the time limit hit, preempt it, raise in user code) and checks
+that it ends as docs/design.md ("Long runs and failures") says: with the same
+final training loss as an uninterrupted run of the same config (1e-5
+relative), the batches lost being replayed from the last checkpoint. The
+uninterrupted reference runs are shared, one per config for the session.
+
+Preemption only ever targets the victim's own nodes, and victims that are
+preempted run ``--exclusive``, so tests running beside them are not touched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, explain, pip_install, results_of, run_app, run_cli, shared_dir
+from tests.jobs import attempts, beat, finished, in_queue, job_nodes, preempt, submit, wait_for
+
+pytestmark = [pytest.mark.slurm]
+
+#: 2 nodes x 1 rank, a checkpoint every 5 batches, fast hang detection
+BASE = [
+    "+experiment=mpt_tiny",
+    "hydra/launcher=slurm",
+    "resources.nodes=2",
+    "resources.tasks_per_node=1",
+    "eval=none",
+    "checkpoint.interval=5ba",
+    "fault.heartbeat_s=2",
+    "fault.hang_timeout_s=20",
+]
+SHORT = [*BASE, "train.max_duration=60ba"]
+
+
+def reference(args: list[str], env: dict[str, str], pytestconfig: pytest.Config) -> dict:
+    """The results of an uninterrupted run of ``args``: run once for the whole session, every
+    xdist worker included (the first to ask runs it under a lock; the others wait and read it)."""
+    where = shared_dir(pytestconfig) / "references" / hashlib.sha1("\0".join(args).encode()).hexdigest()[:12]
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = where / "reference.json"
+        if saved.exists():
+            return json.loads(saved.read_text())
+        proc = run_app(
+            [*args, "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"],
+            dict(env, HPC_LLM_RUNS=str(where / "runs")),
+            cwd=where,
+        )
+        assert proc.returncode == 0, explain(proc)
+        [r] = results_of(where / "runs")
+        assert r["status"] == "completed" and r["restarts"] == 0, r
+        saved.write_text(json.dumps(r))
+        return r
+
+
+def same_loss(r: dict, ref: dict) -> None:
+    assert r["status"] == "completed", r.get("error")
+    assert r["batches_done"] == ref["batches_done"]
+    assert r["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-5)
+
+
+def rank_at(run_dir: Path, rank: int, batch: int) -> dict:
+    return wait_for(
+        lambda: beat(run_dir, rank).get("batch", -1) >= batch and beat(run_dir, rank),
+        240,
+        f"rank {rank} to pass batch {batch}",
+    )
+
+
+def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, tmp_path, pytestconfig):
+    ref = reference(SHORT, slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit(SHORT, env, tmp_path)
+    victim = rank_at(run_dir, 1, 8)
+    os.kill(victim["pid"], signal.SIGKILL)  # the OOM killer, a GPU off the bus
+    r = finished(run_dir, 300)
+    same_loss(r, ref)
+    first, second = r["attempts"]
+    assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [victim["node"]])
+    assert "Killed" in first["error"]
+    # the same allocation: no requeue, no queue wait
+    assert (second["job_id"], second["restart"], second["step"]) == (job_id, 0, 1)
+    assert second["queue_wait_s"] == 0 and second["resumed_at_batch"] > 0 and second["resumed_at_batch"] % 5 == 0
+    assert r["restarts_by_cause"] == {"failure": 1} and r["slurm_job_ids"] == [job_id]
+    assert 0 < r["goodput"] < 1
+
+
+def test_a_frozen_rank_is_named_and_the_step_restarted(slurm_env, tmp_path, pytestconfig):
+    ref = reference(SHORT, slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    _job_id, run_dir = submit(SHORT, env, tmp_path)
+    victim = rank_at(run_dir, 1, 8)
+    frozen_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGSTOP)  # a process stuck in the kernel, a wedged driver
+    wait_for(lambda: any(a.get("action") == "restart" for a in attempts(run_dir)), 120, "the hang to be named")
+    assert 20 <= time.monotonic() - frozen_at < 60  # fault.hang_timeout_s=20, heartbeats every 2 s
+    r = finished(run_dir, 300)
+    same_loss(r, ref)
+    first = r["attempts"][0]
+    assert first["cause"] == "hang" and first["suspects"] == [victim["node"]]
+    assert "rank(s) 1 on" in first["error"] and "silent for more than 20s" in first["error"]
+
+
+def test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(slurm_env, dev_cluster, tmp_path, pytestconfig):
+    from hpc_llm.slurm import devcluster
+
+    ref = reference(SHORT, slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit(SHORT, env, tmp_path)
+    victim = rank_at(run_dir, 1, 8)
+    devcluster.kill_node(dev_cluster, victim["node"])  # its slurmd, slurmstepds and tasks
+    try:
+        r = finished(run_dir, 420)
+    finally:
+        devcluster.revive_node(dev_cluster, victim["node"])
+    same_loss(r, ref)
+    lost, done = r["attempts"][0], r["attempts"][-1]
+    assert lost["ended"] == "lost" and lost["cause"] == "node_failure"
+    assert done["job_id"] == job_id and done["restart"] >= 1  # Slurm's own requeue (NODE_FAIL, --requeue)
+    assert victim["node"] not in done["nodes"] and len(done["nodes"]) == 2
+
+
+def test_a_user_exception_fails_after_two_attempts(slurm_env, tmp_path):
+    site = tmp_path / "site"
+    pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(site))
+    job_id, run_dir = submit([*SHORT, "eval.evaluators=[crash]", "+eval.options.crash.at_batch=7"], env, tmp_path)
+    r = finished(run_dir, 300)
+    assert r["status"] == "failed"
+    assert "RuntimeError: user code failed at batch 7" in r["error"] and "during batch 7 again" in r["error"]
+    first, second = r["attempts"]
+    assert (first["cause"], first["action"]) == ("failure", "restart")
+    assert (second["cause"], second["action"]) == ("user_error", "fail")
+    wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+    time.sleep(12)  # longer than cred_expire: a requeued job would be back
+    assert not in_queue(job_id, env)
+
+
+def test_an_exception_before_the_first_batch_is_not_retried(slurm_env, tmp_path):
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit([*SHORT, "train.optimizer.name=no_such_optimizer"], env, tmp_path)
+    r = finished(run_dir, 180)
+    assert r["status"] == "failed" and "no_such_optimizer" in r["error"] and "before the first batch" in r["error"]
+    assert r["restarts"] == 0 and [a["cause"] for a in r["attempts"]] == ["user_error"]
+    wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+
+
+#: one node, one rank, whole nodes (so a preemption hits this run only)
+ALONE = [
+    "+experiment=mpt_tiny",
+    "hydra/launcher=slurm",
+    "resources.nodes=1",
+    "resources.tasks_per_node=1",
+    "eval=none",
+    "hydra.launcher.exclusive=true",
+    "fault.heartbeat_s=2",
+]
+
+
+def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path, pytestconfig):
+    args = [*ALONE, "train.max_duration=300ba"]
+    ref = reference(args, slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit(args, env, tmp_path)
+    rank_at(run_dir, 0, 20)
+    preempt(job_nodes(job_id, env), env)
+    r = finished(run_dir, 300)
+    same_loss(r, ref)
+    first, second = r["attempts"]
+    assert (first["ended"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
+    assert 0 < first["stopped_at_batch"] < 300 and second["resumed_at_batch"] == first["stopped_at_batch"]
+    assert r["restarts"] == 1 and r["batches_lost"] == 0 and r["restarts_by_cause"] == {"preemption": 1}
+    assert r["slurm_job_ids"] == [job_id] and 0 <= r["signal_to_requeue_s"] < 20
+    wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+    status = run_cli(["status"], env)
+    row = next(ln for ln in status.stdout.splitlines() if f" {job_id} " in ln)
+    assert "COMPLETED" in row
+
+
+def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit([*ALONE, "train.max_duration=5000ba", "fault.max_preemptions=0"], env, tmp_path)
+    rank_at(run_dir, 0, 2)
+    # a stop signal sent by hand counts against the preemption budget
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], env=env, check=True)
+    r = finished(run_dir, 120)
+    assert r["status"] == "failed" and "fault.max_preemptions=0 reached" in r["error"]
+    [a] = r["attempts"]
+    assert (a["ended"], a["cause"], a["action"]) == ("stopped", "signal", "fail")
+    assert r["checkpoint"] and Path(r["checkpoint"]).exists()  # saved before stopping: resumable by hand
+    wait_for(lambda: not in_queue(job_id, env), 60, "the job to end")
+
+
+def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, pytestconfig):
+    """A 1-minute time limit stands in for 24 h: the run needs several, and is preempted once.
+
+    The ranks stop 30 s before each limit (fault.stop_lead_s; Slurm's own signal
+    comes at 45 s and is held back until then), save, and the job is requeued.
+    """
+    args = [
+        *ALONE,
+        "train.max_duration=1500ba",
+        "resources.time=1",
+        "hydra.launcher.signal_lead_s=45",
+        "fault.stop_lead_s=30",
+    ]
+    ref = reference([*ALONE, "train.max_duration=1500ba"], slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit(args, env, tmp_path)
+    # preempt the third attempt once it trains
+    wait_for(
+        lambda: (
+            len(attempts(run_dir)) >= 3
+            and attempts(run_dir)[-1]["ended"] == "running"
+            and beat(run_dir, 0).get("batch", -1) > attempts(run_dir)[-1]["resumed_at_batch"]
+        ),
+        600,
+        "the third attempt to train",
+    )
+    preempt(job_nodes(job_id, env), env)
+    r = finished(run_dir, 900)
+    same_loss(r, ref)
+    causes = r["restarts_by_cause"]
+    assert causes.get("time_limit", 0) >= 4 and causes.get("preemption") == 1, causes
+    assert set(causes) == {"time_limit", "preemption"}
+    assert r["batches_lost"] == 0  # every stop was a save at a batch boundary
+    assert all(a["signal_to_requeue_s"] is not None for a in r["attempts"][:-1])
+    assert r["total_wallclock_s"] > sum(a["train_s"] for a in r["attempts"])
+    assert 0 < r["goodput"] < 1 and r["slurm_job_ids"] == [job_id]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["parallelism=fsdp", "resources.nodes=1", "resources.tasks_per_node=2"],
+        ["parallelism=hsdp", "resources.nodes=2", "resources.tasks_per_node=2"],
+    ],
+    ids=["fsdp-2-ranks", "hsdp-4-ranks"],
+)
+def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_path, pytestconfig):
+    args = [
+        "+experiment=mpt_tiny",
+        "hydra/launcher=slurm",
+        "eval=none",
+        "hydra.launcher.exclusive=true",
+        "fault.heartbeat_s=2",
+        "train.max_duration=120ba",
+        *layout,
+    ]
+    ref = reference(args, slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    job_id, run_dir = submit(args, env, tmp_path)
+    rank_at(run_dir, 0, 15)
+    preempt(job_nodes(job_id, env), env)
+    r = finished(run_dir, 420)
+    same_loss(r, ref)
+    first, second = r["attempts"]
+    assert first["cause"] == "preemption" and second["resumed_at_batch"] == first["stopped_at_batch"] > 0
+    # every rank wrote its own shard: a directory of .distcp files, not one rank-0 file
+    ckpt = Path(r["checkpoint"])
+    assert ckpt.is_dir() and len(list(ckpt.glob("*.distcp"))) == r["world_size"]
+    if "parallelism=hsdp" in layout:
+        assert r["device_mesh"] == {"data_parallel_replicate": 2, "data_parallel_shard": 2}
