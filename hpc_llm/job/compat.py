@@ -23,6 +23,16 @@ once, explicitly, by the task before training (never at import).
    device-agnostic code") returns None, and FSDP2's HSDP path asserts that the
    all-reduce event is not None. CPU work is synchronous, so an always-complete
    ``torch.cpu.Event`` is the faithful answer. Affects CPU devices only.
+5. Composer 0.32 cannot autoresume from a sharded (torch.distributed.checkpoint)
+   checkpoint of an MPT model with a Hugging Face tokenizer: the checkpoint's
+   ``state/integrations`` holds the tokenizer's files as they were when saved
+   (``tokenizer.json`` with truncation/padding as training set them), the
+   fresh trainer's as they are now, and DCP's strict load plan fails on the
+   difference ("Missing key in checkpoint state_dict:
+   state.integrations.huggingface.tokenizer.tokenizer.json.content.truncation").
+   Autoresume also drops ``load_ignore_keys``. The integrations are metadata
+   for exporting the model, not training state, so a sharded load leaves them
+   out of the state it asks for (found by tests/test_faults.py, FSDP and HSDP).
 """
 
 from __future__ import annotations
@@ -107,6 +117,29 @@ def _patch_fsdp2_gloo_average() -> None:
         torch.cpu.Stream.record_event = lambda self: torch.cpu.Event()  # type: ignore[method-assign]
 
 
+def _patch_sharded_load_integrations() -> None:
+    from composer.utils import checkpoint
+
+    original = checkpoint.load_sharded_checkpoint
+    if getattr(original, "_hpc_llm", False):
+        return
+
+    def load_sharded_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        user = kwargs.get("ignore_keys")
+        user_filter = checkpoint.glob_filter(user) if isinstance(user, list) else user
+
+        def ignore(state_dict: dict) -> None:
+            state_dict.get("state", {}).pop("integrations", None)
+            if user_filter is not None:
+                user_filter(state_dict)
+
+        kwargs["ignore_keys"] = ignore
+        return original(*args, **kwargs)
+
+    load_sharded_checkpoint._hpc_llm = True  # type: ignore[attr-defined]
+    checkpoint.load_sharded_checkpoint = load_sharded_checkpoint
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -114,4 +147,5 @@ def apply() -> None:
     _patch_signal_file_name()
     _patch_fsdp2_hsdp()
     _patch_fsdp2_gloo_average()
+    _patch_sharded_load_integrations()
     _APPLIED = True
