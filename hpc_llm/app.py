@@ -25,8 +25,14 @@ def task(cfg: DictConfig) -> Any:
 def validate_job(cfg: DictConfig, run_dir: str) -> None:
     """Sweeper hook: every job of a sweep is checked before anything starts."""
     from hpc_llm.config.validate import resolve_job
+    from hpc_llm.errors import ConfigError
     from hpc_llm.trainconfig import build_train_config
 
+    if cfg.hydra.job.chdir:
+        raise ConfigError(
+            "hydra.job.chdir=true: hpc_llm's ranks each work in node-local scratch (Composer's signal files "
+            "must not be shared between nodes) and write to the run dir by its absolute path; allowed: false"
+        )
     job = resolve_job(cfg, run_dir)
     build_train_config(cfg, job, run_name="validate")
     # binds depend on the whole config (data, checkpoints, run dir): conflicts show here

@@ -216,6 +216,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             efficiency=args.efficiency,
             sweep=Path(args.sweep) if args.sweep else None,
             from_experiment=str(cfg.experiment) != "default",
+            price_per_gpu_hour=args.price if args.price is not None else cfg.cluster.price_per_gpu_hour,
+            price_source="--price" if args.price is not None else "cluster.price_per_gpu_hour",
         )
         for n in node_counts
     ]
@@ -358,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu-from", help="a results.json whose measured mfu to use")
     p.add_argument("--efficiency", type=float, help="scaling efficiency vs one node (default 0.9)")
     p.add_argument("--sweep", help="a sweep dir whose measured scaling efficiency to use")
+    p.add_argument("--price", type=float, help="price of one GPU-hour (default: cluster.price_per_gpu_hour)")
     p.set_defaults(func=cmd_estimate)
     p = sub.add_parser("container", help="build, check or inspect an Apptainer image (spython)")
     p.add_argument("action", choices=["build", "check", "inspect"])

@@ -73,6 +73,8 @@ class Estimate:
     efficiency: Assumption
     #: global batch x sequence length, when the config says (for the checkpoint interval)
     tokens_per_batch: float | None = None
+    #: price of one GPU-hour, when known
+    price_per_gpu_hour: Assumption | None = None
 
     @property
     def tokens_per_sec(self) -> float:
@@ -85,6 +87,15 @@ class Estimate:
     @property
     def gpu_hours(self) -> float:
         return self.seconds * self.gpus / 3600.0
+
+    @property
+    def cost(self) -> float | None:
+        return self.gpu_hours * self.price_per_gpu_hour.value if self.price_per_gpu_hour else None
+
+    @property
+    def cost_per_billion_tokens(self) -> float | None:
+        cost = self.cost
+        return cost / (self.tokens.value / 1e9) if cost is not None else None
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,8 @@ def estimate(
     efficiency: float | None = None,
     sweep: Path | None = None,
     from_experiment: bool = True,
+    price_per_gpu_hour: float | None = None,
+    price_source: str = "--price",
 ) -> Estimate:
     """``from_experiment``: the config is a real experiment, so its
     max_duration says how many tokens to train (else: Chinchilla)."""
@@ -221,12 +234,25 @@ def estimate(
         peak_flops_per_gpu=Assumption(float(peak_flops_per_gpu), "cluster.peak_flops_per_gpu"),
         mfu=m,
         efficiency=eff,
+        price_per_gpu_hour=_price(price_per_gpu_hour, price_source),
         tokens_per_batch=(
             float(train["global_train_batch_size"]) * float(train["max_seq_len"])
-            if train.get("global_train_batch_size") and train.get("max_seq_len")
+            if from_experiment and train.get("global_train_batch_size") and train.get("max_seq_len")
             else None
         ),
     )
+
+
+def _price(value: float | None, source: str) -> Assumption | None:
+    if value is None:
+        return None
+    if value <= 0:
+        raise ConfigError(f"{source}={value}: must be a price > 0 per GPU-hour")
+    return Assumption(float(value), source)
+
+
+def money(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
 
 
 def duration(seconds: float) -> str:
@@ -245,14 +271,21 @@ def render(estimates: list[Estimate]) -> str:
         f"tokens: {e0.tokens.value:.4g}  [{e0.tokens.source}]",
         f"peak: {e0.peak_flops_per_gpu.value / 1e12:.0f} TFLOP/s per GPU  [{e0.peak_flops_per_gpu.source}]",
         f"MFU: {e0.mfu.value:.1%}  [{e0.mfu.source}]",
+        (
+            f"price: {e0.price_per_gpu_hour.value:g} per GPU-hour  [{e0.price_per_gpu_hour.source}]"
+            if e0.price_per_gpu_hour
+            else "price: none (set cluster.price_per_gpu_hour or pass --price for the cost columns)"
+        ),
         "",
-        "| nodes | GPUs | scaling efficiency | tokens/s | time | GPU-hours |",
-        "|---|---|---|---|---|---|",
+        "| nodes | GPUs | scaling efficiency | tokens/s | time | GPU-hours | cost | cost per 1B tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for e in estimates:
+        cost, per_b = e.cost, e.cost_per_billion_tokens
         lines.append(
             f"| {e.nodes} | {e.gpus} | {e.efficiency.value:.2f} ({e.efficiency.source}) | {e.tokens_per_sec:,.0f} | "
-            f"{duration(e.seconds)} | {e.gpu_hours:,.0f} |"
+            f"{duration(e.seconds)} | {e.gpu_hours:,.0f} | {money(cost) if cost is not None else '-'} | "
+            f"{money(per_b) if per_b is not None else '-'} |"
         )
     if e0.tokens_per_batch:
         lines += [

@@ -54,8 +54,11 @@ class ClusterConfig:
     sbatch: dict[str, Any] = field(default_factory=dict)
     # Shell lines run in the batch script before srun (module load ...).
     setup: list[str] = field(default_factory=list)
-    # Peak dense bf16 FLOP/s of one GPU (hpc-llm estimate; 989e12 for H100 SXM).
+    # Peak dense bf16 FLOP/s of one GPU (hpc-llm estimate; 989e12 for H100 SXM, 312e12 for A100).
     peak_flops_per_gpu: Optional[float] = None
+    # What one GPU-hour costs on this cluster, in your currency (hpc-llm estimate's cost
+    # columns; --price overrides it). None: no cost is estimated.
+    price_per_gpu_hour: Optional[float] = None
 
 
 @dataclass

@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from hydra._internal.callbacks import Callbacks
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.job import failures, heartbeat, preemption, supervisor_env
-from hpc_llm.launchers.payload import RETURN
+from hpc_llm.launchers.payload import RETURN, Payload
 
 
 def _is_rank0() -> bool:
@@ -47,15 +51,18 @@ def run_payload(path: Path) -> Any:
     if _is_rank0():
         (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
     preemption.mark_ready(run_dir)
-    task_function, config = cloudpickle.loads(Path(path).read_bytes())
-    if not isinstance(config, DictConfig):
-        raise TypeError(f"{path} holds a {type(config).__name__}, not a job config; was it written by hpc_llm?")
-    HydraConfig.instance().set_config(config)
-    task_cfg = copy.deepcopy(config)
-    with read_write(task_cfg), open_dict(task_cfg):
-        del task_cfg["hydra"]
+    payload = cloudpickle.loads(Path(path).read_bytes())
+    if not isinstance(payload, Payload) or not isinstance(payload.config, DictConfig):
+        raise TypeError(f"{path} is not a job payload written by this version of hpc_llm")
+    # What Hydra's launchers do in a job process: the launching process's state
+    # (its registered resolvers among them), then Hydra's own resolvers.
+    Singleton.set_state(payload.singleton_state)
+    setup_globals()
     try:
-        value = task_function(task_cfg)
+        if payload.hydra_context is not None:
+            value, result = _run_hydra_job(payload)
+        else:
+            value = result = _run_task(payload)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:
@@ -64,11 +71,45 @@ def run_payload(path: Path) -> Any:
         raise
     if _is_rank0():
         try:
-            blob = cloudpickle.dumps(value)
+            blob = cloudpickle.dumps(result)
         except Exception:  # an unpicklable return value is still a success
-            blob = cloudpickle.dumps(repr(value))
+            blob = cloudpickle.dumps(repr(result))
         (Path(path).parent / RETURN).write_bytes(blob)
     return value
+
+
+def _run_task(payload: Payload) -> Any:
+    """The task function on the job config without its hydra node (the launcher ran run_job)."""
+    HydraConfig.instance().set_config(payload.config)
+    task_cfg = copy.deepcopy(payload.config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return payload.task_function(task_cfg)
+
+
+def _run_hydra_job(payload: Payload) -> tuple[Any, JobReturn]:
+    """Hydra's own ``run_job`` (output dir, hydra.job.chdir, env_set, job logging, callbacks,
+    .hydra/ files), as in any Hydra launcher's job process. Rank 0 does all of it; the other
+    ranks only run the task (no log file, config files or callbacks of their own). A task that
+    raised is re-raised, so the step fails as it would have without Hydra."""
+    config = payload.config
+    context = payload.hydra_context
+    if not _is_rank0():
+        config = copy.deepcopy(config)
+        with read_write(config), open_dict(config):
+            config.hydra.output_subdir = None
+        context = HydraContext(config_loader=context.config_loader, callbacks=Callbacks())
+    ret = run_job(
+        hydra_context=context,
+        task_function=payload.task_function,
+        config=config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+        configure_logging=_is_rank0(),
+    )
+    if ret.status == JobStatus.FAILED:
+        raise ret._return_value
+    return ret._return_value, ret
 
 
 def configure_logging() -> None:

@@ -570,7 +570,8 @@ class HangWatch:
 
 def _pump(proc: subprocess.Popen[str], keep: list[str]) -> None:
     """srun's stderr to ours (the batch log), keeping the lines that name failed tasks."""
-    assert proc.stderr is not None  # noqa: S101 - Popen(stderr=PIPE) sets it
+    if proc.stderr is None:
+        return
     for line in proc.stderr:
         sys.stderr.write(line)
         sys.stderr.flush()

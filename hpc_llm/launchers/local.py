@@ -98,7 +98,8 @@ class LocalLauncher(BaseLauncher):
 
     # -- Hydra Launcher API ------------------------------------------------
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        assert self.config is not None and self.hydra_context is not None  # set by setup()
+        if self.config is None or self.hydra_context is None:
+            raise RuntimeError("launcher used before Hydra called setup()")
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -121,6 +122,8 @@ class LocalLauncher(BaseLauncher):
                     job_subdir_key="hydra.sweep.subdir",
                 )
             )
+            # as Hydra's basic launcher: the launcher's own log lines leave the job's log file
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return returns
 
     # -- the ranks of one job -------------------------------------------------
@@ -207,7 +210,8 @@ class LocalLauncher(BaseLauncher):
 
 def _tee(src: IO[bytes] | None, dst: IO[bytes]) -> threading.Thread:
     def pump() -> None:
-        assert src is not None
+        if src is None:
+            return
         for line in iter(src.readline, b""):
             dst.write(line)
             dst.flush()

@@ -1,17 +1,24 @@
-"""What a launcher hands to the ranks of a job: a pickled (task function, config).
+"""What a launcher hands to the ranks of a job, as Hydra's own launchers do.
 
-The launcher writes ``<run dir>/.hpc_llm/job.pkl`` once per job; every rank
-runs :mod:`hpc_llm.job.entry` on it, and global rank 0 leaves the task
-function's return value in ``return.pkl`` for the launcher. Login side: the
-in-job entry point is imported only when a rank calls :class:`RankEntry`.
+The launcher writes ``<run dir>/.hpc_llm/job.pkl`` once per job: the task
+function, the job's composed config, Hydra's singleton state (config store,
+registered OmegaConf resolvers, the runtime; what hydra-submitit-launcher
+and the joblib/ray launchers hand their jobs) and, when the ranks are to run
+Hydra's ``run_job`` themselves (the Slurm launcher), the Hydra context.
+Every rank runs :mod:`hpc_llm.job.entry` on it, and global rank 0 leaves the
+result in ``return.pkl`` for the launcher: a ``JobReturn`` when it ran
+``run_job``, else the task function's return value. Login side: the in-job
+entry point is imported only when a rank calls :class:`RankEntry`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from hydra.core.singleton import Singleton
 
 from hpc_llm.record import PRIVATE_DIR
 
@@ -23,17 +30,29 @@ def payload_dir(run_dir: Path | str) -> Path:
     return Path(run_dir) / PRIVATE_DIR
 
 
-def write_payload(run_dir: Path | str, task_function: Any, config: Any) -> Path:
+@dataclass
+class Payload:
+    task_function: Any
+    #: the job's composed config, hydra node included
+    config: Any
+    #: Hydra's Singleton.get_state() in the launching process
+    singleton_state: Any
+    #: set when the ranks run Hydra's run_job (output dir, job logging, env_set, callbacks)
+    hydra_context: Any = None
+
+
+def write_payload(run_dir: Path | str, task_function: Any, config: Any, hydra_context: Any = None) -> Path:
     """Pickle the job for its ranks; clears the return value of an earlier launch."""
     pdir = payload_dir(run_dir)
     pdir.mkdir(parents=True, exist_ok=True)
-    (pdir / PAYLOAD).write_bytes(cloudpickle.dumps((task_function, config)))
+    payload = Payload(task_function, config, Singleton.get_state(), hydra_context)
+    (pdir / PAYLOAD).write_bytes(cloudpickle.dumps(payload))
     (pdir / RETURN).unlink(missing_ok=True)
     return pdir / PAYLOAD
 
 
 def read_return(run_dir: Path | str) -> tuple[bool, Any]:
-    """(found, value) of what rank 0's task function returned."""
+    """(found, value) of what rank 0 left: a JobReturn (ranks ran run_job) or the return value."""
     path = payload_dir(run_dir) / RETURN
     if not path.exists():
         return False, None

@@ -87,7 +87,8 @@ class SlurmLauncher(BaseLauncher):
 
     # -- Hydra Launcher API ------------------------------------------------
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        assert self.config is not None and self.hydra_context is not None  # set by setup()
+        if self.config is None or self.hydra_context is None:
+            raise RuntimeError("launcher used before Hydra called setup()")
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,8 @@ class SlurmLauncher(BaseLauncher):
             submitted.append((cfg, run_dir, job, run))
         if self.opts.dry_run or not self.opts.wait:
             return [
-                self._job_return(cfg, {"run_dir": d, "job_id": j.job_id if j else None}) for cfg, d, j, _ in submitted
+                self._job_return(cfg, d, {"run_dir": d, "job_id": j.job_id if j else None})
+                for cfg, d, j, _ in submitted
             ]
         return [self._wait(cfg, run_dir, job, run) for cfg, run_dir, job, run in submitted]
 
@@ -141,7 +143,8 @@ class SlurmLauncher(BaseLauncher):
             _save_config(HydraConfig.instance().cfg, "hydra.yaml", out)  # type: ignore[arg-type]
             overrides = OmegaConf.create(list(cfg.hydra.overrides.task))
             _save_config(overrides, "overrides.yaml", out)  # type: ignore[arg-type]  # Hydra saves a list here too
-        write_payload(run_dir, self.task_function, cfg)
+        # the ranks run Hydra's run_job (job logging, env_set, callbacks), as in any Hydra launcher
+        write_payload(run_dir, self.task_function, cfg, hydra_context=self.hydra_context)
         return run_dir
 
     def _submit(self, cfg: DictConfig, run_dir: str, script: str) -> Any:
@@ -159,12 +162,16 @@ class SlurmLauncher(BaseLauncher):
         executor.update_parameters(nodes=res.nodes, ntasks_per_node=res.tasks_per_node, time=max(1, res.time_s // 60))
         return executor.submit(RankEntry(str(payload_dir(Path(run_dir)) / PAYLOAD)))
 
-    def _job_return(self, cfg: DictConfig, value: Any, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:
+    def _job_return(
+        self, cfg: DictConfig, run_dir: str, value: Any, status: JobStatus = JobStatus.COMPLETED
+    ) -> JobReturn:
+        """A JobReturn as Hydra's run_job fills it, for a job whose own one we do not have
+        (submitted without waiting, or ended without a result)."""
         ret = JobReturn()
-        ret.cfg = cfg  # Hydra's sweeper only reads return_value; no copy (login latency)
-        ret.hydra_cfg = cfg
+        ret.cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
+        ret.hydra_cfg = OmegaConf.masked_copy(cfg, "hydra")
         ret.overrides = list(cfg.hydra.overrides.task)
-        ret.working_dir = os.getcwd()
+        ret.working_dir = run_dir if cfg.hydra.job.chdir else os.getcwd()
         ret.task_name = str(cfg.hydra.job.name)
         ret.status = status
         ret.return_value = value
@@ -183,11 +190,12 @@ class SlurmLauncher(BaseLauncher):
         if found:
             if run is not None:
                 ledger.update(run, state="COMPLETED")
-            return self._job_return(cfg, value)
+            # rank 0 ran Hydra's run_job: its JobReturn is the job's own
+            return value if isinstance(value, JobReturn) else self._job_return(cfg, run_dir, value)
         final = query.accounting_states([job_id]).get(job_id, "FAILED")
         if run is not None:
             ledger.update(run, state=final if final != "COMPLETED" else "FAILED")
         err = JobFailed(
             f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {Path(run_dir) / 'logs'}"
         )
-        return self._job_return(cfg, err, JobStatus.FAILED)
+        return self._job_return(cfg, run_dir, err, JobStatus.FAILED)

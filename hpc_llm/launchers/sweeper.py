@@ -16,7 +16,9 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_method
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, open_dict, read_write
+
+from hpc_llm.errors import ConfigError
 
 
 def job_run_dir(job_cfg: DictConfig) -> str:
@@ -50,6 +52,35 @@ class ValidatingSweeper(BasicSweeper):
                 jobs[tuple(job_overrides)] = cfg
         return jobs
 
+    def _run_dir_override(self) -> str | None:
+        """``hydra.run.dir=X`` given on the command line (every invocation is a sweep, so Hydra
+        itself would ignore it)."""
+        if self.config is None:
+            raise RuntimeError("sweeper used before Hydra called setup()")
+        parser = OverridesParser.create()
+        for override in parser.parse_overrides(list(self.config.hydra.overrides.hydra)):
+            if override.key_or_group == "hydra.run.dir":
+                return str(override.value())
+        return None
+
+    def _honour_run_dir(self, jobs: dict[tuple[str, ...], DictConfig]) -> None:
+        """A one-point run goes exactly to ``hydra.run.dir``, as in Hydra's RUN mode; a sweep
+        of several points is refused (each needs its own dir: hydra.sweep.dir/subdir)."""
+        run_dir = self._run_dir_override()
+        if run_dir is None:
+            return
+        if len(jobs) > 1:
+            raise ConfigError(
+                f"hydra.run.dir={run_dir} names one run's directory, but this sweep has {len(jobs)} jobs; "
+                "allowed: hydra.sweep.dir=DIR (job N goes to DIR/${hydra.sweep.subdir}, default DIR/N)"
+            )
+        if self.config is None:
+            raise RuntimeError("sweeper used before Hydra called setup()")
+        for cfg in (self.config, *jobs.values()):
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.sweep.dir = run_dir
+                cfg.hydra.sweep.subdir = "."
+
     def sweep(self, arguments: list[str]) -> Any:
         check_job: Callable[[DictConfig], None] | None = getattr(self.launcher, "check_job", None)
         validate = get_method(self.validate) if self.validate else None
@@ -59,6 +90,7 @@ class ValidatingSweeper(BasicSweeper):
         # config copies its resolver cache, so all jobs land in the same sweep dir.
         str(self.config.hydra.sweep.dir)
         jobs = self.compose_jobs(arguments)
+        self._honour_run_dir(jobs)
         for cfg in jobs.values():
             if validate:
                 validate(cfg, job_run_dir(cfg))
