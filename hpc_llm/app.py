@@ -8,11 +8,13 @@ into one line on stderr (exit 2) instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from omegaconf import DictConfig
 
+from hpc_llm.console import LOG_LEVEL_ENV
 from hpc_llm.paths import conf_dir
 
 
@@ -22,8 +24,9 @@ def task(cfg: DictConfig) -> Any:
     return run(cfg)
 
 
-def validate_job(cfg: DictConfig, run_dir: str) -> None:
-    """Sweeper hook: every job of a sweep is checked before anything starts."""
+def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
+    """Sweeper hook: every job of a sweep is checked before anything starts (``preview``:
+    ``hpc-llm render``, where data not prepared yet is a warning)."""
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
     from hpc_llm.trainconfig import build_train_config
@@ -33,7 +36,7 @@ def validate_job(cfg: DictConfig, run_dir: str) -> None:
             "hydra.job.chdir=true: hpc_llm's ranks each work in node-local scratch (Composer's signal files "
             "must not be shared between nodes) and write to the run dir by its absolute path; allowed: false"
         )
-    job = resolve_job(cfg, run_dir)
+    job = resolve_job(cfg, run_dir, preview=preview)
     build_train_config(cfg, job, run_name="validate")
     # binds depend on the whole config (data, checkpoints, run dir): conflicts show here
     job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    if {"-v", "--verbose"} & set(sys.argv[1:]):
+        # everything the ranks print, on the console too (hpc_llm.console); Hydra has no -v
+        sys.argv = [a for a in sys.argv if a not in ("-v", "--verbose")]
+        os.environ.setdefault(LOG_LEVEL_ENV, "INFO")
     modes = {
         "-m",
         "--multirun",

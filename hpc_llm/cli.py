@@ -73,7 +73,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     from hpc_llm.trainconfig import build_train_config
 
     cfg = compose(args.overrides)
-    job = resolve_job(cfg, run_dir="<run dir>")
+    job = resolve_job(cfg, run_dir="<run dir>", preview=True)
     train = build_train_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
     sys.stdout.write(yaml.safe_dump(train, sort_keys=False))
     return 0
@@ -104,7 +104,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     run_dir = job_run_dir(cfg)
     from hpc_llm.app import validate_job
 
-    validate_job(cfg, run_dir)
+    validate_job(cfg, run_dir, preview=True)
     sys.stdout.write(render(build_spec(cfg, opts, run_dir)))
     return 0
 

@@ -31,6 +31,8 @@ from hpc_llm.plan import JobPlan
 
 RESULTS_FILE = "results.json"
 ATTEMPTS_FILE = "attempts.json"
+#: where the run is now (batch, loss, tokens/s, phase), rewritten by rank 0 about once a second
+PROGRESS_FILE = "progress.json"
 #: hpc_llm's private files in a run dir: payload, attempts, readiness markers
 PRIVATE_DIR = ".hpc_llm"
 SCHEMA_VERSION = 2
@@ -137,6 +139,20 @@ def read_results(run_dir: Path | str) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def write_progress(run_dir: Path | str, data: dict[str, Any]) -> None:
+    _write_json(Path(run_dir) / PRIVATE_DIR / PROGRESS_FILE, data)
+
+
+def read_progress(run_dir: Path | str) -> dict[str, Any]:
+    """The live progress of a run ({} before it has any, or mid-write)."""
+    path = Path(run_dir) / PRIVATE_DIR / PROGRESS_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return {}
 
 
 @dataclass

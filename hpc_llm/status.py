@@ -16,6 +16,10 @@ def refresh(limit: int | None = None) -> list[ledger.Run]:
     live = [r for r in runs if r.state not in ledger.FINAL_STATES]
     slurm_ids = [j for r in live if r.launcher == "slurm" for j in r.job_ids]
     states = query.job_states(slurm_ids) if slurm_ids else {}
+    if states is None:
+        # squeue failed: what the queue holds is unknown, and no run may be called finished
+        live = [r for r in live if r.launcher != "slurm"]
+        states = {}
     for r in live:
         results = read_results(r.run_dir)
         restarts = int(results.get("restarts", 0)) if results else r.restarts

@@ -66,8 +66,6 @@ def run_app(
     python_flags: list[str] | None = None,
 ):
     """``python -m hpc_llm <args>``; returns the CompletedProcess."""
-    if not any(a.startswith("hydra/launcher=") for a in args):
-        args = [*args, "hydra.launcher.stream=false"]  # rank 0's output stays in its log file
     return subprocess.run(
         [PY, *(python_flags or []), "-m", "hpc_llm", *args],
         env=env,
@@ -140,11 +138,7 @@ def _slurm_tests_wanted(config: pytest.Config) -> bool:
 CLUSTER_ENV = "HPC_LLM_TEST_CLUSTER"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """The session's one dev cluster, started by the controlling process (not by an xdist
-    worker), so every worker shares it; workers find it through $HPC_LLM_TEST_CLUSTER."""
-    if hasattr(config, "workerinput") or not _slurm_tests_wanted(config):
-        return
+def _start_cluster(config: pytest.Config):
     from hpc_llm.slurm import devcluster
 
     shared = shared_dir(config)
@@ -159,6 +153,17 @@ def pytest_configure(config: pytest.Config) -> None:
     cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16))
     os.environ[CLUSTER_ENV] = str(root)
     config._hpc_llm_cluster = cluster  # type: ignore[attr-defined]
+    return cluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With pytest-xdist, the session's one dev cluster is started by the controlling process
+    (not by a worker), so every worker shares it; they find it through $HPC_LLM_TEST_CLUSTER.
+    Without xdist, the first test that needs it starts it."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    if _slurm_tests_wanted(config):
+        _start_cluster(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -170,13 +175,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def dev_cluster():
+def dev_cluster(pytestconfig: pytest.Config):
     """The session's real 3-node Slurm cluster (Debian slurm-wlm), shared by every Slurm test
     and every xdist worker: started through ``hpc_llm.slurm.devcluster`` (what ``hpc-llm
     dev-cluster up`` runs) before the tests and stopped, by pid, after them."""
     from hpc_llm.slurm import devcluster
 
     root = os.environ.get(CLUSTER_ENV)
+    if not root and not hasattr(pytestconfig, "workerinput") and _slurm_tests_wanted(pytestconfig):
+        root = str(_start_cluster(pytestconfig).root)
     if not root:
         reason = "needs Debian slurm-wlm and root (scripts/setup-dev.sh installs it)"
         if os.environ.get("CI"):

@@ -333,3 +333,24 @@ def test_bad_data_and_batch_input_is_one_line_before_training(overrides, message
     [line] = proc.stderr.strip().splitlines()
     assert message in line, line
     assert not runs_dir.exists()
+
+
+@pytest.mark.parametrize("command", ["config", "render"])
+def test_previews_work_before_the_data_is_prepared_and_submitting_does_not(command, app_env, tmp_path):
+    """A user looks at the job before preparing hundreds of GB of C4: a warning, not an error."""
+    missing = tmp_path / "no_c4_yet"
+    env = dict(app_env, HPC_LLM_HOME=str(tmp_path / "home"))
+    proc = run_cli([command, "+experiment=mpt7b_c4", f"data.path={missing}"], env)
+    assert proc.returncode == 0, explain(proc)
+    [warning] = [ln for ln in proc.stderr.splitlines() if "no MDS split" in ln]
+    assert warning.startswith("hpc_llm: warning: ") and "a preview; submitting the run would stop here" in warning
+    assert ("global_train_batch_size: 1024" if command == "config" else "#SBATCH --nodes=1") in proc.stdout
+    submit = run_app(
+        ["+experiment=mpt7b_c4", f"data.path={missing}", "hydra/launcher=slurm", "hydra.launcher.dry_run=true"],
+        env,
+        cwd=tmp_path,
+    )
+    assert submit.returncode == 2, explain(submit)
+    [line] = submit.stderr.strip().splitlines()
+    assert line.startswith("hpc_llm: error: ") and "has no MDS split 'train'" in line
+    assert not (tmp_path / "runs").exists()

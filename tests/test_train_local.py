@@ -149,3 +149,24 @@ def test_a_sweep_runs_each_point_with_its_own_config(app_env, runs_dir, tmp_path
     rs = results_of(runs_dir)
     assert [r["batches_done"] for r in rs] == [4, 6]
     assert all(r["eval"] == {} for r in rs)
+
+
+def test_the_console_shows_a_summary_and_v_shows_everything(app_env, runs_dir, tmp_path):
+    """The ranks' whole output goes to logs/rank<N>.log; the console gets a short summary."""
+    quiet = run_app(["+experiment=mpt_tiny", "train.max_duration=10ba", "eval=heldout"], app_env, cwd=tmp_path)
+    assert quiet.returncode == 0, explain(quiet)
+    assert len(quiet.stdout.splitlines()) < 25, quiet.stdout
+    assert "[batch=" not in quiet.stdout + quiet.stderr  # LLM Foundry's console lines stay in the log
+    for row in ("status", "train loss", "held-out", "throughput", "tokens/s", "checkpoint", "run dir"):
+        assert row in quiet.stdout
+    [r] = results_of(runs_dir)
+    assert f"{r['train_loss_first']:.4g} -> {r['train_loss']:.4g} (10 batches)" in quiet.stdout
+    log = (Path(r["run_dir"]) / "logs" / "rank0.log").read_text()
+    assert "[batch=10/10]" in log and "llmfoundry" in log
+    loud = run_app(
+        ["+experiment=mpt_tiny", "train.max_duration=10ba", "eval=heldout", "-v"],
+        dict(app_env, HPC_LLM_RUNS=str(tmp_path / "loud")),
+        cwd=tmp_path,
+    )
+    assert loud.returncode == 0, explain(loud)
+    assert "[batch=10/10]" in loud.stdout and len(loud.stdout.splitlines()) > 100

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hpc_llm.config.llmfoundry_keys import TRAIN_CONFIG_KEYS
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.paths import cache_dir
 from hpc_llm.plan import JobPlan, make_plan
 from hpc_llm.plugins.base import (
@@ -198,8 +198,12 @@ def components(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     )
 
 
-def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
-    """The job a config describes, with every plugin's checks run; or one ConfigError."""
+def resolve_job(cfg: DictConfig, run_dir: str | None = None, *, preview: bool = False) -> ResolvedJob:
+    """The job a config describes, with every plugin's checks run; or one ConfigError.
+
+    ``preview`` (``hpc-llm config``, ``render``): what is missing from the data
+    source (data not prepared yet) is a warning, not an error; submitting
+    checks it for real."""
     job = components(cfg, run_dir)
     plan = job.plan
     if len(set(cfg.eval.evaluators)) != len(cfg.eval.evaluators):
@@ -210,7 +214,12 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
                 f"eval.options.{key}: '{key}' is not in eval.evaluators; "
                 f"allowed: {', '.join(cfg.eval.evaluators) or '(none)'}"
             )
-    job.data.validate(cfg.data, plan)
+    try:
+        job.data.validate(cfg.data, plan)
+    except ConfigError as exc:
+        if not preview:
+            raise
+        warn_once(f"{exc} (a preview; submitting the run would stop here)")
     job.parallelism.validate(cfg.parallelism, plan)
     job.checkpoint.validate(cfg.checkpoint, plan)
     for ev in job.evaluators:

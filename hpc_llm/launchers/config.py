@@ -17,9 +17,10 @@ class LocalLauncherConf:
     tasks_key: str = "resources.tasks_per_node"
     # Seconds to wait for one job's ranks before killing them (0: no limit).
     timeout_s: int = 0
-    # Copy rank 0's output to the console while it runs (all ranks always log
-    # to <run dir>/logs/rank<N>.log).
-    stream: bool = True
+    # Copy rank 0's whole output to the console while it runs; null: only with -v
+    # (or HPC_LLM_LOG_LEVEL=INFO), else a live progress line and a summary. All
+    # ranks always log to <run dir>/logs/rank<N>.log.
+    stream: Optional[bool] = None
 
 
 @dataclass

@@ -22,12 +22,13 @@ from typing import IO, Any
 
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 
-from hpc_llm import ledger
+from hpc_llm import console, ledger
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.payload import read_return, write_payload
-from hpc_llm.record import RESULTS_FILE
+from hpc_llm.record import RESULTS_FILE, read_results
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,12 @@ def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
 class LocalLauncher(BaseLauncher):
     kind = "local"
 
-    def __init__(self, nodes_key: str, tasks_key: str, timeout_s: int = 0, stream: bool = True) -> None:
+    def __init__(self, nodes_key: str, tasks_key: str, timeout_s: int = 0, stream: bool | None = None) -> None:
         super().__init__()
         self.nodes_key = nodes_key
         self.tasks_key = tasks_key
         self.timeout_s = timeout_s
-        self.stream = stream
+        self.stream = console.verbose() if stream is None else stream
 
     # -- called by the sweeper on every job before anything is created -----
     def check_job(self, cfg: DictConfig) -> None:
@@ -172,7 +173,12 @@ class LocalLauncher(BaseLauncher):
                 procs.append(proc)
                 if stream:
                     pumps.append(_tee(proc.stdout, out))
-            failed = self._wait(procs)
+            if self.stream:
+                failed = self._wait(procs)
+            else:
+                label = f"job {sweep_config.hydra.job.num}"
+                with console.live_progress(lambda: [(label, run_dir, None)]):
+                    failed = self._wait(procs)
         except BaseException:
             _stop(procs)
             raise
@@ -181,14 +187,14 @@ class LocalLauncher(BaseLauncher):
                 t.join(timeout=10)
             for f in files:
                 f.close()
+        results = read_results(run_dir)
+        num = sweep_config.hydra.job.num
+        if results is not None:
+            Console(width=max(100, Console().width)).print(console.summary(results, title=f"job {num}"))
         if failed is not None:
             rank, code = failed
-            raise JobFailed(
-                f"job {sweep_config.hydra.job.num} failed: rank {rank} exited with {code}; "
-                f"log: {logs / f'rank{rank}.log'}"
-            )
-        results = run_dir / RESULTS_FILE
-        print(f"job {sweep_config.hydra.job.num}: completed; {results if results.exists() else run_dir}", flush=True)
+            raise JobFailed(f"job {num} failed: rank {rank} exited with {code}; log: {logs / f'rank{rank}.log'}")
+        print(f"job {num}: completed; {run_dir / RESULTS_FILE if results is not None else run_dir}", flush=True)
         return read_return(run_dir)[1]
 
     def _wait(self, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ job before anything is created or submitted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -28,12 +29,14 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, _save_config, configure_log, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from rich.console import Console
 
-from hpc_llm import ledger
+from hpc_llm import console, ledger
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.payload import PAYLOAD, RankEntry, payload_dir, read_return, write_payload
 from hpc_llm.launchers.sweeper import job_run_dir
+from hpc_llm.record import read_results
 from hpc_llm.slurm import query
 from hpc_llm.slurm.render import render
 from hpc_llm.slurm.spec import build_spec, job_resources, submitit_folder
@@ -126,7 +129,7 @@ class SlurmLauncher(BaseLauncher):
                 self._job_return(cfg, d, {"run_dir": d, "job_id": j.job_id if j else None})
                 for cfg, d, j, _ in submitted
             ]
-        return [self._wait(cfg, run_dir, job, run) for cfg, run_dir, job, run in submitted]
+        return self._wait_all(submitted)
 
     # -- helpers -------------------------------------------------------------
     def _prepare_run_dir(self, cfg: DictConfig) -> str:
@@ -177,15 +180,47 @@ class SlurmLauncher(BaseLauncher):
         ret.return_value = value
         return ret
 
-    def _wait(self, cfg: DictConfig, run_dir: str, job: Any, run: ledger.Run | None) -> JobReturn:
+    def _wait_all(self, submitted: list[tuple[DictConfig, str, Any, ledger.Run | None]]) -> list[JobReturn]:
+        """Every job of the sweep until it leaves the queue (one live line each), then their
+        results. A failed squeue is "unknown", never "finished": we keep waiting."""
+        ids = [str(job.job_id) for _cfg, _d, job, _run in submitted]
+        states: dict[str, str] = {}
+
+        def rows() -> list[tuple[str, Path, str | None]]:
+            return [
+                (f"job {cfg.hydra.job.num} (Slurm {jid})", Path(d), states.get(jid))
+                for (cfg, d, _j, _r), jid in zip(submitted, ids, strict=True)
+            ]
+
+        runs = {jid: run for (_c, _d, _j, run), jid in zip(submitted, ids, strict=True)}
+        watching = contextlib.nullcontext() if console.verbose() else console.live_progress(rows)
+        with watching:
+            pending = set(ids)
+            while pending:
+                now = query.job_states(sorted(pending))
+                if now is not None:
+                    for jid in sorted(pending):
+                        if jid not in now:
+                            pending.discard(jid)
+                            continue
+                        states[jid] = now[jid]
+                        run = runs[jid]
+                        if run is not None and run.state != now[jid]:
+                            runs[jid] = ledger.update(run, state=now[jid])
+                if pending:
+                    time.sleep(float(self.opts.poll_s))
+        returns = [
+            self._finished(cfg, d, job, runs[jid]) for (cfg, d, job, _r), jid in zip(submitted, ids, strict=True)
+        ]
+        out = Console(width=max(100, Console().width))
+        for (cfg, d, _j, _r), jid in zip(submitted, ids, strict=True):
+            results = read_results(d)
+            if results is not None:
+                out.print(console.summary(results, title=f"job {cfg.hydra.job.num} (Slurm job {jid})"))
+        return returns
+
+    def _finished(self, cfg: DictConfig, run_dir: str, job: Any, run: ledger.Run | None) -> JobReturn:
         job_id = str(job.job_id)
-        while True:
-            states = query.job_states([job_id])
-            if job_id not in states:
-                break
-            if run is not None and run.state != states[job_id]:
-                run = ledger.update(run, state=states[job_id])
-            time.sleep(float(self.opts.poll_s))
         found, value = read_return(run_dir)
         if found:
             if run is not None:

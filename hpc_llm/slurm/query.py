@@ -64,11 +64,19 @@ def default_partition(parts: dict[str, Partition]) -> Partition | None:
     return next((p for p in parts.values() if p.default), None)
 
 
-def job_states(job_ids: list[str]) -> dict[str, str]:
-    """Current state of each job squeue still knows (PENDING, RUNNING, REQUEUED...)."""
+def job_states(job_ids: list[str]) -> dict[str, str] | None:
+    """Current state of each job squeue still knows (PENDING, RUNNING, REQUEUED...); a job
+    missing from the answer has left the queue. None when squeue itself failed (slurmctld
+    busy or unreachable, RPC limits): nothing is known, and nothing may be called finished."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    try:
+        out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    except ConfigError:
+        return None
+    if out.returncode != 0:
+        # every id unknown to slurmctld (gone past MinJobAge): they have all left the queue
+        return {} if "Invalid job id" in out.stderr else None
     states: dict[str, str] = {}
     for line in out.stdout.splitlines():
         if "|" in line:

@@ -1,0 +1,130 @@
+"""What a person sees while runs train and when they end: a live line, then a summary.
+
+The full output of every rank stays in ``<run dir>/logs/rank<N>.log``; the
+console shows one live progress line per run (batch / total, loss, tokens/s,
+ETA, read from the run's progress file that rank 0 rewrites) and, when a run
+ends, a short summary of its results.json. ``-v`` (or
+``HPC_LLM_LOG_LEVEL=INFO``) streams rank 0's whole output instead. Login side:
+rich only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from hpc_llm.record import read_progress
+
+LOG_LEVEL_ENV = "HPC_LLM_LOG_LEVEL"
+
+
+def verbose() -> bool:
+    """Stream the ranks' whole output (``-v`` or HPC_LLM_LOG_LEVEL=INFO/DEBUG)."""
+    return os.environ.get(LOG_LEVEL_ENV, "").upper() in ("INFO", "DEBUG")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def progress_line(label: str, progress: dict[str, Any], started: float, state: str | None = None) -> Text:
+    """``job 0 [train] batch 12/40  loss 5.21  1,234 tok/s  ETA 0:00:18``."""
+    if not progress:
+        return Text(f"{label}: {state or 'starting'} ({_duration(time.time() - started)})", style="dim")
+    batch, total = progress.get("batch") or 0, progress.get("total_batches")
+    parts = [f"{label} [{progress.get('phase', '?')}]", f"batch {batch}" + (f"/{total}" if total else "")]
+    if progress.get("loss") is not None:
+        parts.append(f"loss {progress['loss']:.4g}")
+    if progress.get("tokens_per_sec"):
+        parts.append(f"{progress['tokens_per_sec']:,.0f} tok/s")
+    elapsed = (progress.get("time") or time.time()) - started
+    if total and batch and progress.get("phase") == "train":
+        parts.append(f"ETA {_duration(elapsed / batch * (total - batch))}")
+    if state:
+        parts.append(state)
+    return Text("  ".join(parts))
+
+
+@contextmanager
+def live_progress(
+    runs: Callable[[], list[tuple[str, Path, str | None]]], console: Console | None = None
+) -> Iterator[None]:
+    """While the block runs, one refreshing line per run: ``runs()`` gives (label, run dir, state)."""
+    console = console or Console(stderr=True)
+    started = time.time()
+    stop = threading.Event()
+
+    def render() -> Table:
+        table = Table.grid()
+        for label, run_dir, state in runs():
+            table.add_row(progress_line(label, read_progress(run_dir), started, state))
+        return table
+
+    with Live(render(), console=console, refresh_per_second=2, transient=True) as live:
+
+        def refresh() -> None:
+            while not stop.wait(0.5):
+                live.update(render())
+
+        thread = threading.Thread(target=refresh, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=2)
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def summary(results: dict[str, Any], title: str | None = None) -> Table:
+    """The end of a run in a few rows: loss, held-out metrics, throughput, where things are."""
+    ev = results.get("eval") or {}
+    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    error = results.get("error")
+    table.add_row("status", str(results.get("status")) + (f": {error}" if error else ""))
+    first, last = results.get("train_loss_first"), results.get("train_loss")
+    table.add_row(
+        "train loss", f"{_fmt(first, '.4g')} -> {_fmt(last, '.4g')} ({_fmt(results.get('batches_done'))} batches)"
+    )
+    if ev:
+        table.add_row(
+            "held-out", f"loss {_fmt(ev.get('loss'), '.4g')}, token accuracy {_fmt(ev.get('token_accuracy'), '.3f')}"
+        )
+    mfu = results.get("mfu")
+    table.add_row(
+        "throughput",
+        f"{_fmt(results.get('tokens_per_sec'), ',.0f')} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""),
+    )
+    wall = results.get("total_wallclock_s") or results.get("wallclock_s")
+    restarts = results.get("restarts") or 0
+    table.add_row("wall clock", _duration(wall) + (f", {restarts} restart(s)" if restarts else ""))
+    if results.get("checkpoint"):
+        table.add_row("checkpoint", str(results["checkpoint"]))
+    if results.get("hf_model_dir"):
+        table.add_row("HF model", str(results["hf_model_dir"]))
+    if ev.get("inference_sample") is not None:
+        table.add_row("inference", repr(ev["inference_sample"]))
+    if results.get("run_dir"):
+        table.add_row("run dir", str(results["run_dir"]))
+    return table
