@@ -7,10 +7,14 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-if ! command -v slurmctld >/dev/null 2>&1; then
-  echo "== installing slurm-wlm (Debian packages)"
+# slurmdbd + mariadb-server: the dev cluster's accounting (sacct); it starts its own
+# MariaDB by hand, so the service the package would start is not needed.
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmdbd >/dev/null 2>&1 \
+    || ! command -v mariadbd >/dev/null 2>&1; then
+  echo "== installing slurm-wlm, slurmdbd, mariadb-server (Debian packages)"
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q slurm-wlm >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends slurmdbd mariadb-server >/dev/null
 fi
 
 PYTHON="${PYTHON:-python3}"

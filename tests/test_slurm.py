@@ -130,8 +130,8 @@ BAD = [
     (["hydra.launcher.partition=gpu"], "partition 'gpu' does not exist on this cluster; allowed: high, low"),
     (["resources.time=tomorrow"], "resources.time='tomorrow' is not a Slurm time limit"),
     (
-        ["resources.tasks_per_node=2", "resources.cpus_per_task=2"],
-        "= 4 CPUs per node, but nodes of partition 'low' have",
+        ["resources.tasks_per_node=9", "resources.cpus_per_task=2"],
+        "= 18 CPUs per node, but nodes of partition 'low' have 16",
     ),
     (["resources.nodes=1,4"], "resources.nodes=4 is more than partition"),  # one bad point stops the sweep
 ]
@@ -162,5 +162,6 @@ def test_dev_cluster_up_is_idempotent(dev_cluster):
     pids = devcluster.running(dev_cluster)
     again = devcluster.up(root=dev_cluster.root, nodes=dev_cluster.nodes, ctld_port=dev_cluster.ctld_port)
     assert again == dev_cluster and devcluster.running(dev_cluster) == pids
-    assert len(pids) == 1 + dev_cluster.nodes
+    # slurmctld + one slurmd per node, and with accounting MariaDB + slurmdbd
+    assert len(pids) == 1 + dev_cluster.nodes + (2 if dev_cluster.accounting else 0)
     assert dev_cluster.env()["SLURM_CONF"] == str(dev_cluster.conf) and dev_cluster.conf.is_file()

@@ -1,18 +1,36 @@
-"""A real Slurm cluster on this machine: slurmctld + N slurmd (Debian slurm-wlm).
+"""A real Slurm cluster on this machine: slurmctld + N slurmd (Debian slurm-wlm), with accounting.
 
 ``hpc-llm dev-cluster up`` writes a slurm.conf under ``--root`` (state, spool,
 logs and per-node job containers all outside /tmp, which each job gets a
-private copy of), starts ``slurmctld`` and one ``slurmd -N nX`` per node, waits
-until the nodes are idle and prints ``export SLURM_CONF=...``. It is
-idempotent, and ``down`` stops only the daemons whose pid files it wrote.
+private copy of), starts a private MariaDB and slurmdbd (``accounting=True``,
+the default: ``sacct`` works; see ``accounting_db``), then ``slurmctld`` and
+one ``slurmd -N nX`` per node, waits until the nodes are idle and prints
+``export SLURM_CONF=...``. It is idempotent, and ``down`` stops only the
+daemons whose pid files it wrote (mariadbd last).
+
+Ports, all on 127.0.0.1, from one base ``ctld_port`` (a block of nodes + 2):
+slurmctld ``ctld_port``, the slurmd of node i ``ctld_port + i``, slurmdbd
+``ctld_port + nodes + 1``. MariaDB takes no port (its unix socket only).
+
+Each node declares ``gpus_per_node`` GPUs as GRES (``gres/gpu``, device files
+``<root>/dev/nvidia*`` that are links to /dev/null, so no GPU is needed) and
+``cpus_per_node`` CPUs (16 by default, whatever the host has:
+``SlurmdParameters=config_overrides``), so an 8-task-per-node GPU job schedules.
+``EnforcePartLimits=ALL`` rejects a job no node can hold at submit time.
 
 The recipe (auth/none, job_container/tmpfs, partition-priority preemption with
-REQUEUE and preempt_send_user_signal) is the one verified in DESIGN.md §4.
+REQUEUE and preempt_send_user_signal) is the one described in docs/design.md.
 Partitions: ``low`` (default, preemptable, GraceTime) and ``high``.
+
+Fault injection: ``kill_node`` kills a node's slurmd, its slurmstepds and their
+tasks (a dead machine); ``revive_node`` restarts its slurmd (``ReturnToService=2``
+brings the node back). With ``SlurmdTimeout=10`` the node is DOWN and its job
+NODE_FAIL ~15 s after the kill.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,11 +41,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_llm.errors import ConfigError
+from hpc_llm.slurm import accounting_db
 
 DEFAULT_ROOT_ENV = "HPC_LLM_DEV_CLUSTER"
+CLUSTER_NAME = "hpcllmdev"
 CTLD_PORT = 16817
 SLURMD_BASE_PORT = CTLD_PORT + 1  # slurmd of node i listens on CTLD_PORT + i
 GRACE_TIME_S = 20
+DEFAULT_CPUS_PER_NODE = 16  # an 8-task-per-node job with 2 CPUs per task
+DEFAULT_GPUS_PER_NODE = 8
 
 
 def default_root() -> Path:
@@ -42,6 +64,10 @@ class DevCluster:
     cpus_per_node: int
     ctld_port: int = CTLD_PORT
     slurmd_port: int = SLURMD_BASE_PORT
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    accounting: bool = True
+    dbd_port: int | None = None  # slurmdbd's port, with accounting
+    mem_per_node_mb: int = 0  # RealMemory (0: not declared)
 
     @property
     def conf(self) -> Path:
@@ -57,13 +83,34 @@ class DevCluster:
     def pidfile(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
 
+    @property
+    def db(self) -> accounting_db.Paths:
+        return accounting_db.Paths(self.root)
+
+
+def _range(prefix: str, n: int) -> str:
+    return f"{prefix}[0-{n - 1}]" if n > 1 else f"{prefix}0"
+
 
 def slurm_conf(c: DevCluster, hostname: str) -> str:
     r = c.root
     last = c.nodes
+    gres = f" Gres=gpu:{c.gpus_per_node}" if c.gpus_per_node else ""
+    mem = f" RealMemory={c.mem_per_node_mb}" if c.mem_per_node_mb else ""
+    if c.accounting:
+        accounting = f"""\
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={c.dbd_port}
+AccountingStorageTRES=gres/gpu
+JobAcctGatherType=jobacct_gather/linux"""
+    else:
+        accounting = """\
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none"""
     return f"""\
 # Written by `hpc-llm dev-cluster up`: a {c.nodes}-node Slurm cluster on {hostname}.
-ClusterName=hpcllmdev
+ClusterName={CLUSTER_NAME}
 SlurmctldHost={hostname}(127.0.0.1)
 SlurmctldPort={c.ctld_port}
 SlurmUser=root
@@ -79,8 +126,19 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# A requeued job starts ~12 s after it stopped instead of ~34 s.
+SchedulerParameters=bf_interval=1,sched_interval=2
+# Reject at submit (sbatch, --test-only too) a job no node of the partition can hold.
+EnforcePartLimits=ALL
 ReturnToService=2
+# A dead node (kill_node) is DOWN, and its job NODE_FAIL, ~15 s after it died.
+SlurmdTimeout=10
+MessageTimeout=5
 MailProg=/bin/true
+# The nodes declare CPUs and GPUs this host does not have (and each all of its memory,
+# so that --mem up to that much is accepted; CR_CPU does not allot memory).
+SlurmdParameters=config_overrides
+GresTypes=gpu
 # Per-node private /tmp and /dev/shm (Streaming keeps state in /dev/shm).
 JobContainerType=job_container/tmpfs
 PrologFlags=Contain
@@ -98,22 +156,39 @@ SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+{accounting}
 JobCompType=jobcomp/none
 InactiveLimit=0
 KillWait=10
 MinJobAge=300
-NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr=127.0.0.1 Port=[{c.slurmd_port}-{c.slurmd_port + last - 1}] CPUs={c.cpus_per_node} State=UNKNOWN
+NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr=127.0.0.1 Port=[{c.slurmd_port}-{c.slurmd_port + last - 1}] CPUs={c.cpus_per_node}{mem}{gres} State=UNKNOWN
 PartitionName=low Nodes=n[1-{last}] Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={GRACE_TIME_S} MaxTime=INFINITE State=UP
 PartitionName=high Nodes=n[1-{last}] PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP
-"""
+"""  # noqa: E501
 
 
 def job_container_conf(c: DevCluster) -> str:
     # 22.05: one line per node (no Dirs=, %n not expanded); BasePath outside /tmp.
     lines = [f"NodeName={n} AutoBasePath=true BasePath={c.root}/jc/{n}" for n in c.node_names]
     return "\n".join(lines) + "\n"
+
+
+def gres_conf(c: DevCluster) -> str:
+    # File= is required (without it slurmd drops the GPUs and the node drains); links to
+    # /dev/null pass for devices (plain files do not).
+    if not c.gpus_per_node:
+        return ""
+    return f"NodeName=n[1-{c.nodes}] Name=gpu File={_range(str(c.root / 'dev' / 'nvidia'), c.gpus_per_node)}\n"
+
+
+def _write_gpu_devices(c: DevCluster) -> None:
+    dev = c.root / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    for i in range(c.gpus_per_node):
+        link = dev / f"nvidia{i}"
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to("/dev/null")
 
 
 def _alive(pid: int) -> bool:
@@ -123,7 +198,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie is dead
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _read_pid(path: Path) -> int | None:
@@ -133,10 +211,16 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
+def _slurmd_pidfile(c: DevCluster, node: str) -> Path:
+    return c.root / "run" / f"slurmd-{node}.pid"
+
+
 def _daemons(c: DevCluster) -> list[tuple[str, Path]]:
-    return [("slurmctld", c.pidfile("slurmctld"))] + [
-        (f"slurmd -N {n}", c.root / "run" / f"slurmd-{n}.pid") for n in c.node_names
-    ]
+    """This cluster's daemons and their pid files, in start order."""
+    db = [("mariadbd", c.db.mariadb_pid), ("slurmdbd", c.db.slurmdbd_pid)] if c.accounting else []
+    return (
+        db + [("slurmctld", c.pidfile("slurmctld"))] + [(f"slurmd -N {n}", _slurmd_pidfile(c, n)) for n in c.node_names]
+    )
 
 
 def running(c: DevCluster) -> dict[str, int]:
@@ -149,12 +233,15 @@ def running(c: DevCluster) -> dict[str, int]:
     return out
 
 
-def _require_binaries() -> None:
+def _require_binaries(accounting: bool) -> None:
     missing = [b for b in ("slurmctld", "slurmd", "sinfo", "sbatch") if shutil.which(b) is None]
+    if accounting:
+        missing += accounting_db.missing_binaries()
     if missing:
         raise ConfigError(
-            f"dev-cluster needs Slurm ({', '.join(missing)} not on PATH); install it with "
-            "`apt-get install slurm-wlm` (scripts/setup-dev.sh does)"
+            f"dev-cluster needs Slurm{' and MariaDB' if accounting else ''} ({', '.join(missing)} not on PATH); "
+            "install them with `apt-get install slurm-wlm slurmdbd mariadb-server` (scripts/setup-dev.sh does)"
+            + ("; or start the cluster without accounting (--no-accounting)" if accounting else "")
         )
     if os.geteuid() != 0:
         raise ConfigError("dev-cluster runs slurmd as root (job containers need it); run it as root")
@@ -165,15 +252,57 @@ def load(root: Path) -> DevCluster | None:
     conf = root / "etc" / "slurm.conf"
     if not conf.is_file():
         return None
-    nodes, cpus, port, dport = 1, 1, CTLD_PORT, SLURMD_BASE_PORT
+    nodes, cpus, port, dport, gpus, accounting, dbd_port = 1, 1, CTLD_PORT, SLURMD_BASE_PORT, 0, False, None
+    mem = 0
     for line in conf.read_text().splitlines():
         if line.startswith("NodeName=n[1-"):
             nodes = int(line.split("n[1-", 1)[1].split("]", 1)[0])
             cpus = int(line.split("CPUs=", 1)[1].split()[0])
             dport = int(line.split("Port=[", 1)[1].split("-", 1)[0])
-        if line.startswith("SlurmctldPort="):
+            if " Gres=gpu:" in line:
+                gpus = int(line.split(" Gres=gpu:", 1)[1].split()[0])
+            if " RealMemory=" in line:
+                mem = int(line.split(" RealMemory=", 1)[1].split()[0])
+        elif line.startswith("SlurmctldPort="):
             port = int(line.split("=", 1)[1])
-    return DevCluster(root=root, nodes=nodes, cpus_per_node=cpus, ctld_port=port, slurmd_port=dport)
+        elif line.startswith("AccountingStorageType="):
+            accounting = line.split("=", 1)[1].strip() == "accounting_storage/slurmdbd"
+        elif line.startswith("AccountingStoragePort="):
+            dbd_port = int(line.split("=", 1)[1])
+    return DevCluster(
+        root=root,
+        nodes=nodes,
+        cpus_per_node=cpus,
+        ctld_port=port,
+        slurmd_port=dport,
+        gpus_per_node=gpus,
+        accounting=accounting,
+        dbd_port=dbd_port if accounting else None,
+        mem_per_node_mb=mem,
+    )
+
+
+def _host_mem_mb() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _check_ports_free(ports: list[int]) -> None:
+    for p in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the daemons do
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError as e:
+                raise ConfigError(
+                    f"dev-cluster port {p} is taken ({e.strerror}); it needs ports {ports[0]}-{ports[-1]} "
+                    "(slurmctld, one slurmd per node, slurmdbd): pick another --port"
+                ) from None
 
 
 def up(
@@ -182,51 +311,112 @@ def up(
     cpus_per_node: int | None = None,
     ctld_port: int = CTLD_PORT,
     timeout_s: float = 60,
+    accounting: bool = True,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
 ) -> DevCluster:
+    """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is).
+
+    ``accounting``: also a private MariaDB + slurmdbd (``sacct``); without it, ~2-3 s faster.
+    Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd)."""
     root = (root or default_root()).expanduser().resolve()
     if str(root).startswith("/tmp/") or str(root) == "/tmp":
         raise ConfigError(f"--root={root}: must be outside /tmp (every job gets a private /tmp)")
     if nodes < 1:
         raise ConfigError(f"--nodes={nodes}: must be >= 1")
-    _require_binaries()
-    cpus = cpus_per_node or max(2, os.cpu_count() or 2)
-    c = DevCluster(root=root, nodes=nodes, cpus_per_node=cpus, ctld_port=ctld_port, slurmd_port=ctld_port + 1)
+    if gpus_per_node < 0:
+        raise ConfigError(f"gpus_per_node={gpus_per_node}: must be >= 0")
+    _require_binaries(accounting)
+    cpus = cpus_per_node or max(DEFAULT_CPUS_PER_NODE, os.cpu_count() or 2)
+    c = DevCluster(
+        root=root,
+        nodes=nodes,
+        cpus_per_node=cpus,
+        ctld_port=ctld_port,
+        slurmd_port=ctld_port + 1,
+        gpus_per_node=gpus_per_node,
+        accounting=accounting,
+        dbd_port=ctld_port + nodes + 1 if accounting else None,
+        mem_per_node_mb=_host_mem_mb(),
+    )
     existing = load(root)
-    if existing is not None and running(existing):
-        if len(running(existing)) == len(_daemons(existing)) and existing.nodes == nodes:
-            return existing  # already up: idempotent
-        down(root)
-    for sub in ("etc", "state", "spool", "run", "log", "jc"):
+    if existing is not None:
+        alive = running(existing)
+        if alive:
+            if len(alive) == len(_daemons(existing)) and (existing.nodes, existing.accounting) == (nodes, accounting):
+                return existing  # already up: idempotent
+            down(root)
+    _check_ports_free(list(range(ctld_port, ctld_port + nodes + 1 + (1 if accounting else 0))))
+    for sub in ("etc", "state", "spool", "run", "log", "jc", *(f"spool/{n}" for n in c.node_names)):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    fresh_state = not (root / "state" / "job_state").exists()
     hostname = socket.gethostname().split(".")[0]
     c.conf.write_text(slurm_conf(c, hostname))
     (c.conf.parent / "job_container.conf").write_text(job_container_conf(c))
+    gres = c.conf.parent / "gres.conf"
+    gres.write_text(gres_conf(c))
+    _write_gpu_devices(c)
     env = dict(os.environ, SLURM_CONF=str(c.conf))
-    # -c: start from clean state (no jobs from an earlier `up`); -i: ignore errors in it.
-    subprocess.run(["slurmctld", "-c", "-i", "-f", str(c.conf)], env=env, check=True)
-    for n in c.node_names:
-        subprocess.run(["slurmd", "-f", str(c.conf), "-N", n], env=env, check=True)
-    _wait_idle(c, env, timeout_s)
+    try:
+        if accounting:
+            assert c.dbd_port is not None
+            db = c.db
+            accounting_db.start_mariadb(db, timeout_s=timeout_s)
+            # `slurmctld -c` drops the jobs but keeps numbering them on from state/job_state: the
+            # database keeps its history as long as state/ does, and is wiped with it.
+            password = accounting_db.prepare_database(db, wipe=fresh_state)
+            accounting_db.start_slurmdbd(db, c.conf, c.dbd_port, password, timeout_s=timeout_s)
+            accounting_db.add_cluster(c.conf, CLUSTER_NAME, timeout_s=timeout_s)
+        # -c: start from clean state (no jobs from an earlier `up`); -i: ignore errors in it.
+        subprocess.run(["slurmctld", "-c", "-i", "-f", str(c.conf)], env=env, check=True)
+        for n in c.node_names:
+            subprocess.run(["slurmd", "-f", str(c.conf), "-N", n], env=env, check=True)
+        _wait_idle(c, env, timeout_s)
+    except BaseException:
+        down(root)  # leave nothing half-started behind
+        raise
     return c
+
+
+def _node_states(c: DevCluster, env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "low", "-o", "%N %T"], env=env, capture_output=True, text=True)
+    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
 
 
 def _wait_idle(c: DevCluster, env: dict[str, str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    states: list[str] = []
+    states: dict[str, str] = {}
     while time.monotonic() < deadline:
-        out = subprocess.run(["sinfo", "-h", "-N", "-p", "low", "-o", "%N %T"], env=env, capture_output=True, text=True)
-        states = [line.split()[-1] for line in out.stdout.splitlines() if line.strip()]
-        if len(states) == c.nodes and all(s.rstrip("*") == "idle" for s in states):
+        states = _node_states(c, env)
+        if len(states) == c.nodes and all(s.rstrip("*") == "idle" for s in states.values()):
             return
-        time.sleep(0.5)
-    raise RuntimeError(
-        f"dev cluster not idle after {timeout_s:.0f}s (node states: {states}); "
-        f"see {c.root / 'log'}"
-    )
+        time.sleep(0.3)
+    raise RuntimeError(f"dev cluster not idle after {timeout_s:.0f}s (node states: {states}); see {c.root / 'log'}")
+
+
+def _stop(pids: dict[str, int], timeout_s: float) -> list[str]:
+    """TERM ``pids``, wait for them, KILL what is left."""
+    stopped = []
+    for name, pid in pids.items():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        stopped.append(f"{name} (pid {pid})")
+    deadline = time.monotonic() + timeout_s
+    for pid in pids.values():
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return stopped
 
 
 def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
-    """Cancel this cluster's jobs and stop the daemons ``up`` started. Returns what was stopped."""
+    """Cancel this cluster's jobs and stop the daemons ``up`` started. Returns what was stopped.
+
+    Order: the jobs, slurmd + slurmctld (and any slurmstepd and task a killed node left
+    behind), slurmdbd, then mariadbd."""
     root = (root or default_root()).expanduser().resolve()
     c = load(root)
     if c is None:
@@ -236,16 +426,14 @@ def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
     if "slurmctld" in alive:
         subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True)
         _wait_no_jobs(env, timeout_s=15)
-    stopped = []
-    for name, pid in alive.items():
-        os.kill(pid, signal.SIGTERM)
-        stopped.append(f"{name} (pid {pid})")
-    deadline = time.monotonic() + timeout_s
-    for pid in alive.values():
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    slurm = {k: v for k, v in alive.items() if k not in ("slurmdbd", "mariadbd")}
+    stopped = _stop(slurm, timeout_s)
+    for n in c.node_names:  # steps whose slurmd is gone
+        left = _kill_tree(_node_pids(c, n))
+        stopped += [f"slurmstepd/task of {n} (pid {p})" for p in left]
+    for name in ("slurmdbd", "mariadbd"):  # the database last: slurmdbd flushes to it
+        if name in alive:
+            stopped += _stop({name: alive[name]}, timeout_s)
     return stopped
 
 
@@ -256,3 +444,103 @@ def _wait_no_jobs(env: dict[str, str], timeout_s: float) -> None:
         if out.returncode != 0 or not out.stdout.strip():
             return
         time.sleep(0.5)
+
+
+# --- fault injection -------------------------------------------------------------------------
+
+
+def _pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _unix_socket_inodes(under: Path) -> set[str]:
+    """Inodes of the unix sockets bound to a path under ``under`` (slurmstepd's step sockets)."""
+    prefix = str(under) + "/"
+    inodes: set[str] = set()
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return inodes
+    for line in lines:
+        f = line.split()
+        if len(f) >= 8 and f[7].startswith(prefix):
+            inodes.add(f[6])
+    return inodes
+
+
+def _node_pids(c: DevCluster, node: str) -> set[int]:
+    """The processes of node ``node``: its slurmd, its slurmstepds (found by their sockets under
+    its spool dir, or by its log file they hold open) and everything they started."""
+    pids: set[int] = set()
+    slurmd = _read_pid(_slurmd_pidfile(c, node))
+    if slurmd is not None and _alive(slurmd):
+        pids.add(slurmd)
+    sockets = {f"socket:[{i}]" for i in _unix_socket_inodes(c.root / "spool" / node)}
+    log = str(c.root / "log" / f"slurmd-{node}.log")
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(pid)
+            fd_dir = f"/proc/{pid}/fd"
+            for fd in os.listdir(fd_dir):
+                target = os.readlink(f"{fd_dir}/{fd}")
+                if target in sockets or target == log:
+                    pids.add(pid)
+                    break
+        except (OSError, ValueError, IndexError):
+            continue
+    todo = list(pids)
+    while todo:  # the tasks: descendants of slurmd and the slurmstepds
+        for child in children.get(todo.pop(), []):
+            if child not in pids:
+                pids.add(child)
+                todo.append(child)
+    pids.discard(os.getpid())
+    return pids
+
+
+def _kill_tree(pids: set[int]) -> list[int]:
+    """SIGKILL ``pids``; freeze them first so none starts another process meanwhile."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sorted(pids)
+
+
+def kill_node(c: DevCluster, name: str) -> list[int]:
+    """Node ``name`` dies, as a machine would: SIGKILL its slurmd, its slurmstepds and their
+    tasks, with no goodbye to slurmctld. The node turns DOWN (not responding) and its jobs
+    NODE_FAIL ~15 s later (SlurmdTimeout=10). Returns the pids killed."""
+    if name not in c.node_names:
+        raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
+    killed: list[int] = []
+    for _ in range(5):  # again, for anything started between the look-up and the kill
+        pids = _node_pids(c, name) - set(killed)
+        if not pids:
+            break
+        killed += _kill_tree(pids)
+    return sorted(killed)
+
+
+def revive_node(c: DevCluster, name: str, timeout_s: float = 60) -> None:
+    """Restart node ``name``'s slurmd and wait until the node is back in service
+    (``ReturnToService=2`` returns a node that was DOWN for not responding)."""
+    if name not in c.node_names:
+        raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
+    env = dict(os.environ, SLURM_CONF=str(c.conf))
+    pid = _read_pid(_slurmd_pidfile(c, name))
+    if pid is None or not _alive(pid):
+        subprocess.run(["slurmd", "-f", str(c.conf), "-N", name], env=env, check=True)
+    deadline = time.monotonic() + timeout_s
+    state = "?"
+    while time.monotonic() < deadline:
+        state = _node_states(c, env).get(name, "?")
+        if state in ("idle", "mixed", "allocated", "completing"):
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"node {name} not back after {timeout_s:.0f}s (state {state}); see {c.root / 'log'}")
