@@ -96,7 +96,8 @@ def _run_hydra_job(payload: Payload) -> tuple[Any, JobReturn]:
     context = payload.hydra_context
     if not _is_rank0():
         config = copy.deepcopy(config)
-        with read_write(config), open_dict(config):
+        # Hydra marks the hydra node read-only on its own: the flag must be lifted there.
+        with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.output_subdir = None
         context = HydraContext(config_loader=context.config_loader, callbacks=Callbacks())
     ret = run_job(
