@@ -3,7 +3,8 @@
     hpc-llm plugins                 every registered plugin, per kind, with its package
     hpc-llm config [overrides]      the LLM Foundry train config a run would get (YAML)
     hpc-llm render [overrides]      the exact sbatch script a Slurm run would submit
-    hpc-llm status                  the run ledger, refreshed from Slurm
+    hpc-llm status [--all]          the run ledger, refreshed from Slurm (a sweep is one line)
+    hpc-llm wait SWEEP_DIR|RUN      until every run has ended, with a live line per run
     hpc-llm logs RUN [--rank N] [-f]
     hpc-llm cancel RUN
     hpc-llm dev-cluster up|down [--nodes N] [--root DIR]
@@ -110,18 +111,36 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import time as _time
+
     from rich.console import Console
     from rich.table import Table
 
-    from hpc_llm.status import refresh
+    from hpc_llm.status import counts, refresh
 
     runs = refresh(limit=args.limit)
     table = Table(title="hpc_llm runs")
     for col in ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir"):
         table.add_column(col, overflow="fold")
-    import time as _time
-
+    by_sweep: dict[str, list] = {}
     for r in runs:
+        by_sweep.setdefault(r.sweep_dir, []).append(r)
+    for r in runs:
+        sweep = by_sweep[r.sweep_dir]
+        if len(sweep) > 1 and not args.all:
+            if r is not sweep[0]:
+                continue  # a sweep is one line: its counts
+            table.add_row(
+                f"{sweep[0].id}-{sweep[-1].id}",
+                counts(sweep),
+                r.experiment or "-",
+                f"{len(sweep)} runs",
+                str(sum(x.restarts for x in sweep)),
+                _time.strftime("%Y-%m-%d %H:%M", _time.localtime(r.submitted_at)),
+                "(a sweep)",
+                r.sweep_dir,
+            )
+            continue
         table.add_row(
             str(r.id),
             r.state,
@@ -134,6 +153,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     Console(width=max(160, Console().width)).print(table)
     return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Until every run of a sweep (or one run) has ended; exit 0 only if all completed."""
+    from hpc_llm.status import counts, runs_of, wait
+
+    ended = wait(runs_of(args.ref), poll_s=args.poll)
+    print(f"{args.ref}: {counts(ended)}")
+    return 0 if all(r.state == "COMPLETED" for r in ended) else 1
 
 
 def _find_run(ref: str):
@@ -186,6 +214,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpc_llm import report
+
+    if args.wait:
+        from hpc_llm.status import runs_of, wait
+
+        wait(runs_of(args.sweep_dir), poll_s=args.poll)
 
     groups, paths = report.write_report(Path(args.sweep_dir), args.baseline_nodes)
     text = {"md": report.to_markdown, "csv": report.to_csv, "json": report.to_json}[args.format](groups)
@@ -330,9 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the sbatch script a Slurm run would submit")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
     p.set_defaults(func=cmd_render)
-    p = sub.add_parser("status", help="runs in the ledger, with their Slurm state")
-    p.add_argument("--limit", type=int, default=50)
+    p = sub.add_parser("status", help="runs in the ledger, with their Slurm state (a sweep is one line)")
+    p.add_argument("--limit", type=int, default=500)
+    p.add_argument("--all", action="store_true", help="one line per run, sweeps included")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("wait", help="wait for a sweep (or a run) to end, with a live line per run")
+    p.add_argument("ref", help="sweep dir, run dir, ledger id or Slurm job id")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between looks at the queue")
+    p.set_defaults(func=cmd_wait)
     p = sub.add_parser("logs", help="print (or follow) a rank's log of a run")
     p.add_argument("run", help="ledger id, Slurm job id or run directory")
     p.add_argument("--rank", type=int, default=0)
@@ -351,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sweep_dir")
     p.add_argument("--format", choices=["md", "csv", "json"], default="md")
     p.add_argument("--baseline-nodes", type=int, default=None, help="node count speedups are measured against")
+    p.add_argument("--wait", action="store_true", help="wait for the sweep's runs to end first")
+    p.add_argument("--poll", type=float, default=5.0, help="with --wait: seconds between looks at the queue")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("estimate", help="time and GPU-hours to train, with the assumptions used")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (model=mpt-70b cluster=h100 resources.nodes=8)")

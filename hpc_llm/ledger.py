@@ -106,6 +106,7 @@ def record(
     state: str,
 ) -> Run:
     now = time.time()
+    sweep_dir = str(Path(sweep_dir).resolve())
     with connect() as conn:
         conn.execute(
             "INSERT INTO runs (run_dir, sweep_dir, job_num, experiment, launcher, overrides, job_ids, state,"

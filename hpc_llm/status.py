@@ -34,6 +34,61 @@ def refresh(limit: int | None = None) -> list[ledger.Run]:
     return ledger.runs(limit)
 
 
+def runs_of(ref: str) -> list[ledger.Run]:
+    """The runs a reference names: a sweep dir (every run under it), a run dir, a ledger id or a job id."""
+    from hpc_llm.errors import ConfigError
+
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        root = str(path.resolve())
+        found = [
+            r for r in ledger.runs() if r.sweep_dir == root or r.run_dir == root or r.run_dir.startswith(root + "/")
+        ]
+        if found:
+            return found
+    run = ledger.find(ref)
+    if run is None:
+        raise ConfigError(f"no run or sweep '{ref}' in the ledger ({ledger.ledger_path()}); see `hpc-llm status`")
+    return [run]
+
+
+def counts(runs: list[ledger.Run]) -> str:
+    """'95 COMPLETED, 3 RUNNING, 2 FAILED' (most first)."""
+    tally: dict[str, int] = {}
+    for r in runs:
+        tally[r.state] = tally.get(r.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def finished(run: ledger.Run) -> bool:
+    return run.state in ledger.FINAL_STATES or run.state == "ENDED"
+
+
+def wait(runs: list[ledger.Run], poll_s: float = 5.0) -> list[ledger.Run]:
+    """Until every run has ended: one live line each (state, batch/total, loss, tokens/s)."""
+    from hpc_llm import console
+
+    ids = {r.id for r in runs}
+    current = {r.id: r for r in runs}
+
+    def rows() -> list[tuple[str, Path, str | None]]:
+        return [
+            (
+                f"run {r.id} (job {r.job_num})",
+                Path(r.run_dir),
+                r.state + (f", {r.restarts} restart(s)" if r.restarts else ""),
+            )
+            for r in sorted(current.values(), key=lambda r: r.id)
+        ]
+
+    with console.live_progress(rows):
+        while True:
+            current = {r.id: r for r in refresh() if r.id in ids}
+            if all(finished(r) for r in current.values()):
+                return sorted(current.values(), key=lambda r: r.id)
+            time.sleep(poll_s)
+
+
 def follow_log(run: ledger.Run, rank: int = 0, follow: bool = False, poll_s: float = 1.0) -> int:
     path = Path(run.run_dir) / "logs" / f"rank{rank}.log"
     pos = 0

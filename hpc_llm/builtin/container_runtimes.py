@@ -166,7 +166,7 @@ class Apptainer(ContainerRuntime):
         if passthrough:
             lines.append("# by name into the container: Apptainer sets NAME from APPTAINERENV_NAME")
             lines += [f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough]
-        per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1'
+        per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --export=ALL'
         if mounts.scratch is None:
             lines += [
                 "# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too",

@@ -50,6 +50,9 @@ class ClusterConfig:
     qos: Optional[str] = None
     # sbatch template in sbatch_templates/.
     template: str = "default.sh.j2"
+    # Whole nodes only (sbatch --exclusive): GPU profiles want it (no other job's NCCL
+    # traffic or memory on their nodes); hydra.launcher.exclusive overrides it.
+    exclusive: bool = False
     # Extra #SBATCH flags of this profile, e.g. {constraint: h100}.
     sbatch: dict[str, Any] = field(default_factory=dict)
     # Shell lines run in the batch script before srun (module load ...).

@@ -42,8 +42,8 @@ class SlurmLauncherConf:
     # seconds before (sbatch --signal=SIG@LEAD). Never USR1: NCCL uses it.
     signal: str = "USR2"
     signal_lead_s: int = 120
-    # Whole nodes only (sbatch --exclusive).
-    exclusive: bool = False
+    # Whole nodes only (sbatch --exclusive); null: the cluster profile's (GPU profiles: true).
+    exclusive: Optional[bool] = None
     # Extra #SBATCH flags, e.g. {constraint: h100, reservation: big}.
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
     # Extra srun arguments, e.g. ["--cpu-bind=cores"].
@@ -61,6 +61,15 @@ class SlurmLauncherConf:
     cluster_key: str = "cluster"
     # Seconds between squeue polls while waiting.
     poll_s: float = 5.0
+    # Points of a sweep that ask for the same resources go out as one job array
+    # (one sbatch call, --array=0-N%K); at most this many of its tasks run at once.
+    array_parallelism: int = 256
+    # If sbatch refuses a point mid-sweep: false cancels what this invocation had
+    # submitted (nothing is half-submitted); true keeps it running.
+    keep_on_reject: bool = False
+    # Ask the scheduler about every distinct job shape (sbatch --test-only) before
+    # submitting anything: an impossible GPU count, memory, QOS or account is one line.
+    test_only: bool = True
 
 
 @dataclass

@@ -19,8 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shlex
-import sys
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,12 +33,12 @@ from rich.console import Console
 from hpc_llm import console, ledger
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
-from hpc_llm.launchers.payload import PAYLOAD, RankEntry, payload_dir, read_return, write_payload
+from hpc_llm.launchers.payload import read_return, write_payload
 from hpc_llm.launchers.sweeper import job_run_dir
-from hpc_llm.record import read_results
-from hpc_llm.slurm import query
+from hpc_llm.record import PRIVATE_DIR, read_results
+from hpc_llm.slurm import query, submit
 from hpc_llm.slurm.render import render
-from hpc_llm.slurm.spec import build_spec, job_resources, submitit_folder
+from hpc_llm.slurm.spec import build_spec, job_resources
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +52,8 @@ class SlurmLauncher(BaseLauncher):
         super().__init__()
         self.opts = OmegaConf.create(options)
         self._partitions: dict[str, query.Partition] | None = None
+        #: sbatch --test-only's answer per job shape (None: it could run)
+        self._verdicts: dict[tuple[tuple[str, str], ...], str | None] = {}
 
     # -- checks, before anything is created (called by the sweeper) ----------
     def partitions(self) -> dict[str, query.Partition]:
@@ -64,6 +65,39 @@ class SlurmLauncher(BaseLauncher):
         res = job_resources(cfg, self.opts)  # raises on an unparsable time limit
         if self.opts.dry_run:
             return
+        self._check_partition(cfg, res)
+        if self.opts.test_only:
+            self._ask_the_scheduler(cfg)
+
+    def _ask_the_scheduler(self, cfg: DictConfig) -> None:
+        """sbatch --test-only, once per distinct job shape: the real scheduler's verdict
+        (GPUs, memory, QOS, account, partition limits) as one line, before anything exists."""
+        spec = build_spec(cfg, self.opts, job_run_dir(cfg))
+        key = submit.shape(spec)
+        if key not in self._verdicts:
+            self._verdicts[key] = query.test_only(dict(spec.flags))
+        reason = self._verdicts[key]
+        if reason:
+            asked = " ".join(
+                f"--{k.replace('_', '-')}={v}"
+                for k, v in sorted(spec.flags.items())
+                if k
+                in (
+                    "partition",
+                    "nodes",
+                    "ntasks_per_node",
+                    "gpus_per_node",
+                    "cpus_per_task",
+                    "mem",
+                    "qos",
+                    "account",
+                    "time",
+                )
+                and v is not None
+            )
+            raise ConfigError(f"Slurm would refuse job {cfg.hydra.job.num} ({asked}): {reason}; nothing was submitted")
+
+    def _check_partition(self, cfg: DictConfig, res: Any) -> None:
         parts = self.partitions()
         cluster = OmegaConf.select(cfg, str(self.opts.cluster_key), default=None) or {}
         name = self.opts.partition or cluster.get("partition")
@@ -94,42 +128,82 @@ class SlurmLauncher(BaseLauncher):
             raise RuntimeError("launcher used before Hydra called setup()")
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        submitted: list[tuple[DictConfig, str, Any, ledger.Run | None]] = []
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+        points: list[tuple[DictConfig, list[str], submit.Point]] = []
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             cfg = self.job_config(overrides, idx)
             run_dir = self._prepare_run_dir(cfg)
-            script = render(build_spec(cfg, self.opts, run_dir))
+            spec = build_spec(cfg, self.opts, run_dir)
+            script = render(spec)
             (Path(run_dir) / SCRIPT).write_text(script)
-            experiment = OmegaConf.select(cfg, "experiment", default=None)
-            shown = " ".join(filter_overrides(overrides)) or "(defaults)"
-            if self.opts.dry_run:
-                print(f"job {idx}: dry run, batch script {Path(run_dir) / SCRIPT}  [{shown}]", flush=True)
-                run = ledger.record(
-                    run_dir, str(self.config.hydra.sweep.dir), idx, experiment, "slurm", list(overrides), [], "DRY_RUN"
+            points.append((cfg, list(overrides), submit.Point(idx, run_dir, spec, script)))
+        if self.opts.dry_run:
+            for cfg, overrides, p in points:
+                print(
+                    f"job {p.num}: dry run, batch script {Path(p.run_dir) / SCRIPT}  [{_shown(overrides)}]", flush=True
                 )
-                submitted.append((cfg, run_dir, None, run))
-                continue
-            job = self._submit(cfg, run_dir, script)
-            run = ledger.record(
-                run_dir,
-                str(self.config.hydra.sweep.dir),
-                idx,
-                experiment,
-                "slurm",
-                list(overrides),
-                [str(job.job_id)],
-                "SUBMITTED",
+                ledger.record(p.run_dir, sweep_dir, p.num, _experiment(cfg), "slurm", overrides, [], "DRY_RUN")
+            return [self._job_return(cfg, p.run_dir, {"run_dir": p.run_dir, "job_id": None}) for cfg, _o, p in points]
+        try:
+            submit.submit_all(
+                [p for _c, _o, p in points],
+                sweep_dir=sweep_dir,
+                parallelism=int(self.opts.array_parallelism),
+                python=self.opts.python,
             )
-            print(f"job {idx}: submitted Slurm job {job.job_id}, run dir {run_dir}  [{shown}]", flush=True)
-            submitted.append((cfg, run_dir, job, run))
-        if self.opts.dry_run or not self.opts.wait:
-            return [
-                self._job_return(cfg, d, {"run_dir": d, "job_id": j.job_id if j else None})
-                for cfg, d, j, _ in submitted
-            ]
+        except submit.Rejected as rejected:
+            self._after_rejection(rejected, points, sweep_dir)
+        submitted: list[tuple[DictConfig, str, str, ledger.Run | None]] = []
+        announced: set[str] = set()
+        for cfg, overrides, p in points:
+            if p.array_id and p.array_id not in announced:
+                announced.add(p.array_id)
+                tasks = sum(1 for _c, _o, q in points if q.array_id == p.array_id)
+                print(
+                    f"Slurm job array {p.array_id}: {tasks} points of one shape, at most "
+                    f"{self.opts.array_parallelism} running at once",
+                    flush=True,
+                )
+            run = ledger.record(
+                p.run_dir, sweep_dir, p.num, _experiment(cfg), "slurm", overrides, [str(p.job_id)], "SUBMITTED"
+            )
+            print(
+                f"job {p.num}: submitted Slurm job {p.job_id}, run dir {p.run_dir}  [{_shown(overrides)}]", flush=True
+            )
+            submitted.append((cfg, p.run_dir, str(p.job_id), run))
+        if not self.opts.wait:
+            return [self._job_return(cfg, d, {"run_dir": d, "job_id": j}) for cfg, d, j, _ in submitted]
         return self._wait_all(submitted)
+
+    def _after_rejection(
+        self, rejected: submit.Rejected, points: list[tuple[DictConfig, list[str], submit.Point]], sweep_dir: str
+    ) -> None:
+        """sbatch refused a point mid-sweep: cancel (or keep) what this invocation submitted,
+        remove the run dirs of what is not running, and say so in one line."""
+        done = {p.num for p in rejected.submitted}
+        refs = sorted({p.array_id or str(p.job_id) for p in rejected.submitted})
+        if self.opts.keep_on_reject and refs:
+            for cfg, overrides, p in points:
+                if p.num in done:
+                    ledger.record(
+                        p.run_dir, sweep_dir, p.num, _experiment(cfg), "slurm", overrides, [str(p.job_id)], "SUBMITTED"
+                    )
+            what = f"kept the {len(done)} point(s) already submitted (Slurm job(s) {', '.join(refs)})"
+        else:
+            if refs:
+                query.cancel(refs)
+            done = set()
+            what = f"cancelled the {len(refs)} job(s) it had submitted" if refs else "nothing had been submitted"
+        for _cfg, _o, p in points:
+            if p.num not in done:
+                shutil.rmtree(p.run_dir, ignore_errors=True)
+        leftovers = {x.name for x in Path(sweep_dir).iterdir()} if Path(sweep_dir).is_dir() else set()
+        if leftovers <= {"multirun.yaml", PRIVATE_DIR}:
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+        point = next(o for _c, o, p in points if p.num == rejected.point.num)
+        raise ConfigError(f"Slurm refused job {rejected.point.num} [{_shown(point)}]: {rejected.reason}; {what}")
 
     # -- helpers -------------------------------------------------------------
     def _prepare_run_dir(self, cfg: DictConfig) -> str:
@@ -150,21 +224,6 @@ class SlurmLauncher(BaseLauncher):
         write_payload(run_dir, self.task_function, cfg, hydra_context=self.hydra_context)
         return run_dir
 
-    def _submit(self, cfg: DictConfig, run_dir: str, script: str) -> Any:
-        import submitit
-
-        class TemplateExecutor(submitit.SlurmExecutor):
-            # submitit builds its own sbatch text; ours was rendered from
-            # sbatch_templates/ (its command is the one submitit would run).
-            def _make_submission_file_text(self, command: str, uid: str) -> str:
-                return script
-
-        python = self.opts.python or shlex.quote(sys.executable)
-        executor = TemplateExecutor(folder=str(submitit_folder(run_dir)), python=python)
-        res = job_resources(cfg, self.opts)
-        executor.update_parameters(nodes=res.nodes, ntasks_per_node=res.tasks_per_node, time=max(1, res.time_s // 60))
-        return executor.submit(RankEntry(str(payload_dir(Path(run_dir)) / PAYLOAD)))
-
     def _job_return(
         self, cfg: DictConfig, run_dir: str, value: Any, status: JobStatus = JobStatus.COMPLETED
     ) -> JobReturn:
@@ -180,10 +239,10 @@ class SlurmLauncher(BaseLauncher):
         ret.return_value = value
         return ret
 
-    def _wait_all(self, submitted: list[tuple[DictConfig, str, Any, ledger.Run | None]]) -> list[JobReturn]:
+    def _wait_all(self, submitted: list[tuple[DictConfig, str, str, ledger.Run | None]]) -> list[JobReturn]:
         """Every job of the sweep until it leaves the queue (one live line each), then their
         results. A failed squeue is "unknown", never "finished": we keep waiting."""
-        ids = [str(job.job_id) for _cfg, _d, job, _run in submitted]
+        ids = [job_id for _cfg, _d, job_id, _run in submitted]
         states: dict[str, str] = {}
 
         def rows() -> list[tuple[str, Path, str | None]]:
@@ -219,8 +278,7 @@ class SlurmLauncher(BaseLauncher):
                 out.print(console.summary(results, title=f"job {cfg.hydra.job.num} (Slurm job {jid})"))
         return returns
 
-    def _finished(self, cfg: DictConfig, run_dir: str, job: Any, run: ledger.Run | None) -> JobReturn:
-        job_id = str(job.job_id)
+    def _finished(self, cfg: DictConfig, run_dir: str, job_id: str, run: ledger.Run | None) -> JobReturn:
         found, value = read_return(run_dir)
         if found:
             if run is not None:
@@ -234,3 +292,12 @@ class SlurmLauncher(BaseLauncher):
             f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {Path(run_dir) / 'logs'}"
         )
         return self._job_return(cfg, run_dir, err, JobStatus.FAILED)
+
+
+def _shown(overrides: Sequence[str]) -> str:
+    return " ".join(filter_overrides(overrides)) or "(defaults)"
+
+
+def _experiment(cfg: DictConfig) -> str | None:
+    value = OmegaConf.select(cfg, "experiment", default=None)
+    return str(value) if value is not None else None

@@ -71,7 +71,8 @@ def job_states(job_ids: list[str]) -> dict[str, str] | None:
     if not job_ids:
         return {}
     try:
-        out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+        # -r: one line per array task (pending tasks are otherwise shown collapsed, 12_[3-9%4])
+        out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T"])
     except ConfigError:
         return None
     if out.returncode != 0:
@@ -103,6 +104,27 @@ def accounting_states(job_ids: list[str]) -> dict[str, str]:
             jid, state = line.split("|", 1)
             states[jid.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
     return states
+
+
+#: flags that say nothing about whether the scheduler could run the job
+_NOT_ASKED = ("output", "open_mode", "signal", "export", "job_name", "requeue")
+
+
+def test_only(flags: dict[str, object]) -> str | None:
+    """``sbatch --test-only`` for a job of these #SBATCH flags: None if the scheduler could run
+    it, else its reason ("Requested node configuration is not available", ...). Nothing is
+    queued; each call uses up one job id."""
+    args = ["sbatch", "--test-only", "--wrap=true"]
+    for key, value in sorted(flags.items()):
+        if key in _NOT_ASKED or value is None or value is False:
+            continue
+        args.append(f"--{key.replace('_', '-')}" + ("" if value is True else f"={value}"))
+    out = _run(args, timeout=60)
+    if out.returncode == 0:
+        return None
+    errors = [ln.strip() for ln in out.stderr.splitlines() if "error" in ln.lower()]
+    reason = (errors or [out.stderr.strip() or f"sbatch --test-only exited with {out.returncode}"])[-1]
+    return reason.removeprefix("sbatch: error: ").removeprefix("Batch job submission failed: ")
 
 
 def cancel(job_ids: list[str]) -> None:

@@ -53,7 +53,7 @@ def _check_env_name(name: str) -> str:
     return name
 
 
-def render(spec: SbatchSpec) -> str:
+def _template(name: str) -> jinja2.Template:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -62,11 +62,29 @@ def render(spec: SbatchSpec) -> str:
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))
     try:
-        template = env.get_template(spec.template)
+        return env.get_template(name)
     except jinja2.TemplateNotFound:
         names = sorted(p.name for p in templates_dir().glob("*.j2"))
-        raise ConfigError(f"sbatch template {spec.template!r} not found; allowed: {', '.join(names)}") from None
-    flags = [sbatch_flag(k, v) for k, v in sorted(spec.flags.items()) if v is not None and v is not False]
+        raise ConfigError(f"sbatch template {name!r} not found; allowed: {', '.join(names)}") from None
+
+
+def _flags(flags: Mapping[str, Any]) -> list[str]:
+    return [sbatch_flag(k, v) for k, v in sorted(flags.items()) if v is not None and v is not False]
+
+
+ARRAY_TEMPLATE = "array.sh.j2"
+
+
+def render_array(flags: Mapping[str, Any], run_dirs: Sequence[str]) -> str:
+    """The batch script of a job array whose task i runs ``run_dirs[i]/sbatch.sh``."""
+    return _template(ARRAY_TEMPLATE).render(
+        template=ARRAY_TEMPLATE, sbatch_flags=_flags(flags), run_dirs=[shlex.quote(d) for d in run_dirs]
+    )
+
+
+def render(spec: SbatchSpec) -> str:
+    template = _template(spec.template)
+    flags = _flags(spec.flags)
     return template.render(
         template=spec.template,
         cluster=spec.cluster,

@@ -125,6 +125,37 @@ def supervisor_command(
     return args
 
 
+#: what a job needs from the submitting environment, besides the secrets passed by name
+#: (env_passthrough). sbatch --export lists them, so a site with SBATCH_EXPORT=NONE still
+#: gets them and nothing else leaks in; SLURM_* always pass.
+JOB_ENVIRONMENT = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HPC_LLM_CACHE",
+    "HPC_LLM_RUNS",
+    "HPC_LLM_HOME",
+    "HPC_LLM_DATA",
+    "HPC_LLM_BLOCK_PLUGINS",
+    "HPC_LLM_NO_EXTERNAL_PLUGINS",
+)
+
+
+def export_list(passthrough: list[str]) -> str:
+    return ",".join(sorted({*JOB_ENVIRONMENT, *passthrough}))
+
+
 def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     res = job_resources(cfg, opts)
     fault_enabled = bool(OmegaConf.select(cfg, "fault.enabled", default=False))
@@ -132,6 +163,10 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     cluster = OmegaConf.select(cfg, str(opts.cluster_key), default=None) or {}
     name = str(OmegaConf.select(cfg, "experiment", default=None) or cfg.hydra.job.name)
     logs = Path(run_dir) / LOGS_DIR
+    container = OmegaConf.select(cfg, "container", default=None)
+    passthrough = sorted({*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or [])})
+    if container is not None and container.name != "none":
+        passthrough = sorted({*passthrough, *(container.env_passthrough or [])})
     flags: dict[str, Any] = {
         "job_name": f"hpc_llm-{name}",
         "nodes": res.nodes,
@@ -147,7 +182,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         "account": opts.account or cluster.get("account"),
         "qos": opts.qos or cluster.get("qos"),
         "mem": res.mem_per_node,
-        "exclusive": bool(opts.exclusive),
+        "exclusive": bool(opts.exclusive if opts.exclusive is not None else cluster.get("exclusive", False)),
+        "export": export_list(passthrough),
     }
     if res.gpus_per_node:
         flags["gpus_per_node"] = res.gpus_per_node
@@ -163,6 +199,9 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     env.setdefault("OMP_NUM_THREADS", str(res.cpus_per_task))
     srun_args = [
         "--unbuffered",
+        # sbatch --export=<list> sets SLURM_EXPORT_ENV, which srun takes as its own --export:
+        # without this the ranks would lose what the batch script exported (MASTER_ADDR, ...)
+        "--export=ALL",
         "--kill-on-bad-exit=1",
         f"--output={logs / 'rank%t.log'}",
         "--open-mode=append",
@@ -170,8 +209,6 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
     ]
     folder = Path(run_dir) / SUBMITIT_DIR
     entry = ["-u", "-m", "submitit.core._submit", str(folder)]
-    passthrough = sorted({*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or [])})
-    container = OmegaConf.select(cfg, "container", default=None)
     container_lines: list[str] = []
     if container is not None and container.name != "none":
         # an hpc_llm app: its container runtime plugin wraps the task command
@@ -179,7 +216,6 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
 
         job = components(cfg, run_dir)
         mounts = job.mounts(cfg)
-        passthrough = sorted({*passthrough, *(container.env_passthrough or [])})
         command = job.container.wrap(container, mounts, [str(container.python), *entry])
         container_lines = job.container.script_lines(container, mounts, passthrough)
     else:

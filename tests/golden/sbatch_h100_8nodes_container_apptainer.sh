@@ -3,6 +3,8 @@
 # Run directory: /shared/runs/golden/0
 # Every value below is shell-quoted; secrets are passed by variable name only.
 #SBATCH --cpus-per-task=12
+#SBATCH --exclusive
+#SBATCH --export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,CONDA_PREFIX,HF_DATASETS_OFFLINE,HF_HOME,HF_HUB_OFFLINE,HF_TOKEN,HOME,HPC_LLM_BLOCK_PLUGINS,HPC_LLM_CACHE,HPC_LLM_DATA,HPC_LLM_HOME,HPC_LLM_NO_EXTERNAL_PLUGINS,HPC_LLM_RUNS,LANG,LC_ALL,LD_LIBRARY_PATH,MLFLOW_TRACKING_TOKEN,MLFLOW_TRACKING_URI,PATH,PYTHONPATH,TRANSFORMERS_OFFLINE,TZ,USER,VIRTUAL_ENV,WANDB_API_KEY
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=hpc_llm-mpt_tiny
 #SBATCH --nodes=8
@@ -49,7 +51,7 @@ if [ -n "${WANDB_API_KEY+x}" ]; then export APPTAINERENV_WANDB_API_KEY="${WANDB_
 # ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too
 if [ -n "${TMPDIR:-}" ]; then export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi
 # one quick exec per node before training; a node that fails is named
-srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c 'command -v apptainer >/dev/null || { echo "hpc_llm: apptainer not found on ${SLURMD_NODENAME:-$(hostname)}" >&2; exit 1; }; out=$(apptainer exec --nv --bind /shared/cache/hpc_llm --bind /shared/runs/golden/0 /shared/images/hpc_llm-h100.sif python3 -c '"'"'import hpc_llm'"'"' 2>&1) || { echo "hpc_llm: container check failed on ${SLURMD_NODENAME:-$(hostname)}: $out" >&2; exit 1; }' || { echo "hpc_llm: container check failed; not training" >&2; exit 1; }
+srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --export=ALL --kill-on-bad-exit=0 bash -c 'command -v apptainer >/dev/null || { echo "hpc_llm: apptainer not found on ${SLURMD_NODENAME:-$(hostname)}" >&2; exit 1; }; out=$(apptainer exec --nv --bind /shared/cache/hpc_llm --bind /shared/runs/golden/0 /shared/images/hpc_llm-h100.sif python3 -c '"'"'import hpc_llm'"'"' 2>&1) || { echo "hpc_llm: container check failed on ${SLURMD_NODENAME:-$(hostname)}: $out" >&2; exit 1; }' || { echo "hpc_llm: container check failed; not training" >&2; exit 1; }
 
 # The supervisor (hpc_llm.job.supervisor) runs the training step: one task per
 # rank (RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK from SLURM_* in each task, each
@@ -57,5 +59,5 @@ srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per
 # ranks, watches their heartbeats, and restarts, requeues or fails the run by
 # the cause of a stop (docs/design.md, "Long runs").
 exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 8 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --heartbeat-s 30 --hang-timeout-s 1800 -- \
-  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
+  srun --unbuffered --export=ALL --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
   apptainer exec --nv --bind /shared/cache/hpc_llm --bind /shared/runs/golden/0 /shared/images/hpc_llm-h100.sif python3 -u -m submitit.core._submit /shared/runs/golden/0/.submitit

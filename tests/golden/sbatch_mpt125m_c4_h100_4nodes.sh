@@ -3,6 +3,8 @@
 # Run directory: /shared/runs/golden/0
 # Every value below is shell-quoted; secrets are passed by variable name only.
 #SBATCH --cpus-per-task=12
+#SBATCH --exclusive
+#SBATCH --export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,CONDA_PREFIX,HF_DATASETS_OFFLINE,HF_HOME,HF_HUB_OFFLINE,HF_TOKEN,HOME,HPC_LLM_BLOCK_PLUGINS,HPC_LLM_CACHE,HPC_LLM_DATA,HPC_LLM_HOME,HPC_LLM_NO_EXTERNAL_PLUGINS,HPC_LLM_RUNS,LANG,LC_ALL,LD_LIBRARY_PATH,MLFLOW_TRACKING_TOKEN,MLFLOW_TRACKING_URI,PATH,PYTHONPATH,TRANSFORMERS_OFFLINE,TZ,USER,VIRTUAL_ENV,WANDB_API_KEY
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=hpc_llm-mpt125m_c4
 #SBATCH --nodes=4
@@ -42,5 +44,5 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # ranks, watches their heartbeats, and restarts, requeues or fails the run by
 # the cause of a stop (docs/design.md, "Long runs").
 exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 4 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --heartbeat-s 30 --hang-timeout-s 1800 -- \
-  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
+  srun --unbuffered --export=ALL --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
   /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit
