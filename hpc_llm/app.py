@@ -9,6 +9,7 @@ into one line on stderr (exit 2) instead of a traceback.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -42,6 +43,10 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
     job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
 
 
+#: the command line as the user typed it, for hpc_llm.provenance
+COMMAND_ENV = "HPC_LLM_COMMAND"
+
+
 def main(argv: list[str] | None = None) -> None:
     import hydra
 
@@ -50,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    # as typed, for the runs' provenance (hpc_llm.provenance), before the edits below
+    os.environ[COMMAND_ENV] = shlex.join(sys.argv)
     if {"-v", "--verbose"} & set(sys.argv[1:]):
         # everything the ranks print, on the console too (hpc_llm.console); Hydra has no -v
         sys.argv = [a for a in sys.argv if a not in ("-v", "--verbose")]

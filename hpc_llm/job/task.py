@@ -23,6 +23,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_llm import provenance
 from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import context, distenv, health, preemption, supervisor_env
 from hpc_llm.job.context import JobContext
@@ -91,7 +92,7 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
         ctx.record = RunRecord.open(
             run_dir,
             job.plan,
-            run_info(cfg),
+            {**run_info(cfg), "provenance": provenance.for_results(run_dir)},
             job_id=os.environ.get("SLURM_JOB_ID"),
             restart=restart_count(),
             started_at=started,

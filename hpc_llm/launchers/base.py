@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 from hydra.plugins.launcher import Launcher
@@ -36,9 +35,10 @@ class BaseLauncher(Launcher):
         """The composed config of job ``idx`` (reusing the sweeper's when it has it)."""
         if self.config is None or self.hydra_context is None:
             raise RuntimeError("launcher used before Hydra called setup()")
-        cached = self.precomposed.get(tuple(overrides))
+        # each job's config is used once: take the sweeper's own (a copy costs ~20 ms a job)
+        cached = self.precomposed.pop(tuple(overrides), None)
         if cached is not None:
-            cfg = copy.deepcopy(cached)
+            cfg = cached
         else:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         with open_dict(cfg):

@@ -70,6 +70,11 @@ class SlurmLauncherConf:
     # Ask the scheduler about every distinct job shape (sbatch --test-only) before
     # submitting anything: an impossible GPU count, memory, QOS or account is one line.
     test_only: bool = True
+    # Copy the code the job imports (hpc_llm, its configs and templates, installed
+    # plugins) into <sweep dir>/.hpc_llm/code at submit time and run the job from it,
+    # so later edits to the checkout cannot change a queued run (host Python only:
+    # with a container the image is the snapshot).
+    snapshot: bool = False
 
 
 @dataclass

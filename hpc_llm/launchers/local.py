@@ -24,7 +24,7 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from hpc_llm import console, ledger
+from hpc_llm import console, ledger, provenance
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.payload import read_return, write_payload
@@ -84,6 +84,7 @@ class LocalLauncher(BaseLauncher):
         self.tasks_key = tasks_key
         self.timeout_s = timeout_s
         self.stream = console.verbose() if stream is None else stream
+        self._provenance: tuple[dict[str, Any], str] = ({}, "")
 
     # -- called by the sweeper on every job before anything is created -----
     def check_job(self, cfg: DictConfig) -> None:
@@ -106,6 +107,7 @@ class LocalLauncher(BaseLauncher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         returns: list[JobReturn] = []
+        self._provenance = provenance.collect()  # once per invocation: git is not free
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             sweep_config = self.job_config(overrides, idx)
@@ -150,6 +152,7 @@ class LocalLauncher(BaseLauncher):
 
     def _spawn_ranks(self, sweep_config: DictConfig, run_dir: Path) -> Any:
         ranks = self.ranks(sweep_config)
+        provenance.write(run_dir, *self._provenance)
         payload = write_payload(run_dir, self.task_function, sweep_config)
         logs = run_dir / "logs"
         logs.mkdir(exist_ok=True)

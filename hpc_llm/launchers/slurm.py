@@ -25,12 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus, _save_config, configure_log, filter_overrides, setup_globals
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf._utils import OmegaConfDumper
 from rich.console import Console
 
-from hpc_llm import console, ledger
+from hpc_llm import console, ledger, provenance, snapshot
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.payload import read_return, write_payload
@@ -54,6 +57,9 @@ class SlurmLauncher(BaseLauncher):
         self._partitions: dict[str, query.Partition] | None = None
         #: sbatch --test-only's answer per job shape (None: it could run)
         self._verdicts: dict[tuple[tuple[str, str], ...], str | None] = {}
+        self._singleton_state: Any = None
+        #: each job's config without the hydra node, by id of the job config (kept alive with it)
+        self._task_cfgs: dict[int, tuple[DictConfig, DictConfig]] = {}
 
     # -- checks, before anything is created (called by the sweeper) ----------
     def partitions(self) -> dict[str, query.Partition]:
@@ -63,6 +69,12 @@ class SlurmLauncher(BaseLauncher):
 
     def check_job(self, cfg: DictConfig) -> None:
         res = job_resources(cfg, self.opts)  # raises on an unparsable time limit
+        container = OmegaConf.select(cfg, "container.name", default="none")
+        if self.opts.snapshot and container != "none":
+            raise ConfigError(
+                f"hydra.launcher.snapshot=true copies the code for the host's Python, but container={container} "
+                "runs the image's copy; allowed: snapshot with container=none, or a new image per code change"
+            )
         if self.opts.dry_run:
             return
         self._check_partition(cfg, res)
@@ -131,11 +143,14 @@ class SlurmLauncher(BaseLauncher):
         sweep_dir = str(self.config.hydra.sweep.dir)
         Path(sweep_dir).mkdir(parents=True, exist_ok=True)
         points: list[tuple[DictConfig, list[str], submit.Point]] = []
+        prov = provenance.collect()  # once per invocation: git is not free
+        code_dir = str(snapshot.take(Path(sweep_dir) / PRIVATE_DIR / "code")) if self.opts.snapshot else None
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             cfg = self.job_config(overrides, idx)
             run_dir = self._prepare_run_dir(cfg)
-            spec = build_spec(cfg, self.opts, run_dir)
+            provenance.write(run_dir, *prov)
+            spec = build_spec(cfg, self.opts, run_dir, code_dir=code_dir)
             script = render(spec)
             (Path(run_dir) / SCRIPT).write_text(script)
             points.append((cfg, list(overrides), submit.Point(idx, run_dir, spec, script)))
@@ -215,14 +230,25 @@ class SlurmLauncher(BaseLauncher):
         Path(run_dir, "logs").mkdir(parents=True, exist_ok=True)
         if cfg.hydra.output_subdir is not None:
             out = Path(run_dir) / str(cfg.hydra.output_subdir)
-            task_cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
-            _save_config(task_cfg, "config.yaml", out)
-            _save_config(HydraConfig.instance().cfg, "hydra.yaml", out)  # type: ignore[arg-type]
+            task_cfg = self._task_cfg(cfg)
+            _save_yaml(task_cfg, "config.yaml", out)
+            _save_yaml(HydraConfig.instance().cfg, "hydra.yaml", out)
             overrides = OmegaConf.create(list(cfg.hydra.overrides.task))
-            _save_config(overrides, "overrides.yaml", out)  # type: ignore[arg-type]  # Hydra saves a list here too
+            _save_yaml(overrides, "overrides.yaml", out)  # Hydra saves a list here too
         # the ranks run Hydra's run_job (job logging, env_set, callbacks), as in any Hydra launcher
-        write_payload(run_dir, self.task_function, cfg, hydra_context=self.hydra_context)
+        if self._singleton_state is None:
+            self._singleton_state = Singleton.get_state()
+        write_payload(
+            run_dir, self.task_function, cfg, hydra_context=self.hydra_context, singleton_state=self._singleton_state
+        )
         return run_dir
+
+    def _task_cfg(self, cfg: DictConfig) -> DictConfig:
+        """The job's config without its hydra node, made once per job (a copy costs ~20 ms)."""
+        key = id(cfg)
+        if key not in self._task_cfgs:
+            self._task_cfgs[key] = (cfg, OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
+        return self._task_cfgs[key][1]
 
     def _job_return(
         self, cfg: DictConfig, run_dir: str, value: Any, status: JobStatus = JobStatus.COMPLETED
@@ -230,7 +256,7 @@ class SlurmLauncher(BaseLauncher):
         """A JobReturn as Hydra's run_job fills it, for a job whose own one we do not have
         (submitted without waiting, or ended without a result)."""
         ret = JobReturn()
-        ret.cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
+        ret.cfg = self._task_cfg(cfg)
         ret.hydra_cfg = OmegaConf.masked_copy(cfg, "hydra")
         ret.overrides = list(cfg.hydra.overrides.task)
         ret.working_dir = run_dir if cfg.hydra.job.chdir else os.getcwd()
@@ -301,3 +327,19 @@ def _shown(overrides: Sequence[str]) -> str:
 def _experiment(cfg: DictConfig) -> str | None:
     value = OmegaConf.select(cfg, "experiment", default=None)
     return str(value) if value is not None else None
+
+
+class _YamlDumper(yaml.CDumper):
+    """OmegaConf's YAML dumper on libyaml's emitter: hydra's own ``_save_config`` writes the
+    .hydra/ files with the pure-Python one, ~15 ms a file; a 100-point sweep writes 300."""
+
+
+_YamlDumper.add_representer(str, OmegaConfDumper.str_representer)  # type: ignore[arg-type]
+
+
+def _save_yaml(cfg: Any, filename: str, output_dir: Path) -> None:
+    """What hydra.core.utils._save_config writes, faster."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    text = yaml.dump(container, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=_YamlDumper)
+    (output_dir / filename).write_text(text, encoding="utf-8")

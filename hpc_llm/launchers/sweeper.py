@@ -9,12 +9,15 @@ callable on each; only then does it hand over to BasicSweeper.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from typing import Any
 
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
@@ -41,12 +44,21 @@ class ValidatingSweeper(BasicSweeper):
         """Every job config of the sweep by its overrides, numbered as the launcher numbers them."""
         if self.hydra_context is None or self.config is None:
             raise RuntimeError("sweeper used before Hydra called setup()")
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        loader = self.hydra_context.config_loader
+        parser = OverridesParser.create(config_loader=loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         jobs: dict[tuple[str, ...], DictConfig] = {}
+        composed: dict[tuple[Any, ...], DictConfig] = {}
         for batch in self.split_arguments(overrides, None):
             for job_overrides in batch:
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job_overrides))
+                parsed = parser.parse_overrides(list(job_overrides))
+                shape, values = _shape(parsed, loader)
+                if shape is not None and shape in composed:
+                    cfg = _with_values(composed[shape], parsed, values)
+                else:
+                    cfg = loader.load_sweep_config(self.config, list(job_overrides))
+                    if shape is not None:
+                        composed[shape] = cfg
                 with open_dict(cfg):
                     cfg.hydra.job.num = len(jobs)
                 jobs[tuple(job_overrides)] = cfg
@@ -106,3 +118,58 @@ class ValidatingSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Any) -> None:
         if not self._validated:  # compose_jobs() already composed every job
             super().validate_batch_is_legal(batch)
+
+
+# -- composing a sweep fast ----------------------------------------------------------
+# Hydra composes every job of a sweep from scratch (defaults list, every YAML file):
+# ~0.2 s a job, 20 s for a 100-point learning-rate sweep on a login node. Points
+# that differ only in plain values (no config group, no hydra.* key, no deletion)
+# have the same defaults list, so each is the first such point's config with its own
+# values applied by Hydra's own override code: what load_sweep_config would give.
+
+
+def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None, list[Override]]:
+    """What must be equal for two points to share a composition (every override that is
+    not a plain value, and the keys, not values, of those that are), and the plain values.
+    (None, []): compose this point anew."""
+    repository = getattr(loader, "repository", None)
+    if repository is None:
+        return None, []
+    fixed: list[str] = []
+    keys: list[tuple[str, str]] = []
+    values: list[Override] = []
+    for o in parsed:
+        if _plain_value(o, repository):
+            keys.append((o.key_or_group, str(o.type)))
+            values.append(o)
+        else:
+            fixed.append(str(o.input_line))
+    return (tuple(fixed), tuple(keys)), values
+
+
+def _plain_value(o: Override, repository: Any) -> bool:
+    return (
+        not o.is_hydra_override()
+        and not o.is_delete()
+        and o.package is None
+        and not o.is_sweep_override()
+        and not repository.group_exists(o.key_or_group)
+    )
+
+
+def _with_values(first: DictConfig, parsed: list[Override], values: list[Override]) -> DictConfig:
+    """``first`` (a composed point of the same shape) with this point's plain ``values``, and
+    the hydra.overrides / override_dirname Hydra records for it."""
+    cfg = copy.deepcopy(first)
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    task = [o for o in parsed if not o.is_hydra_override()]
+    job = cfg.hydra.job
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.overrides.task = [o.input_line for o in task]
+        job.override_dirname = get_overrides_dirname(
+            overrides=task,
+            kv_sep=job.config.override_dirname.kv_sep,
+            item_sep=job.config.override_dirname.item_sep,
+            exclude_keys=job.config.override_dirname.exclude_keys,
+        )
+    return cfg

@@ -7,6 +7,7 @@ golden file. The same function renders what the Slurm launcher submits.
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ class SbatchSpec:
     container_lines: Sequence[str] = ()
     #: the command the batch script execs to run srun (hpc_llm.job.supervisor)
     supervisor: Sequence[str] = ()
+    #: put first on PYTHONPATH: the code copied at submit time (hydra.launcher.snapshot)
+    code_dir: str | None = None
 
 
 def sbatch_flag(key: str, value: Any) -> str:
@@ -53,6 +56,7 @@ def _check_env_name(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=16)  # a sweep renders one template per point: parse it once
 def _template(name: str) -> jinja2.Template:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -97,6 +101,7 @@ def render(spec: SbatchSpec) -> str:
         srun_args=[shlex.quote(a) for a in spec.srun_args],
         command=[shlex.quote(a) for a in spec.command],
         supervisor=[shlex.quote(a) for a in spec.supervisor],
+        code_dir=shlex.quote(spec.code_dir) if spec.code_dir else None,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
     )

@@ -156,7 +156,7 @@ def export_list(passthrough: list[str]) -> str:
     return ",".join(sorted({*JOB_ENVIRONMENT, *passthrough}))
 
 
-def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
+def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | None = None) -> SbatchSpec:
     res = job_resources(cfg, opts)
     fault_enabled = bool(OmegaConf.select(cfg, "fault.enabled", default=False))
     sig = stop_signal(opts.signal) if fault_enabled else None
@@ -232,6 +232,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str) -> SbatchSpec:
         setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
         container_lines=container_lines,
         supervisor=supervisor_command(cfg, opts, run_dir, res, sig),
+        code_dir=code_dir,
     )
 
 
