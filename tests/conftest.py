@@ -125,7 +125,10 @@ def shared_dir(config: pytest.Config) -> Path:
     basetemp = config.getoption("basetemp") or os.environ.get("HPC_LLM_TEST_BASETEMP")
     if not basetemp:
         return ROOT / ".test-shared"
-    return Path(str(Path(basetemp).resolve()) + "-shared")
+    base = Path(basetemp).resolve()
+    if hasattr(config, "workerinput") and base.name.startswith("popen-gw"):
+        base = base.parent  # xdist gives each worker <basetemp>/popen-gwN: share the session's
+    return Path(str(base) + "-shared")
 
 
 def _slurm_tests_wanted(config: pytest.Config) -> bool:

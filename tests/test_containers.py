@@ -177,11 +177,16 @@ def test_bad_container_input_is_one_line_before_anything(overrides, message, sta
     assert not runs_dir.exists()
 
 
-def test_unreadable_image_is_refused(app_env, image, tmp_path):
+def test_unreadable_image_is_refused(app_env, image, tmp_path, tmp_path_factory):
     """Run as an ordinary user (nobody): root reads any file, so the check is for users."""
     image.chmod(0o600)
-    for d in (tmp_path, tmp_path.parent):  # pytest makes them 0700; the user must see the run dir
-        d.chmod(0o755)
+    # pytest makes its directories 0700 (under xdist one level more): the user must see the run dir
+    base = Path(str(tmp_path_factory.getbasetemp()))
+    root = base.parent if base.name.startswith("popen-gw") else base
+    for d in (tmp_path, *tmp_path.parents):
+        d.chmod(d.stat().st_mode | 0o755)
+        if d == root:
+            break
     as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
     cmd = [
         *as_user,
@@ -261,6 +266,8 @@ def test_slurm_run_trains_through_apptainer_exec_on_every_task(slurm_env, standi
             "container=apptainer",
             f"container.image={image}",
             "container.env_passthrough=[MY_TOKEN]",
+            # the job gets an explicit --export list: the stand-in's own variables must be on it
+            "hydra.launcher.env_passthrough=[STANDIN_APPTAINER_LOG,STANDIN_SECRETS]",
             "hydra.launcher.wait=true",
             "hydra.launcher.poll_s=1",
         ],

@@ -83,7 +83,7 @@ def test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger(slurm_env, runs_di
     assert Path(rs[0]["run_dir"]).parent == Path(rs[1]["run_dir"]).parent  # one sweep dir
     ids = [r["slurm_job_ids"][0] for r in rs]
     assert len(set(ids)) == 2
-    status = run_cli(["status"], slurm_env)
+    status = run_cli(["status", "--all"], slurm_env)  # without --all a sweep is one line
     assert status.returncode == 0, explain(status)
     for jid in ids:
         row = next(line for line in status.stdout.splitlines() if f" {jid} " in line)
@@ -130,8 +130,8 @@ BAD = [
     (["hydra.launcher.partition=gpu"], "partition 'gpu' does not exist on this cluster; allowed: high, low"),
     (["resources.time=tomorrow"], "resources.time='tomorrow' is not a Slurm time limit"),
     (
-        ["resources.tasks_per_node=9", "resources.cpus_per_task=2"],
-        "= 18 CPUs per node, but nodes of partition 'low' have 16",
+        ["resources.tasks_per_node=8", "resources.cpus_per_task=3"],
+        "= 24 CPUs per node, but nodes of partition 'low' have 16",
     ),
     (["resources.nodes=1,4"], "resources.nodes=4 is more than partition"),  # one bad point stops the sweep
 ]

@@ -340,6 +340,9 @@ class Supervisor:
     def decide(self, end: StepEnd) -> int | None:
         """Record what happened and act: an exit code, or None to run the next step."""
         attempts = Attempts.load(self.run_dir)
+        if end.returncode == 0 and not self.policy.recover and not attempts.items:
+            # a Hydra app other than hpc_llm's task keeps no attempts: its step's exit code is all
+            return 0
         a = self._this_attempt(attempts)
         if a.ended == "completed" and end.returncode == 0:
             return 0
