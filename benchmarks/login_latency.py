@@ -1,14 +1,16 @@
-"""Login-node latency: a no-wait submit of a 4-point sweep, and what it imports.
+"""Login-node latency: no-wait submits of a 4-point node sweep and a 100-point lr sweep.
 
 Needs a Slurm cluster: uses $SLURM_CONF if set, else starts a dev cluster
 under ~/.hpc_llm/bench-cluster (and stops it afterwards). Prints the median
 wall time of
 
-    python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm train.max_duration=1ba,2ba,3ba,4ba
+    python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1,2,3,4
 
-(goal <= 2 s), the same against four bare `sbatch --wrap` calls as a baseline
-ratio, and proof from `python -X importtime` that the submitting process
-imports no torch / composer / llmfoundry. Submitted jobs are cancelled.
+(goal <= 1.5 s), the same against four bare `sbatch --wrap` calls as a baseline
+ratio; of a 100-point learning-rate sweep, which goes out as one job array in
+one sbatch call (goal <= 6 s), against one bare `sbatch --array=0-99 --wrap`;
+and proof from `python -X importtime` that the submitting process imports no
+torch / composer / llmfoundry. Submitted jobs are cancelled.
 
     .venv/bin/python benchmarks/login_latency.py [--repeats 5]
 """
@@ -28,15 +30,25 @@ from pathlib import Path
 SWEEP = [
     "+experiment=mpt_tiny",
     "hydra/launcher=slurm",
-    "train.max_duration=1ba,2ba,3ba,4ba",
+    "resources.nodes=1,2,3,4",  # four shapes: four jobs
     "hydra.launcher.partition=low",
+]
+LRS = ",".join(f"{(i + 1) * 1e-5:.5g}" for i in range(100))
+LR_SWEEP = [
+    "+experiment=mpt_tiny",
+    "hydra/launcher=slurm",
+    "resources.nodes=1",
+    "resources.tasks_per_node=1",
+    f"train.optimizer.lr={LRS}",
+    "hydra.launcher.partition=low",
+    "hydra.launcher.array_parallelism=8",
 ]
 IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
 HEAVY = ("torch", "composer", "llmfoundry", "streaming", "transformers")
 
 
 def job_ids(text: str) -> list[str]:
-    return re.findall(r"submitted Slurm job (\d+)", text)
+    return sorted(set(re.findall(r"submitted Slurm job (\d+)", text)))
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -55,7 +67,7 @@ def main() -> None:
         from hpc_llm.slurm import devcluster
 
         root = Path.home() / ".hpc_llm" / "bench-cluster"
-        started = devcluster.up(root=root, nodes=2, ctld_port=26817)
+        started = devcluster.up(root=root, nodes=4, ctld_port=26817)
         env.update(started.env())
     runs = Path(tempfile.mkdtemp(prefix="login-latency-", dir=str(Path.home() / ".hpc_llm")))
     env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
@@ -80,6 +92,24 @@ def main() -> None:
                 submitted.append(out.stdout.strip().split(";")[0])
             bases.append(time.perf_counter() - t0)
             subprocess.run(["scancel", *submitted], env=env, capture_output=True)
+        lr_walls, lr_bases = [], []
+        for _ in range(max(1, args.repeats // 2)):
+            wall, proc = timed([sys.executable, "-m", "hpc_llm", *LR_SWEEP], env)
+            ids = job_ids(proc.stdout)
+            assert len(ids) == 1, ids  # one array, one sbatch call
+            submitted += ids
+            lr_walls.append(wall)
+            t0 = time.perf_counter()
+            out = subprocess.run(
+                ["sbatch", "--parsable", "-p", "low", "--array=0-99%8", "--wrap", "true"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            lr_bases.append(time.perf_counter() - t0)
+            submitted.append(out.stdout.strip().split(";")[0])
+            subprocess.run(["scancel", *submitted], env=env, capture_output=True)
         _, proc = timed([sys.executable, "-X", "importtime", "-m", "hpc_llm", *SWEEP], env)
         submitted += job_ids(proc.stdout)
         modules = [m.group(4) for m in IMPORT_LINE.finditer(proc.stderr)]
@@ -96,10 +126,16 @@ def main() -> None:
             devcluster.down(started.root)
     med, base = statistics.median(walls), statistics.median(bases)
     print(
-        f"no-wait submit of a 4-point sweep: median {med:.2f} s over {args.repeats} (goal <= 2 s); "
+        f"no-wait submit of a 4-point node sweep: median {med:.2f} s over {args.repeats} (goal <= 1.5 s); "
         f"min {min(walls):.2f} s, max {max(walls):.2f} s"
     )
     print(f"baseline, 4 bare `sbatch --wrap` calls: median {base:.2f} s -> ratio {med / base:.1f}x")
+    lr_med, lr_base = statistics.median(lr_walls), statistics.median(lr_bases)
+    print(
+        f"no-wait submit of a 100-point lr sweep (one job array): median {lr_med:.2f} s over {len(lr_walls)} "
+        f"(goal <= 6 s); {lr_med / 100 * 1000:.0f} ms a point"
+    )
+    print(f"baseline, one bare `sbatch --array=0-99`: median {lr_base:.2f} s -> ratio {lr_med / lr_base:.0f}x")
     print(
         f"modules imported by the submitting process: {len(modules)}; "
         f"torch/composer/llmfoundry/streaming/transformers among them: {heavy or 'none'}"

@@ -1,0 +1,314 @@
+"""Every command in the README is run by a test: docs drift otherwise.
+
+``COVERED`` maps each command of the README's ```bash blocks (continuations
+joined, comments dropped, whitespace collapsed) to how it is run:
+
+- :class:`Run`: this file runs it, placeholders (``<run id>``, ``<date_time>``)
+  filled in from what ran before, optional ``[...]`` parts dropped, and the
+  listed arguments appended where a command would otherwise train for minutes
+  or submit to a GPU cluster (``train.max_duration=2ba``; ``dry_run``): the
+  command's whole path up to that point is real.
+- :class:`By`: another test runs it (the heavy local training runs, the
+  plugin install); the test must exist and its source must hold the command's
+  own arguments.
+
+A README command missing here, or an entry whose command left the README,
+fails :func:`test_every_readme_command_is_covered`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, ROOT, _free_port_block, explain
+
+README = ROOT / "README.md"
+QUICK = ["train.max_duration=2ba", "eval=none"]  # appended to training commands: seconds, not minutes
+
+
+@dataclass(frozen=True)
+class Run:
+    argv: tuple[str, ...]  # after the program: placeholders in {braces}
+    needs: str = "none"  # "none" | "slurm" | "cluster-root"
+    append: tuple[str, ...] = ()
+    out: str = ""  # a substring of stdout expected
+
+
+@dataclass(frozen=True)
+class By:
+    test: str  # path::name
+    tokens: tuple[str, ...] = field(default=())
+
+
+def readme_commands() -> list[str]:
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            tokens = shlex.split(line, comments=True)
+            if tokens:
+                cmds.append(" ".join(tokens))
+    return cmds
+
+
+def _program(cmd: str) -> tuple[str, list[str]]:
+    tokens = cmd.split(" ")
+    if tokens[:3] == ["python", "-m", "hpc_llm"]:
+        return "app", tokens[3:]
+    if tokens[0] == "hpc-llm":
+        return "cli", tokens[1:]
+    return "other", tokens
+
+
+COVERED: dict[str, Run | By] = {
+    # -- first lines ---------------------------------------------------------------
+    "python3 -m venv .venv && .venv/bin/pip install -e .[train] && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
+        "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
+    ),
+    "bash scripts/setup-dev.sh && .venv/bin/python -m pytest --basetemp=$PWD/.test-tmp -q -n 2": By(".ci/run"),
+    "python -m hpc_llm +experiment=mpt_tiny": By(
+        "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny parallelism=fsdp": By(
+        "tests/test_train_local.py::test_fsdp_two_ranks", ('"parallelism=fsdp"',)
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny parallelism=hsdp resources.tasks_per_node=4": By(
+        "tests/test_train_local.py::test_hsdp_four_ranks_two_by_two",
+        ('"parallelism=hsdp"', '"resources.tasks_per_node=4"'),
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny train.max_duration=4ba,6ba": By(
+        "tests/test_train_local.py::test_a_sweep_runs_each_point_with_its_own_config",
+        ('"train.max_duration=4ba,6ba"',),
+    ),
+    "hpc-llm plugins": Run(("plugins",), out="data_source"),
+    "hpc-llm config +experiment=mpt_tiny": Run(("config", "+experiment=mpt_tiny"), out="max_duration"),
+    # -- on Slurm ----------------------------------------------------------------------
+    "eval $(hpc-llm dev-cluster up --nodes 3)": Run(("dev-cluster", "up", "--nodes", "3"), needs="cluster-root"),
+    "hpc-llm dev-cluster down": Run(("dev-cluster", "down"), needs="cluster-root"),
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2": Run(
+        ("+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2"),
+        needs="slurm",
+        append=(*QUICK, "+hydra.launcher.extra_sbatch.begin=now+3600"),  # queued for logs/cancel
+        out="submitted Slurm job",
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2 hydra.launcher.wait=true": Run(
+        ("+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2", "hydra.launcher.wait=true"),
+        needs="slurm",
+        append=(*QUICK, "hydra.launcher.poll_s=1"),
+        out="completed",
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1,2": By(
+        "tests/test_slurm.py::test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger", ('"resources.nodes=1,2"',)
+    ),
+    "hpc-llm render +experiment=mpt_tiny cluster=h100 resources.nodes=8": Run(
+        ("render", "+experiment=mpt_tiny", "cluster=h100", "resources.nodes=8"), out="#SBATCH --nodes=8"
+    ),
+    "hpc-llm status": Run(("status",), needs="slurm", out="RUN"),
+    "hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]": Run(("logs", "{run_dir}"), needs="slurm"),
+    "hpc-llm cancel <run id | job id | run dir>": Run(("cancel", "{job_id}"), needs="slurm"),
+    # -- sweeps --------------------------------------------------------------------------
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1 train.optimizer.lr=1e-4,2e-4,3e-4 hydra.launcher.array_parallelism=2": Run(  # noqa: E501
+        (
+            "+experiment=mpt_tiny",
+            "hydra/launcher=slurm",
+            "resources.nodes=1",
+            "train.optimizer.lr=1e-4,2e-4,3e-4",
+            "hydra.launcher.array_parallelism=2",
+        ),
+        needs="slurm",
+        append=(*QUICK, "resources.tasks_per_node=1"),
+        out="Slurm job array",
+    ),
+    "hpc-llm wait outputs/mpt_tiny/<date_time>": Run(("wait", "{sweep_dir}", "--poll", "1"), needs="slurm"),
+    "hpc-llm report outputs/mpt_tiny/<date_time> --wait": Run(
+        ("report", "{sweep_dir}", "--wait", "--poll", "1"), needs="slurm", out="| completed |"
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm hydra.launcher.snapshot=true": Run(
+        ("+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.snapshot=true"),
+        needs="slurm",
+        append=(*QUICK, "hydra.launcher.dry_run=true"),
+        out="dry run",
+    ),
+    # -- the seeds' experiments: rendered for the GPU cluster, not submitted -------------------
+    "hpc-llm data prepare c4 --out $HPC_LLM_DATA/c4 --splits train,val_small": By(
+        "tests/test_seed_experiments.py::c4_mds", ('"prepare"', '"c4"', '"--out"', '"--splits"')
+    ),
+    "python -m hpc_llm -m +experiment=mpt125m_c4 hydra/launcher=slurm resources.nodes=1,2,4,8": Run(
+        ("-m", "+experiment=mpt125m_c4", "hydra/launcher=slurm", "resources.nodes=1,2,4,8"),
+        append=("hydra.launcher.dry_run=true", "data.remote=s3://bucket/c4"),
+        out="job 3: dry run",
+    ),
+    "python -m hpc_llm -m +experiment=mpt7b_dolly hydra/launcher=slurm resources.nodes=1,2,4,8": Run(
+        ("-m", "+experiment=mpt7b_dolly", "hydra/launcher=slurm", "resources.nodes=1,2,4,8"),
+        append=("hydra.launcher.dry_run=true",),
+        out="job 3: dry run",
+    ),
+    "python -m hpc_llm +experiment=mpt30b_instruct hydra/launcher=slurm": Run(
+        ("+experiment=mpt30b_instruct", "hydra/launcher=slurm"),
+        append=("hydra.launcher.dry_run=true",),
+        out="job 0: dry run",
+    ),
+    "hpc-llm config +experiment=mpt7b_c4": Run(("config", "+experiment=mpt7b_c4"), out="mpt_causal_lm"),
+    # -- preflight and the watchdog ------------------------------------------------------------
+    "hpc-llm preflight hydra/launcher=slurm cluster=h100 resources.nodes=2": By(
+        "tests/test_preflight.py::test_preflight_prints_a_busbw_table_from_two_dev_cluster_nodes",
+        ('"preflight"', '"resources.nodes=2"'),
+    ),
+    "python -m hpc_llm +experiment=mpt7b_c4 hydra/launcher=slurm preflight.enabled=true preflight.min_busbw_gbps=300 preflight.min_tflops=600 [preflight.exclude_bad_nodes=true]": Run(  # noqa: E501
+        (
+            "+experiment=mpt7b_c4",
+            "hydra/launcher=slurm",
+            "preflight.enabled=true",
+            "preflight.min_busbw_gbps=300",
+            "preflight.min_tflops=600",
+            "preflight.exclude_bad_nodes=true",
+        ),
+        append=("hydra.launcher.dry_run=true", "data.remote=s3://bucket/c4"),
+        out="job 0: dry run",
+    ),
+    "python -m hpc_llm +experiment=mpt7b_c4 hydra/launcher=slurm watchdog.enabled=true [watchdog.action=requeue]": Run(
+        ("+experiment=mpt7b_c4", "hydra/launcher=slurm", "watchdog.enabled=true", "watchdog.action=requeue"),
+        append=("hydra.launcher.dry_run=true", "data.remote=s3://bucket/c4"),
+        out="job 0: dry run",
+    ),
+    # -- reports and estimates -------------------------------------------------------------------
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1,2 hydra.launcher.wait=true": By(
+        "tests/test_slurm.py::test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger",
+        ('"resources.nodes=1,2"',),  # FAST has wait=true
+    ),
+    "hpc-llm report outputs/mpt_tiny/<date_time>": Run(("report", "{sweep_dir}"), needs="slurm", out="Speedup"),
+    "hpc-llm estimate model=mpt-70b cluster=h100 --nodes 8 64": Run(
+        ("estimate", "model=mpt-70b", "cluster=h100", "--nodes", "8", "64"), out="GPU-hours"
+    ),
+    # -- plugins -------------------------------------------------------------------------------------
+    "pip install ./plugins/hpc-llm-jsonl": By(
+        "tests/test_plugins.py::test_example_package_is_discovered_from_its_entry_point", ("pip_install(EXAMPLE",)
+    ),
+    "python -m hpc_llm data.name=jsonl data.path=corpus.jsonl +train.tokenizer.name=/path/to/tokenizer": By(
+        "tests/test_train_local.py::test_third_party_jsonl_source_trains",
+        ('"data.name=jsonl"', "data.path=", "+train.tokenizer.name="),
+    ),
+    "HPC_LLM_BLOCK_PLUGINS=jsonl hpc-llm plugins": By(
+        "tests/test_plugins.py::test_name_collision_is_reported_not_resolved", ("HPC_LLM_BLOCK_PLUGINS",)
+    ),
+}
+
+
+def test_every_readme_command_is_covered():
+    commands = readme_commands()
+    missing = [c for c in commands if c not in COVERED]
+    stale = [c for c in COVERED if c not in commands]
+    assert not missing, "README commands no test runs (add them to COVERED):\n" + "\n".join(missing)
+    assert not stale, "COVERED entries the README no longer has:\n" + "\n".join(stale)
+
+
+def _function_source(path: Path, name: str) -> str:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(path.read_text(), node) or ""
+    raise AssertionError(f"{path.relative_to(ROOT)} has no function {name}")
+
+
+@pytest.mark.parametrize("cmd", [c for c, s in COVERED.items() if isinstance(s, By)])
+def test_commands_run_by_other_tests_are_really_run_there(cmd):
+    spec = COVERED[cmd]
+    assert isinstance(spec, By)
+    if spec.test == ".ci/run":  # CI runs the README's test command: the same one
+        ci = (ROOT / ".ci" / "run").read_text()
+        setup, test = cmd.split(" && ")
+        assert f"\n{setup}\n" in ci and test.replace("$PWD", '"$PWD') in ci.replace('.test-tmp"', ".test-tmp"), ci
+        return
+    path, name = spec.test.split("::")
+    source = _function_source(ROOT / path, name)
+    for token in spec.tokens:
+        assert token in source, f"{spec.test} does not run {token} (README: {cmd})"
+
+
+def _argv(spec: Run, cmd: str, values: dict[str, str]) -> list[str]:
+    kind, _ = _program(cmd)
+    args = [a.format(**values) for a in spec.argv] + list(spec.append)
+    if kind == "app":
+        return [PY, "-m", "hpc_llm", *args]
+    return [PY, "-c", "from hpc_llm.cli import main; main()", *args]
+
+
+def _run(cmd: str, env: dict[str, str], cwd: Path, values: dict[str, str] | None = None, timeout: int = 600):
+    spec = COVERED[cmd]
+    assert isinstance(spec, Run)
+    proc = subprocess.run(
+        _argv(spec, cmd, values or {}), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"README: {cmd}\n" + explain(proc)
+    assert spec.out in proc.stdout, f"README: {cmd}: {spec.out!r} not in the output\n" + explain(proc)
+    return proc
+
+
+@pytest.mark.parametrize("cmd", [c for c, s in COVERED.items() if isinstance(s, Run) and s.needs == "none"])
+def test_readme_commands_without_a_running_job(cmd, app_env, tmp_path):
+    _run(cmd, app_env, tmp_path, timeout=300)
+
+
+@pytest.mark.slurm
+def test_readme_dev_cluster_up_and_down(app_env, tmp_path):
+    """``eval "$(hpc-llm dev-cluster up --nodes 3)"`` then ``down``, in a root of its own."""
+    root = tmp_path / "cluster"
+    extra = ["--root", str(root), "--port", str(_free_port_block(8))]
+    up, down = (COVERED[c] for c in ("eval $(hpc-llm dev-cluster up --nodes 3)", "hpc-llm dev-cluster down"))
+    assert isinstance(up, Run) and isinstance(down, Run)
+    cli = f"{shlex.quote(PY)} -c 'from hpc_llm.cli import main; main()'"
+    script = f'eval "$({cli} {shlex.join([*up.argv, *extra])})" && sinfo -h -o "%D %t"'
+    try:
+        proc = subprocess.run(["bash", "-c", script], env=app_env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, explain(proc)
+        assert proc.stdout.split() == ["3", "idle"]
+    finally:
+        off = subprocess.run(
+            [PY, "-c", "from hpc_llm.cli import main; main()", *down.argv, "--root", str(root)],
+            env=app_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert off.returncode == 0, explain(off)
+
+
+@pytest.mark.slurm
+def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
+    """The On Slurm and Sweeps sections, in the README's order, against the session's cluster."""
+    values: dict[str, str] = {}
+    sub = _run("python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2", slurm_env, tmp_path)
+    values["job_id"], values["run_dir"] = re.search(r"submitted Slurm job (\d+), run dir (\S+)", sub.stdout).groups()
+    _run("hpc-llm status", slurm_env, tmp_path)
+    _run("hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]", slurm_env, tmp_path, values)
+    _run("hpc-llm cancel <run id | job id | run dir>", slurm_env, tmp_path, values)
+    waited = _run(
+        "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2 hydra.launcher.wait=true",
+        slurm_env,
+        tmp_path,
+    )
+    assert "status      completed" in waited.stdout
+    swept = _run(
+        "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1 "
+        "train.optimizer.lr=1e-4,2e-4,3e-4 hydra.launcher.array_parallelism=2",
+        slurm_env,
+        tmp_path,
+    )
+    values["sweep_dir"] = str(Path(re.search(r"run dir (\S+)/0 ", swept.stdout).group(1)))
+    _run("hpc-llm wait outputs/mpt_tiny/<date_time>", slurm_env, tmp_path, values)
+    _run("hpc-llm report outputs/mpt_tiny/<date_time> --wait", slurm_env, tmp_path, values)
+    _run("hpc-llm report outputs/mpt_tiny/<date_time>", slurm_env, tmp_path, values)
+    lrs = sorted(
+        json.loads((Path(values["sweep_dir"]) / str(i) / "results.json").read_text())["status"] for i in range(3)
+    )
+    assert lrs == ["completed"] * 3
+    _run(
+        "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm hydra.launcher.snapshot=true", slurm_env, tmp_path
+    )
