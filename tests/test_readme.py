@@ -87,7 +87,7 @@ COVERED: dict[str, Run | By] = {
         "tests/test_train_local.py::test_a_sweep_runs_each_point_with_its_own_config",
         ('"train.max_duration=4ba,6ba"',),
     ),
-    "hpc-llm plugins": Run(("plugins",), out="data_source"),
+    "hpc-llm plugins": Run(("plugins",), out="data source"),
     "hpc-llm config +experiment=mpt_tiny": Run(("config", "+experiment=mpt_tiny"), out="max_duration"),
     # -- on Slurm ----------------------------------------------------------------------
     "eval $(hpc-llm dev-cluster up --nodes 3)": Run(("dev-cluster", "up", "--nodes", "3"), needs="cluster-root"),
@@ -107,10 +107,10 @@ COVERED: dict[str, Run | By] = {
     "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1,2": By(
         "tests/test_slurm.py::test_node_sweep_gives_jobs_of_their_own_size_and_a_ledger", ('"resources.nodes=1,2"',)
     ),
-    "hpc-llm render +experiment=mpt_tiny cluster=h100 resources.nodes=8": Run(
-        ("render", "+experiment=mpt_tiny", "cluster=h100", "resources.nodes=8"), out="#SBATCH --nodes=8"
+    "hpc-llm render +experiment=mpt125m_c4 cluster=h100 resources.nodes=8": Run(
+        ("render", "+experiment=mpt125m_c4", "cluster=h100", "resources.nodes=8"), out="#SBATCH --nodes=8"
     ),
-    "hpc-llm status": Run(("status",), needs="slurm", out="RUN"),
+    "hpc-llm status": Run(("status",), needs="slurm", out="{job_id}"),
     "hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]": Run(("logs", "{run_dir}"), needs="slurm"),
     "hpc-llm cancel <run id | job id | run dir>": Run(("cancel", "{job_id}"), needs="slurm"),
     # -- sweeps --------------------------------------------------------------------------
@@ -247,7 +247,8 @@ def _run(cmd: str, env: dict[str, str], cwd: Path, values: dict[str, str] | None
         _argv(spec, cmd, values or {}), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, f"README: {cmd}\n" + explain(proc)
-    assert spec.out in proc.stdout, f"README: {cmd}: {spec.out!r} not in the output\n" + explain(proc)
+    out = spec.out.format(**(values or {}))
+    assert out in proc.stdout, f"README: {cmd}: {out!r} not in the output\n" + explain(proc)
     return proc
 
 
@@ -285,16 +286,17 @@ def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
     """The On Slurm and Sweeps sections, in the README's order, against the session's cluster."""
     values: dict[str, str] = {}
     sub = _run("python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2", slurm_env, tmp_path)
-    values["job_id"], values["run_dir"] = re.search(r"submitted Slurm job (\d+), run dir (\S+)", sub.stdout).groups()
-    _run("hpc-llm status", slurm_env, tmp_path)
-    _run("hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]", slurm_env, tmp_path, values)
-    _run("hpc-llm cancel <run id | job id | run dir>", slurm_env, tmp_path, values)
+    values["job_id"] = re.search(r"submitted Slurm job (\d+), run dir (\S+)", sub.stdout).group(1)
+    _run("hpc-llm status", slurm_env, tmp_path, values)
     waited = _run(
         "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2 hydra.launcher.wait=true",
         slurm_env,
         tmp_path,
     )
     assert "status      completed" in waited.stdout
+    values["run_dir"] = re.search(r"submitted Slurm job \d+, run dir (\S+)", waited.stdout).group(1)
+    _run("hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]", slurm_env, tmp_path, values)
+    _run("hpc-llm cancel <run id | job id | run dir>", slurm_env, tmp_path, values)  # the queued one
     swept = _run(
         "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1 "
         "train.optimizer.lr=1e-4,2e-4,3e-4 hydra.launcher.array_parallelism=2",
