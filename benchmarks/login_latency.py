@@ -4,7 +4,7 @@ Needs a Slurm cluster: uses $SLURM_CONF if set, else starts a dev cluster
 under ~/.hpc_llm/bench-cluster (and stops it afterwards). Prints the median
 wall time of
 
-    python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1,2,3,4
+    python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1,2,3,4 ...
 
 (goal <= 1.5 s), the same against four bare `sbatch --wrap` calls as a baseline
 ratio; of a 100-point learning-rate sweep, which goes out as one job array in
@@ -31,6 +31,8 @@ SWEEP = [
     "+experiment=mpt_tiny",
     "hydra/launcher=slurm",
     "resources.nodes=1,2,3,4",  # four shapes: four jobs
+    "resources.tasks_per_node=1",
+    "train.global_train_batch_size=48",  # 1 to 4 ranks, micro-batch 4
     "hydra.launcher.partition=low",
 ]
 LRS = ",".join(f"{(i + 1) * 1e-5:.5g}" for i in range(100))

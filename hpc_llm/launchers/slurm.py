@@ -60,6 +60,7 @@ class SlurmLauncher(BaseLauncher):
         self._singleton_state: Any = None
         #: each job's config without the hydra node, by id of the job config (kept alive with it)
         self._task_cfgs: dict[int, tuple[DictConfig, DictConfig]] = {}
+        self._hydra_cfgs: dict[int, tuple[DictConfig, Any]] = {}
 
     # -- checks, before anything is created (called by the sweeper) ----------
     def partitions(self) -> dict[str, query.Partition]:
@@ -227,6 +228,8 @@ class SlurmLauncher(BaseLauncher):
         with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
             cfg.hydra.runtime.output_dir = run_dir
         HydraConfig.instance().set_config(cfg)
+        # set_config made a copy of the hydra node: the job's JobReturn gets that one
+        self._hydra_cfgs[id(cfg)] = (cfg, HydraConfig.instance().cfg)
         Path(run_dir, "logs").mkdir(parents=True, exist_ok=True)
         if cfg.hydra.output_subdir is not None:
             out = Path(run_dir) / str(cfg.hydra.output_subdir)
@@ -257,7 +260,8 @@ class SlurmLauncher(BaseLauncher):
         (submitted without waiting, or ended without a result)."""
         ret = JobReturn()
         ret.cfg = self._task_cfg(cfg)
-        ret.hydra_cfg = OmegaConf.masked_copy(cfg, "hydra")
+        made = self._hydra_cfgs.get(id(cfg))
+        ret.hydra_cfg = made[1] if made is not None else OmegaConf.masked_copy(cfg, "hydra")
         ret.overrides = list(cfg.hydra.overrides.task)
         ret.working_dir = run_dir if cfg.hydra.job.chdir else os.getcwd()
         ret.task_name = str(cfg.hydra.job.name)
