@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_llm import trackers
 from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab, collective_timeout_s
 from hpc_llm.errors import ConfigError
 
@@ -39,7 +40,7 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
     fragments.extend(eval_fragments)
     ours: dict[str, Any] = {
         "run_name": run_name,
-        "loggers": {RESULTS_LOGGER: {}},
+        "loggers": {RESULTS_LOGGER: {}, **trackers.train_loggers(cfg, plan.run_dir, run_name, plan.nodes)},
         # torch.distributed's process-group timeout: a stuck collective raises
         "dist_timeout": collective_timeout_s(cfg, job.plan),
     }

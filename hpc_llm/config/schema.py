@@ -224,6 +224,22 @@ class ContainerConfig:
 
 
 @dataclass
+class LoggerConfig:
+    # Experiment tracker: none, mlflow or wandb (conf/logger/), through Composer's loggers.
+    name: str = "none"
+    # mlflow: the tracking server (or MLFLOW_TRACKING_URI); experiment: null is one per sweep.
+    tracking_uri: Optional[str] = None
+    experiment: Optional[str] = None
+    synchronous: bool = True
+    # wandb: project, entity, mode (online / offline).
+    project: Optional[str] = None
+    entity: Optional[str] = None
+    mode: str = "online"
+    # Extra tags on the tracker run (hpc_llm adds run, sweep, nodes, Slurm job ids, commit).
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class PluginsConfig:
     # Plugins (entry-point or distribution names) not to load.
     block: list[str] = field(default_factory=list)
@@ -244,5 +260,6 @@ class HpcLlmConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     # LLM Foundry train config (model, optimizer, max_duration, ...).
     train: dict[str, Any] = field(default_factory=dict)

@@ -33,6 +33,13 @@ once, explicitly, by the task before training (never at import).
    Autoresume also drops ``load_ignore_keys``. The integrations are metadata
    for exporting the model, not training state, so a sharded load leaves them
    out of the state it asks for (found by tests/test_faults.py, FSDP and HSDP).
+6. Composer 0.32 autoresume asks every logger destination for the latest
+   checkpoint before the loggers are initialised; ``WandBLogger.download_file``
+   then raises ``RuntimeError("get_file_artifact can only be called after
+   running init()")`` (only FileNotFoundError / NotImplementedError are
+   caught), and otherwise calls ``wandb.Api()``, which needs the network. hpc_llm
+   keeps checkpoints in its checkpoint backend, never in W&B (no
+   ``log_artifacts``), so W&B answers "not here" (found by tests/test_trackers.py).
 """
 
 from __future__ import annotations
@@ -140,6 +147,20 @@ def _patch_sharded_load_integrations() -> None:
     checkpoint.load_sharded_checkpoint = load_sharded_checkpoint
 
 
+def _patch_wandb_download() -> None:
+    from composer.loggers import wandb_logger
+
+    cls = wandb_logger.WandBLogger
+    if getattr(cls.download_file, "_hpc_llm", False):
+        return
+
+    def download_file(self: Any, remote_file_name: str, *args: Any, **kwargs: Any) -> None:
+        raise FileNotFoundError(f"{remote_file_name}: hpc_llm keeps checkpoints in its checkpoint backend, not W&B")
+
+    download_file._hpc_llm = True  # type: ignore[attr-defined]
+    cls.download_file = download_file  # type: ignore[method-assign]
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -148,4 +169,5 @@ def apply() -> None:
     _patch_fsdp2_hsdp()
     _patch_fsdp2_gloo_average()
     _patch_sharded_load_integrations()
+    _patch_wandb_download()
     _APPLIED = True

@@ -23,7 +23,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm import provenance
+from hpc_llm import provenance, trackers
 from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import context, distenv, health, preemption, supervisor_env
 from hpc_llm.job.context import JobContext
@@ -135,6 +135,14 @@ def supervised() -> bool:
 def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, float]:
     """The plugins' train config, their preparation, then LLM Foundry's ``train``."""
     train_cfg = build_train_config(cfg, job, run_name=run_name(job.plan.experiment, ctx.run_dir))
+    if ctx.record is not None:  # rank 0: the tracker run's tags (the trackers log from rank 0)
+        items = ctx.record.attempts.items
+        trackers.add_job_tags(
+            train_cfg,
+            job_ids=list(dict.fromkeys(str(a.job_id) for a in items if a.job_id)),
+            attempt=len(items),
+            commit=((ctx.record.info.get("provenance") or {}).get("git") or {}).get("commit"),
+        )
     if ctx.dist.rank == 0:
         (ctx.run_dir / "train_config.yaml").write_text(yaml.safe_dump(train_cfg, sort_keys=False))
     job.data.prepare(cfg.data, ctx)

@@ -149,6 +149,14 @@ JOB_ENVIRONMENT = (
     "HPC_LLM_DATA",
     "HPC_LLM_BLOCK_PLUGINS",
     "HPC_LLM_NO_EXTERNAL_PLUGINS",
+    # experiment trackers (conf/logger/): where they log; secrets by name only
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "WANDB_API_KEY",
+    "WANDB_MODE",
+    "WANDB_DIR",
+    "WANDB_PROJECT",
+    "WANDB_ENTITY",
 )
 
 
