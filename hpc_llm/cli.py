@@ -116,9 +116,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hpc_llm.status import counts, refresh
+    from hpc_llm.status import attempts_of, counts, refresh, runs_of
 
     runs = refresh(limit=args.limit)
+    if args.run:
+        return _status_of_runs(runs_of(args.run), attempts_of)
     table = Table(title="hpc_llm runs")
     for col in ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir"):
         table.add_column(col, overflow="fold")
@@ -152,6 +154,29 @@ def cmd_status(args: argparse.Namespace) -> int:
             r.run_dir,
         )
     Console(width=max(160, Console().width)).print(table)
+    return 0
+
+
+def _status_of_runs(runs: list, attempts_of) -> int:
+    """``hpc-llm status <run>``: each run's state and every attempt Slurm accounting knows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console(width=max(160, Console().width))
+    for run in runs:
+        out.print(f"run {run.id}: {run.state}, {run.restarts} restart(s), job(s) {', '.join(run.job_ids) or '-'}")
+        out.print(f"  run dir {run.run_dir}")
+        if run.error:
+            out.print(f"  error: {run.error}", markup=False)
+        rows = attempts_of(run)
+        if not rows:
+            continue
+        table = Table(title=f"attempts of run {run.id}")
+        for col in rows[0]:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*("-" if v is None else str(v) for v in row.values()))
+        out.print(table)
     return 0
 
 
@@ -234,6 +259,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     from hpc_llm import estimate
 
+    if args.compare:
+        sys.stdout.write(
+            estimate.compare(
+                Path(args.compare), mfu=args.mfu, peak_flops_per_gpu=args.peak_flops, efficiency=args.efficiency
+            )
+        )
+        return 0
     cfg = compose(args.overrides)
     train = OmegaConf.to_container(cfg.train, resolve=True)
     node_counts = args.nodes or [int(cfg.resources.nodes)]
@@ -366,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="runs in the ledger, with their Slurm state (a sweep is one line)")
     p.add_argument("--limit", type=int, default=500)
     p.add_argument("--all", action="store_true", help="one line per run, sweeps included")
+    p.add_argument("run", nargs="?", help="one run (ledger id, Slurm job id, run or sweep dir): its attempts")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("wait", help="wait for a sweep (or a run) to end, with a live line per run")
     p.add_argument("ref", help="sweep dir, run dir, ledger id or Slurm job id")
@@ -401,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--efficiency", type=float, help="scaling efficiency vs one node (default 0.9)")
     p.add_argument("--sweep", help="a sweep dir whose measured scaling efficiency to use")
     p.add_argument("--price", type=float, help="price of one GPU-hour (default: cluster.price_per_gpu_hour)")
+    p.add_argument("--compare", metavar="SWEEP_DIR", help="each finished run beside its estimate (Slurm accounting)")
+    p.add_argument("--peak-flops", type=float, help="with --compare: peak FLOP/s per GPU (or per CPU rank)")
     p.set_defaults(func=cmd_estimate)
     p = sub.add_parser("container", help="build, check or inspect an Apptainer image (spython)")
     p.add_argument("action", choices=["build", "check", "inspect"])

@@ -313,3 +313,46 @@ def human_bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def compare(sweep_dir: Path, *, mfu: float | None, peak_flops_per_gpu: float | None, efficiency: float | None) -> str:
+    """Each finished run of a sweep beside what the estimator would have said of it: the same
+    tokens (what the run trained), model, node and GPU (rank, on CPU) counts; the time and the
+    GPU-hours it actually used (Slurm accounting's AllocTRES x Elapsed over every attempt)."""
+    import yaml
+
+    from hpc_llm.report import _accounting, find_runs
+    from hpc_llm.slurm.accounting import resource_hours
+
+    runs = [r for r in find_runs(Path(sweep_dir)) if r.status == "completed"]
+    if not runs:
+        raise ConfigError(f"--compare {sweep_dir}: no completed runs there")
+    acct = _accounting(runs)
+    lines = [
+        "| run | nodes | GPUs / ranks | tokens | MFU assumed | estimated | actual (train) | actual / est. "
+        "| estimated GPU-hours | used (Slurm) | used / est. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        res = r.results
+        cfg_path = r.run_dir / ".hydra" / "config.yaml"
+        profile = (yaml.safe_load(cfg_path.read_text()) or {}).get("cluster", {}) if cfg_path.is_file() else {}
+        peak = peak_flops_per_gpu or profile.get("peak_flops_per_gpu")
+        gpus = int(res.get("nodes") or 1) * int(res.get("gpus_per_node") or 0) or int(res.get("world_size") or 1)
+        tokens, fpt = res.get("tokens_done"), res.get("flops_per_token")
+        m = mfu if mfu is not None else (default_mfu(res["n_params"]).value if res.get("n_params") else None)
+        eff = efficiency if efficiency is not None else (1.0 if (res.get("nodes") or 1) == 1 else DEFAULT_EFFICIENCY)
+        est_s = tokens * fpt / (gpus * peak * m * eff) if tokens and fpt and peak and m else None
+        actual = res.get("train_s")
+        ids = dict.fromkeys(str(j) for j in res.get("slurm_job_ids") or [])
+        attempts = [a for j in ids for a in acct.get(j, [])]
+        used, unit = resource_hours(attempts) if attempts else (None, "")
+        est_h = est_s * gpus / 3600 if est_s else None
+        lines.append(
+            f"| {r.run_dir.name} | {res.get('nodes')} | {gpus} | {tokens or '-'} | {f'{m:.1%}' if m else '-'} | "
+            f"{f'{est_s:.1f} s' if est_s else '-'} | {f'{actual:.1f} s' if actual else '-'} | "
+            f"{f'{actual / est_s:.2f}' if actual and est_s else '-'} | {f'{est_h:.3g}' if est_h else '-'} | "
+            f"{f'{used:.3g} {unit}' if used is not None else '-'} | "
+            f"{f'{used / est_h:.2f}' if used and est_h else '-'} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -4,6 +4,15 @@ An SQLite file (``$HPC_LLM_HOME/ledger.sqlite``, default ``~/.hpc_llm``), so
 concurrent submissions from several shells are safe. Written on the login
 node by the launchers; ``hpc-llm status`` refreshes states from squeue,
 sacct and each run's results.json. Pure stdlib.
+
+It is a cache of what the run's own files and Slurm accounting say, and it
+never loses or invents a state: an update writes only the columns it
+changes (two writers touching different columns both land), a state change
+can be made conditional on the state the writer saw (compare-and-set), and a
+final state (COMPLETED, FAILED, CANCELLED) is never replaced by a live one.
+SQLite's locking is not reliable on NFS (its own FAQ); a home directory on
+NFS is detected and named once (``HPC_LLM_HOME`` moves the ledger to a
+node-local disk).
 """
 
 from __future__ import annotations
@@ -18,6 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DRY_RUN", "TIMEOUT", "PREEMPTED"})
+#: states no later update may replace by a live one (TIMEOUT / PREEMPTED jobs may be requeued)
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DRY_RUN"})
+#: filesystems whose locking SQLite cannot trust
+NETWORK_FS = ("nfs", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "fuse.sshfs", "ceph", "fuse.glusterfs")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -46,6 +59,37 @@ def ledger_path() -> Path:
     return home() / "ledger.sqlite"
 
 
+MOUNTS = Path("/proc/mounts")
+
+
+def filesystem_type(path: Path, mounts_file: Path | None = None) -> str | None:
+    """The type of the filesystem holding ``path`` (its longest mount point in /proc/mounts)."""
+    try:
+        mounts = (mounts_file or MOUNTS).read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.absolute())
+    best, kind = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3:
+            point = parts[1].replace("\\040", " ")
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, kind = point, parts[2]
+    return kind
+
+
+def _check_filesystem(path: Path) -> None:
+    kind = filesystem_type(path.parent)
+    if kind is not None and kind.startswith(NETWORK_FS):
+        from hpc_llm.errors import warn_once
+
+        warn_once(
+            f"the run ledger {path} is on {kind}, where SQLite's locking is unreliable; set HPC_LLM_HOME "
+            "to a node-local directory (e.g. /var/tmp/$USER/hpc_llm)"
+        )
+
+
 @dataclass
 class Run:
     id: int
@@ -67,7 +111,8 @@ class Run:
 def connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
     path = path or ledger_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), timeout=30)
+    _check_filesystem(path)
+    conn = sqlite3.connect(str(path), timeout=60)
     conn.row_factory = sqlite3.Row
     try:
         conn.execute(SCHEMA)
@@ -130,16 +175,32 @@ def record(
     return _row(row)
 
 
-def update(run: Run, **changes: object) -> Run:
-    for key, value in changes.items():
-        setattr(run, key, value)
-    run.updated_at = time.time()
+_COLUMNS = ("job_ids", "state", "restarts", "error")
+
+
+def update(run: Run, *, expect_state: str | None = None, **changes: object) -> Run:
+    """Write ``changes`` (only those columns) and return the run as the ledger now has it.
+
+    ``expect_state``: only if the ledger still says that state (compare-and-set; the
+    caller read it and decided from it). A terminal state is never replaced by another
+    state (a late squeue answer cannot undo what results.json or sacct said)."""
+    unknown = set(changes) - set(_COLUMNS)
+    if unknown:
+        raise ValueError(f"ledger.update: unknown column(s) {sorted(unknown)}")
+    values = {k: json.dumps(v) if k == "job_ids" else v for k, v in changes.items()}
+    sets = ", ".join(f"{k}=?" for k in values) + (", " if values else "") + "updated_at=?"
+    where, args = "id=?", list[object]([run.id])
+    if expect_state is not None:
+        where += " AND state=?"
+        args.append(expect_state)
+    if "state" in changes:
+        terminal = sorted(TERMINAL)
+        where += f" AND (state NOT IN ({','.join('?' * len(terminal))}) OR state=?)"
+        args += [*terminal, changes["state"]]
     with connect() as conn:
-        conn.execute(
-            "UPDATE runs SET job_ids=?, state=?, restarts=?, error=?, updated_at=? WHERE id=?",
-            (json.dumps(run.job_ids), run.state, run.restarts, run.error, run.updated_at, run.id),
-        )
-    return run
+        conn.execute(f"UPDATE runs SET {sets} WHERE {where}", [*values.values(), time.time(), *args])
+        row = conn.execute("SELECT * FROM runs WHERE id=?", (run.id,)).fetchone()
+    return _row(row) if row is not None else run
 
 
 def runs(limit: int | None = None) -> list[Run]:

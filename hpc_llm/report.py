@@ -39,6 +39,11 @@ COLUMNS = [
     "Eval accuracy",
     "Goodput",
     "Restarts",
+    "Resource-hours",
+    "Queue wait",
+    "Attempts (Slurm)",
+    "Code",
+    "Point",
     "Status",
 ]
 
@@ -133,12 +138,40 @@ class Group:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _accounting(runs: list[Run]) -> dict[str, list[Any]]:
+    """Slurm accounting's attempts of every run's job(s), in one sacct call (empty without
+    accounting: the report then has what the runs recorded)."""
+    from hpc_llm.slurm import accounting
+
+    ids = sorted({str(j) for r in runs for j in (r.results.get("slurm_job_ids") or [])})
+    if not ids or not accounting.available():
+        return {}
+    return accounting.attempts(ids) or {}
+
+
+def _varying(runs: list[Run]) -> dict[Path, str]:
+    """Each run's overrides that differ across the sweep (an lr sweep's lr), from .hydra/."""
+    import yaml
+
+    over: dict[Path, list[str]] = {}
+    for r in runs:
+        path = r.run_dir / ".hydra" / "overrides.yaml"
+        try:
+            over[r.run_dir] = [str(o) for o in (yaml.safe_load(path.read_text()) or [])]
+        except (OSError, yaml.YAMLError):
+            over[r.run_dir] = []
+    common = set.intersection(*(set(o) for o in over.values())) if over else set()
+    return {d: " ".join(o for o in overs if o not in common) for d, overs in over.items()}
+
+
 def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
     runs = find_runs(sweep_dir)
     if not runs:
         raise ConfigError(
             f"no runs under {sweep_dir} (no {RESULTS_FILE} and no .hydra/config.yaml); is it a sweep directory?"
         )
+    acct = _accounting(runs)
+    varying = _varying(runs)
     by_exp: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_exp[r.experiment].append(r)
@@ -155,13 +188,21 @@ def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
         base = next((r for r in done if r.nodes == base_n), None)
         g = Group(exp, members, base_n)
         for r in sorted(members, key=lambda r: (r.nodes or 0, str(r.run_dir))):
-            g.rows.append(_row(r, base))
+            g.rows.append(_row(r, base, acct, varying.get(r.run_dir, "")))
         groups.append(g)
     return groups
 
 
-def _row(r: Run, base: Run | None) -> dict[str, Any]:
+def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, point: str = "") -> dict[str, Any]:
+    from hpc_llm.provenance import short
+    from hpc_llm.slurm.accounting import resource_hours
+
     res = r.results
+    attempts = [
+        a for j in dict.fromkeys(str(j) for j in res.get("slurm_job_ids") or []) for a in (acct or {}).get(j, [])
+    ]
+    hours, unit = resource_hours(attempts) if attempts else (None, "")
+    waits = [a.queue_wait_s for a in attempts if a.queue_wait_s is not None]
     wall = total_wallclock(res) if r.status == "completed" else None
     base_wall = total_wallclock(base.results) if base is not None else None
     speedup = ideal = eff = None
@@ -197,6 +238,11 @@ def _row(r: Run, base: Run | None) -> dict[str, Any]:
         "Eval accuracy": round(float(ev["token_accuracy"]), 3) if "token_accuracy" in ev else None,
         "Goodput": round(float(res["goodput"]), 3) if res.get("goodput") is not None else None,
         "Restarts": restarts_text(res) if res else "-",
+        "Resource-hours": f"{hours:.3g} {unit}" if hours is not None else None,
+        "Queue wait": hms(sum(waits)) if waits else None,
+        "Attempts (Slurm)": " > ".join(a.state for a in attempts) or None,
+        "Code": short(res.get("provenance")) if res else "-",
+        "Point": point or None,
         "Status": r.status + (f" ({res['error']})" if res.get("error") and r.status == "failed" else ""),
     }
 

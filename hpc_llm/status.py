@@ -8,10 +8,14 @@ from pathlib import Path
 
 from hpc_llm import ledger
 from hpc_llm.record import read_results
-from hpc_llm.slurm import query
+from hpc_llm.slurm import accounting, query
 
 
 def refresh(limit: int | None = None) -> list[ledger.Run]:
+    """Bring every live run of the ledger up to date: squeue for what is queued, the run's
+    results.json, and Slurm accounting for jobs that left the queue (the only witness of a
+    job that died before writing anything). What cannot be known now (squeue or sacct
+    failed, sacct not caught up) is left as it was: never called finished."""
     runs = ledger.runs(limit)
     live = [r for r in runs if r.state not in ledger.FINAL_STATES]
     slurm_ids = [j for r in live if r.launcher == "slurm" for j in r.job_ids]
@@ -20,18 +24,111 @@ def refresh(limit: int | None = None) -> list[ledger.Run]:
         # squeue failed: what the queue holds is unknown, and no run may be called finished
         live = [r for r in live if r.launcher != "slurm"]
         states = {}
+    gone = [r.job_ids[-1] for r in live if r.launcher == "slurm" and r.job_ids and r.job_ids[-1] not in states]
+    acct = accounting.attempts(gone) if gone else {}
+    if gone and acct is None and not accounting.available():
+        accounting.say_without_accounting()
     for r in live:
         results = read_results(r.run_dir)
         restarts = int(results.get("restarts", 0)) if results else r.restarts
         in_queue = [states[j] for j in r.job_ids if j in states]
         if in_queue:
-            ledger.update(r, state=in_queue[-1], restarts=restarts)
+            ledger.update(r, expect_state=r.state, state=in_queue[-1], restarts=restarts)
+        elif results is not None and results.get("status") == "completed":
+            ledger.update(r, state="COMPLETED", restarts=restarts, error=None)
+        elif r.launcher == "slurm" and r.job_ids:
+            # left the queue without completing: Slurm's verdict (CANCELLED, TIMEOUT, a node
+            # failure) over the run's own "failed", which may only say it was killed
+            _from_accounting(r, acct, restarts, results)
         elif results is not None:
-            ledger.update(r, state=str(results["status"]).upper(), restarts=restarts, error=results.get("error"))
-        elif r.launcher == "slurm":
-            acct = query.accounting_states(r.job_ids)
-            ledger.update(r, state=acct.get(r.job_ids[-1], "ENDED") if r.job_ids else "ENDED")
+            ledger.update(r, expect_state=r.state, state=str(results["status"]).upper(), restarts=restarts)
     return ledger.runs(limit)
+
+
+#: results.json statuses that end a run (others: running, interrupted, requeued, restarting)
+SETTLED = frozenset({"completed", "failed"})
+
+
+def _from_accounting(
+    r: ledger.Run,
+    acct: dict[str, list[accounting.AttemptRow]] | None,
+    restarts: int,
+    results: dict[str, object] | None,
+) -> None:
+    """A job that left the queue without completing: sacct says how it ended."""
+    rows = (acct or {}).get(r.job_ids[-1])
+    if not rows or rows[-1].state not in accounting.ENDED:
+        if results is not None and str(results.get("status")) in SETTLED:
+            ledger.update(r, state=str(results["status"]).upper(), restarts=restarts, error=results.get("error"))
+        elif acct is None and not accounting.available():  # no witness at all: it ended, how is unknown
+            ledger.update(r, expect_state=r.state, state="ENDED", restarts=restarts)
+        return  # sacct failed or not caught up: unknown for now, asked again next time
+    last = rows[-1]
+    state = last.state if last.state in ledger.FINAL_STATES else "FAILED"  # NODE_FAIL, OUT_OF_MEMORY, ...
+    why = f"Slurm: {last.state}" + (f" ({last.reason})" if last.reason and last.reason != "None" else "")
+    why += f", exit code {last.exit_code}"
+    own = results.get("error") if results else None
+    tail = "" if own else batch_log_tail(r.run_dir, r.job_ids[-1])
+    ledger.update(
+        r,
+        expect_state=r.state,
+        state=state,
+        restarts=max(restarts, len(rows) - 1),
+        error=why + (f"; {own}" if own else "") + (f"; batch log: {tail}" if tail else ""),
+    )
+
+
+def batch_log_tail(run_dir: str, job_id: str, lines: int = 3) -> str:
+    """The last lines of the job's batch log (<run dir>/logs/slurm-<job id>.out)."""
+    path = Path(run_dir) / "logs" / f"slurm-{job_id}.out"  # array tasks: slurm-<array>_<task>.out
+    if not path.is_file():
+        return ""
+    text = path.read_text(errors="replace").strip().splitlines()
+    return " | ".join(ln.strip() for ln in text[-lines:] if ln.strip())
+
+
+def attempts_of(run: ledger.Run) -> list[dict[str, object]]:
+    """Every attempt of a run: Slurm accounting's rows (state, reason, times, nodes, exit code,
+    allocation) beside what the run recorded of each (cause, action, batches)."""
+    from hpc_llm.record import Attempts
+
+    recorded = Attempts.load(run.run_dir).items if Path(run.run_dir).is_dir() else []
+    acct = accounting.attempts(run.job_ids) if run.launcher == "slurm" else {}
+    rows: list[dict[str, object]] = []
+    for jid in run.job_ids:
+        for i, a in enumerate((acct or {}).get(jid, [])):
+            # one job per run (a requeue keeps the id; SLURM_RESTART_COUNT numbers its attempts);
+            # an array task records its own numeric SLURM_JOB_ID, not <array>_<task>
+            mine = recorded if len(run.job_ids) == 1 else [x for x in recorded if str(x.job_id) == jid]
+            same = [x for x in mine if x.restart == i]
+            rec = same[-1] if same else None
+            rows.append(
+                {
+                    "job": jid,
+                    "attempt": i + 1,
+                    "slurm state": a.state,
+                    "reason": a.reason,
+                    "queued (s)": round(a.queue_wait_s) if a.queue_wait_s is not None else None,
+                    "elapsed (s)": a.elapsed_s,
+                    "nodes": a.nodelist,
+                    "exit": a.exit_code,
+                    "alloc": ",".join(f"{k}={v}" for k, v in a.tres.items() if k in ("node", "cpu", "gres/gpu")),
+                    "cause": rec.cause if rec else None,
+                    "batches": (f"{rec.resumed_at_batch}->{rec.last_batch}" if rec else None),
+                }
+            )
+    if not rows:  # no accounting: what the run recorded
+        for i, x in enumerate(recorded):
+            rows.append(
+                {
+                    "job": x.job_id,
+                    "attempt": i + 1,
+                    "slurm state": None,
+                    "cause": x.cause,
+                    "batches": f"{x.resumed_at_batch}->{x.last_batch}",
+                }
+            )
+    return rows
 
 
 def runs_of(ref: str) -> list[ledger.Run]:

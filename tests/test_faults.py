@@ -72,6 +72,18 @@ def same_loss(r: dict, ref: dict) -> None:
     assert r["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-5)
 
 
+def slurm_attempts(job_id: str, env: dict[str, str]) -> list[tuple[str, str]]:
+    """(state, nodes) of every attempt of a job, straight from sacct -D."""
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [(ln.split("|")[0].split()[0], ln.split("|")[1]) for ln in out.stdout.split("\n") if ln.strip()]
+
+
 def rank_at(run_dir: Path, rank: int, batch: int) -> dict:
     return wait_for(
         lambda: beat(run_dir, rank).get("batch", -1) >= batch and beat(run_dir, rank),
@@ -131,6 +143,12 @@ def test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(slurm_env, d
     assert lost["ended"] == "lost" and lost["cause"] == "node_failure"
     assert done["job_id"] == job_id and done["restart"] >= 1  # Slurm's own requeue (NODE_FAIL, --requeue)
     assert victim["node"] not in done["nodes"] and len(done["nodes"]) == 2
+    # accounting has both attempts: the one the node took down, then the one that finished
+    wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+    rows = slurm_attempts(job_id, env)
+    assert rows[0][0] == "NODE_FAIL" and victim["node"] in rows[0][1] and rows[-1][0] == "COMPLETED"
+    shown = run_cli(["status", job_id], env)
+    assert shown.returncode == 0 and "NODE_FAIL" in shown.stdout and "COMPLETED" in shown.stdout, explain(shown)
 
 
 def test_a_user_exception_fails_after_two_attempts(slurm_env, tmp_path):
@@ -188,6 +206,10 @@ def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path,
     status = run_cli(["status"], env)
     row = next(ln for ln in status.stdout.splitlines() if f" {job_id} " in ln)
     assert "COMPLETED" in row
+    # accounting: the preempted attempt, then the one that finished, both under one job id
+    assert [state for state, _nodes in slurm_attempts(job_id, env)] == ["PREEMPTED", "COMPLETED"]
+    shown = run_cli(["status", job_id], env)
+    assert "PREEMPTED" in shown.stdout and "preemption" in shown.stdout, explain(shown)
 
 
 def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):

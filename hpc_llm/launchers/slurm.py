@@ -39,7 +39,7 @@ from hpc_llm.launchers.base import BaseLauncher, JobFailed
 from hpc_llm.launchers.payload import read_return, write_payload
 from hpc_llm.launchers.sweeper import job_run_dir
 from hpc_llm.record import PRIVATE_DIR, read_results
-from hpc_llm.slurm import query, submit
+from hpc_llm.slurm import accounting, query, submit
 from hpc_llm.slurm.render import render
 from hpc_llm.slurm.spec import build_spec, job_resources
 
@@ -315,7 +315,7 @@ class SlurmLauncher(BaseLauncher):
                 ledger.update(run, state="COMPLETED")
             # rank 0 ran Hydra's run_job: its JobReturn is the job's own
             return value if isinstance(value, JobReturn) else self._job_return(cfg, run_dir, value)
-        final = query.accounting_states([job_id]).get(job_id, "FAILED")
+        final = accounting.final_states([job_id]).get(job_id, "FAILED")
         if run is not None:
             ledger.update(run, state=final if final != "COMPLETED" else "FAILED")
         err = JobFailed(

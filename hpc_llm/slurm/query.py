@@ -86,26 +86,6 @@ def job_states(job_ids: list[str]) -> dict[str, str] | None:
     return states
 
 
-def accounting_states(job_ids: list[str]) -> dict[str, str]:
-    """Final states from sacct, when accounting is enabled (empty otherwise)."""
-    if not job_ids or shutil.which("sacct") is None:
-        return {}
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    if out.returncode != 0:
-        return {}
-    states = {}
-    for line in out.stdout.splitlines():
-        if "|" in line:
-            jid, state = line.split("|", 1)
-            states[jid.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
-    return states
-
-
 #: flags that say nothing about whether the scheduler could run the job
 _NOT_ASKED = ("output", "open_mode", "signal", "export", "job_name", "requeue")
 
