@@ -136,6 +136,20 @@ COVERED: dict[str, Run | By] = {
         append=(*QUICK, "hydra.launcher.dry_run=true"),
         out="dry run",
     ),
+    # -- accounting and trackers ------------------------------------------------------------------
+    "hpc-llm status <run id | job id | run dir>": Run(("status", "{job_id}"), needs="slurm", out="attempts of run"),
+    "hpc-llm estimate --compare outputs/mpt_tiny/<date_time> --peak-flops 1e11 --mfu 0.5": By(
+        "tests/test_accounting.py::test_a_completed_two_node_run_in_status_and_report",
+        ('"--compare"', '"--peak-flops", "1e11", "--mfu", "0.5"'),
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny logger=mlflow logger.tracking_uri=http://127.0.0.1:5000": By(
+        "tests/test_trackers.py::test_a_run_logs_to_one_mlflow_run_named_after_it",
+        ('"logger=mlflow"', 'f"logger.tracking_uri={mlflow_server}"'),
+    ),
+    "WANDB_MODE=offline python -m hpc_llm +experiment=mpt_tiny logger=wandb": By(
+        "tests/test_trackers.py::test_a_resumed_run_keeps_its_wandb_run_offline",
+        ('WANDB_MODE="offline"', '"logger=wandb"'),
+    ),
     # -- the seeds' experiments: rendered for the GPU cluster, not submitted -------------------
     "hpc-llm data prepare c4 --out $HPC_LLM_DATA/c4 --splits train,val_small": By(
         "tests/test_seed_experiments.py::c4_mds", ('"prepare"', '"c4"', '"--out"', '"--splits"')
@@ -156,6 +170,21 @@ COVERED: dict[str, Run | By] = {
         out="job 0: dry run",
     ),
     "hpc-llm config +experiment=mpt7b_c4": Run(("config", "+experiment=mpt7b_c4"), out="mpt_causal_lm"),
+    # -- containers (the stand-in apptainer: see tests/test_containers.py) ------------------------
+    "hpc-llm container build containers/h100.def /shared/images/hpc_llm-h100.sif": By(
+        "tests/test_containers.py::test_container_build_inspect_check_through_spython", ('"container", "build"',)
+    ),
+    "hpc-llm container check container=apptainer container.image=/shared/images/hpc_llm-h100.sif": By(
+        "tests/test_containers.py::test_container_build_inspect_check_through_spython",
+        ('"container", "check", f"container.image={sif}"',),
+    ),
+    "hpc-llm container inspect /shared/images/hpc_llm-h100.sif": By(
+        "tests/test_containers.py::test_container_build_inspect_check_through_spython", ('"container", "inspect"',)
+    ),
+    "python -m hpc_llm +experiment=mpt7b_dolly hydra/launcher=slurm container=apptainer container.image=/shared/images/hpc_llm-h100.sif [container.stage=true]": By(  # noqa: E501
+        "tests/test_containers.py::test_slurm_run_trains_through_apptainer_exec_on_every_task",
+        ('"container=apptainer"', 'f"container.image={image}"'),
+    ),
     # -- preflight and the watchdog ------------------------------------------------------------
     "hpc-llm preflight hydra/launcher=slurm cluster=h100 resources.nodes=2": By(
         "tests/test_preflight.py::test_preflight_prints_a_busbw_table_from_two_dev_cluster_nodes",
@@ -297,6 +326,7 @@ def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
     values["run_dir"] = re.search(r"submitted Slurm job \d+, run dir (\S+)", waited.stdout).group(1)
     _run("hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]", slurm_env, tmp_path, values)
     _run("hpc-llm cancel <run id | job id | run dir>", slurm_env, tmp_path, values)  # the queued one
+    _run("hpc-llm status <run id | job id | run dir>", slurm_env, tmp_path, values)
     swept = _run(
         "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1 "
         "train.optimizer.lr=1e-4,2e-4,3e-4 hydra.launcher.array_parallelism=2",
