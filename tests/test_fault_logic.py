@@ -217,3 +217,33 @@ def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypat
         for s, handler in saved.items():
             sig.signal(s, handler)
     assert end.stop == "SIGUSR2" and end.returncode == 0
+
+
+def test_a_save_the_attempt_did_not_finish_is_set_aside_and_composer_resumes_beside_the_rest(tmp_path):
+    """The dev cluster's node death left ep0-ba25 written and ``latest`` still on ba20: the
+    resumed run (from ba20) died in Composer's own check. The newer save is moved, not lost."""
+    from composer.core import Timestamp
+    from composer.utils.file_helpers import ensure_folder_has_no_conflicting_files
+
+    from hpc_llm.builtin.checkpoint import set_aside_unfinished
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for b in (5, 10, 15, 20, 25):
+        (folder / f"ep0-ba{b}-rank0.pt").write_bytes(b"x" * b)
+    (folder / "latest-rank0.pt").symlink_to("ep0-ba20-rank0.pt")
+    resumed = Timestamp(epoch=0, batch=20)
+    template = "ep{epoch}-ba{batch}-rank{rank}.pt"
+    with pytest.raises(FileExistsError, match="may conflict with a future checkpoint"):
+        ensure_folder_has_no_conflicting_files(str(folder), template, resumed)
+    moved = set_aside_unfinished(folder)
+    assert [p.relative_to(folder).as_posix() for p in moved] == ["unfinished/ep0-ba25-rank0.pt"]
+    assert moved[0].read_bytes() == b"x" * 25
+    ensure_folder_has_no_conflicting_files(str(folder), template, resumed)  # no longer raises
+    assert set_aside_unfinished(folder) == []  # every rank calls it: the second finds nothing
+    # a sharded save (a folder per checkpoint) with no finished one at all: all of it is set aside
+    sharded = tmp_path / "sharded"
+    (sharded / "ep0-ba10").mkdir(parents=True)
+    (sharded / "ep0-ba10" / "__0_0.distcp").write_bytes(b"s")
+    assert [p.name for p in set_aside_unfinished(sharded)] == ["ep0-ba10"]
+    assert (sharded / "unfinished" / "ep0-ba10" / "__0_0.distcp").is_file()

@@ -72,16 +72,23 @@ def same_loss(r: dict, ref: dict) -> None:
     assert r["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-5)
 
 
-def slurm_attempts(job_id: str, env: dict[str, str]) -> list[tuple[str, str]]:
-    """(state, nodes) of every attempt of a job, straight from sacct -D."""
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return [(ln.split("|")[0].split()[0], ln.split("|")[1]) for ln in out.stdout.split("\n") if ln.strip()]
+def slurm_attempts(job_id: str, env: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """(state, node names) of every attempt of a job, straight from sacct -D (its NodeList
+    is a hostlist, "n[1-2]": scontrol expands it)."""
+
+    def run(*args: str) -> str:
+        if args[-1] in ("", "None assigned"):  # an attempt cancelled while pending
+            return ""
+        return subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
+
+    rows = [
+        ln.split("|")
+        for ln in run("sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList").split("\n")
+        if "|" in ln
+    ]
+    return [
+        (state.split()[0], run("scontrol", "show", "hostnames", nodes).split()) for state, nodes, *_ in rows if state
+    ]
 
 
 def rank_at(run_dir: Path, rank: int, batch: int) -> dict:
@@ -207,9 +214,12 @@ def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path,
     row = next(ln for ln in status.stdout.splitlines() if f" {job_id} " in ln)
     assert "COMPLETED" in row
     # accounting: the preempted attempt, then the one that finished, both under one job id
-    assert [state for state, _nodes in slurm_attempts(job_id, env)] == ["PREEMPTED", "COMPLETED"]
+    # (REQUEUED when the supervisor's own requeue beat the end of the grace time, PREEMPTED
+    # when slurmctld's grace-time check, every ~30 s, came first: both seen on the dev cluster)
+    [(first_state, _), (last_state, _)] = slurm_attempts(job_id, env)
+    assert first_state in ("PREEMPTED", "REQUEUED") and last_state == "COMPLETED"
     shown = run_cli(["status", job_id], env)
-    assert "PREEMPTED" in shown.stdout and "preemption" in shown.stdout, explain(shown)
+    assert first_state in shown.stdout and "preemption" in shown.stdout, explain(shown)
 
 
 def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):

@@ -8,9 +8,11 @@ only validates and passes the location through.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -20,10 +22,20 @@ from hpc_llm.paths import size_bytes
 from hpc_llm.plan import JobPlan
 from hpc_llm.plugins.base import CheckpointBackend, HostPath
 
+if TYPE_CHECKING:
+    from hpc_llm.job.context import JobContext
+
 # Object stores Composer's checkpoint saver understands (composer.utils.file_helpers).
 URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs", "sftp", "libcloud")
 LATEST = "latest-rank0.pt"
 LATEST_SHARDED = "latest-sharded-rank0"
+#: what Composer names a checkpoint by (save_filename ``ep{epoch}-ba{batch}-rank{rank}.pt``,
+#: a sharded checkpoint's folder ``ep{epoch}-ba{batch}``)
+CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank\d+\.pt)?$")
+#: where saves an attempt did not finish are kept (inside the checkpoint folder)
+UNFINISHED = "unfinished"
+
+log = logging.getLogger(__name__)
 
 
 def _common(section: DictConfig) -> dict[str, Any]:
@@ -43,11 +55,11 @@ class Folder(CheckpointBackend):
     description = "checkpoints in a folder on the shared filesystem (default <run dir>/checkpoints)"
 
     def folder(self, section: DictConfig, plan: JobPlan) -> Path:
-        if section.location:
-            return Path(section.location).expanduser()
-        if plan.run_dir is None:
-            raise ConfigError("checkpoint.location is required when no run directory is known")
-        return Path(plan.run_dir) / "checkpoints"
+        return _folder(section, plan.run_dir)
+
+    def prepare(self, section: DictConfig, ctx: JobContext) -> None:
+        if section.autoresume:
+            set_aside_unfinished(_folder(section, ctx.run_dir))
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         super().validate(section, plan)
@@ -87,6 +99,56 @@ class Folder(CheckpointBackend):
         if latest is None:
             return None
         return size_bytes(Path(latest))
+
+
+def _folder(section: DictConfig, run_dir: str | Path | None) -> Path:
+    if section.location:
+        return Path(section.location).expanduser()
+    if run_dir is None:
+        raise ConfigError("checkpoint.location is required when no run directory is known")
+    return Path(run_dir) / "checkpoints"
+
+
+def _batch(path: Path) -> int | None:
+    m = CHECKPOINT_NAME.match(path.name) or CHECKPOINT_NAME.match(path.parent.name)
+    return int(m.group(2)) if m else None
+
+
+def set_aside_unfinished(folder: Path) -> list[Path]:
+    """Move checkpoints newer than the one ``latest`` points at into ``<folder>/unfinished/``.
+
+    Composer moves the ``latest`` link only once a save is written, so a newer file is a
+    save the previous attempt did not finish (a node died or SIGTERM came mid-save; seen
+    on the dev cluster). The resumed run would recompute those batches and Composer
+    refuses to start beside them (FileExistsError "may conflict with a future checkpoint",
+    composer.utils.file_helpers), which only looks at the folder's top level. Nothing is
+    deleted. Every rank calls this; a file another rank moved first is skipped.
+    """
+    if not folder.is_dir():
+        return []
+    latest = -1  # no link: no save was ever finished
+    for name in (LATEST, LATEST_SHARDED):
+        if (folder / name).exists():
+            latest = _batch(Path(os.path.realpath(folder / name))) or 0
+            break
+    moved = []
+    for entry in sorted(folder.iterdir()):
+        batch = _batch(entry) if not entry.is_symlink() else None
+        if batch is None or batch <= latest:
+            continue
+        dest_dir = folder / UNFINISHED
+        dest_dir.mkdir(exist_ok=True)
+        dest, n = dest_dir / entry.name, 0
+        while dest.exists():
+            n += 1
+            dest = dest_dir / f"{entry.name}.{n}"
+        try:
+            entry.rename(dest)
+        except FileNotFoundError:
+            continue  # another rank moved it
+        log.warning("hpc_llm: %s is newer than the latest finished checkpoint; moved to %s", entry, dest)
+        moved.append(dest)
+    return moved
 
 
 class Uri(CheckpointBackend):

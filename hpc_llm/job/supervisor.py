@@ -131,6 +131,27 @@ def _scontrol_show_job(job_id: str) -> dict[str, str]:
     return info
 
 
+#: scontrol JobStates of a job Slurm is putting back in the queue (verified on 22.05: a
+#: NODE_FAIL with --requeue reads NODE_FAIL, then PENDING with Restarts one higher)
+REQUEUE_STATES = ("NODE_FAIL", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING", "PREEMPTED")
+
+
+def _requeued_by_slurm(job_id: str, restart: int, tries: int = 5, pause_s: float = 1.0) -> str | None:
+    """The JobState when the SIGTERM we got is Slurm ending this allocation to requeue the job
+    (a node failure), None when it is anything else (scancel: CANCELLED). A job still RUNNING
+    or COMPLETING is asked again: slurmctld may not have moved it yet."""
+    for i in range(tries):
+        info = _scontrol_show_job(job_id)
+        state = info.get("JobState", "")
+        if state.startswith("CANCELLED"):
+            return None
+        if state in REQUEUE_STATES or int(info.get("Restarts", "0") or 0) > restart:
+            return state
+        if i + 1 < tries:
+            time.sleep(pause_s)
+    return None
+
+
 def _slurm_time(text: str | None) -> float | None:
     if not text or text in ("Unknown", "None", "(null)"):
         return None
@@ -352,6 +373,15 @@ class Supervisor:
                 # the time limit itself (the ranks did not save in time): go on from the last checkpoint
                 a.error = "SIGTERM at the time limit before the ranks saved; resuming from the last checkpoint"
                 return self._requeue(attempts, a, "time_limit", [])
+            requeued = _requeued_by_slurm(self.job.job_id, self.job.restart) if self.job.job_id else None
+            if requeued is not None:
+                # a node of the job died (NODE_FAIL) and Slurm requeues it (--requeue): its SIGTERM
+                # reaches the surviving batch host. Not a cancellation: the attempt stays "running"
+                # and the next start closes it from accounting (_close_lost).
+                a.ended, a.ended_at = "running", None
+                attempts.save()
+                log.warning("hpc_llm supervisor: Slurm is requeueing the job (%s); not recording a failure", requeued)
+                return 0
             self._fail(attempts, a, "cancelled", "the job was cancelled or killed by Slurm (SIGTERM)")
             return 1
         if not self.policy.recover:
@@ -617,17 +647,14 @@ def _exclude(ref: str, nodes: list[str]) -> str | None:
 
 def _previous_state(job_id: str) -> tuple[str | None, float | None]:
     """The state and end Slurm's accounting gives the previous run of this job (NODE_FAIL,
-    REQUEUED...); (None, None) without accounting."""
-    try:
-        out = _run(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,End"], timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    rows = [line.split("|") for line in out.stdout.splitlines() if "|" in line] if out.returncode == 0 else []
-    # the last line is the running allocation; the one before it is the previous run
+    REQUEUED...); (None, None) without accounting or when sacct cannot be asked now."""
+    from hpc_llm.slurm import accounting
+
+    rows = (accounting.attempts([job_id], tries=2) or {}).get(job_id, [])
+    # the last row is the running allocation; the one before it is the previous run
     if len(rows) < 2:
         return None, None
-    state, end = rows[-2][0], rows[-2][1]
-    return (state.split()[0] if state.strip() else None), _slurm_time(end)
+    return rows[-2].state, rows[-2].end
 
 
 def _read_status(run_dir: Path) -> str | None:

@@ -434,7 +434,23 @@ def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
     for name in ("slurmdbd", "mariadbd"):  # the database last: slurmdbd flushes to it
         if name in alive:
             stopped += _stop({name: alive[name]}, timeout_s)
+    stopped += _unmount_under(root)
     return stopped
+
+
+def _unmount_under(root: Path) -> list[str]:
+    """Lazily unmount what job_container/tmpfs left mounted under ``root``: a job's private
+    /tmp and its namespace file stay mounted when its slurmstepd is killed (kill_node), and
+    keep the directory from being removed."""
+    prefix = str(root) + "/"
+    try:
+        targets = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return []
+    left = sorted({t for t in targets if t.startswith(prefix)}, key=lambda t: -t.count("/"))
+    for target in left:  # deepest first: .ns inside the job's directory
+        subprocess.run(["umount", "-l", target], capture_output=True)
+    return [f"mount {t}" for t in left]
 
 
 def _wait_no_jobs(env: dict[str, str], timeout_s: float) -> None:
