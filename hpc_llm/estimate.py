@@ -344,8 +344,7 @@ def compare(sweep_dir: Path, *, mfu: float | None, peak_flops_per_gpu: float | N
         eff = efficiency if efficiency is not None else (1.0 if (res.get("nodes") or 1) == 1 else DEFAULT_EFFICIENCY)
         est_s = tokens * fpt / (gpus * peak * m * eff) if tokens and fpt and peak and m else None
         actual = res.get("train_s")
-        ids = dict.fromkeys(str(j) for j in res.get("slurm_job_ids") or [])
-        attempts = [a for j in ids for a in acct.get(j, [])]
+        attempts = [a for j in dict.fromkeys(r.job_ids) for a in acct.get(j, [])]
         used, unit = resource_hours(attempts) if attempts else (None, "")
         est_h = est_s * gpus / 3600 if est_s else None
         lines.append(

@@ -1,9 +1,11 @@
 """results.json files of a sweep -> the seeds' tables: Markdown, CSV, a scaling plot.
 
-Pure (login node): reads only the run directories' results.json files (and
-their Hydra configs for runs that wrote none yet). Rows that failed or have not finished yet are
-shown with their status, never dropped. Runs of different experiments in one
-directory are grouped, each with its own baseline.
+Login node: reads the run directories' results.json files (and their Hydra
+configs for runs that wrote none yet), and Slurm accounting for every attempt
+(resource-hours, queue wait, states) and for runs that died without saying how.
+Rows that failed or have not finished yet are shown with their status, never
+dropped. Runs of different experiments in one directory are grouped, each with
+its own baseline.
 """
 
 from __future__ import annotations
@@ -63,14 +65,26 @@ def restarts_text(results: dict[str, Any]) -> str:
     return f"{n} ({detail})" if detail else str(n)
 
 
+#: results.json statuses that say how a run ended
+SETTLED = ("completed", "failed")
+
+
 @dataclass
 class Run:
     run_dir: Path
     results: dict[str, Any] = field(default_factory=dict)
+    #: its Slurm job ids: results.json's, else the ledger's (a job that died before writing any)
+    job_ids: list[str] = field(default_factory=list)
+    #: how Slurm accounting says the job ended, when the run itself never said (set by build)
+    slurm_end: str | None = None
+    slurm_error: str | None = None
 
     @property
     def status(self) -> str:
-        return str(self.results.get("status") or "running")
+        own = self.results.get("status")
+        if own in SETTLED or self.slurm_end is None:
+            return str(own or "running")
+        return self.slurm_end
 
     @property
     def experiment(self) -> str:
@@ -105,7 +119,8 @@ def find_runs(sweep_dir: Path) -> list[Run]:
     runs = []
     for d in sorted(dirs, key=lambda p: (str(p.parent), int(p.name) if p.name.isdigit() else 0, p.name)):
         res = d / RESULTS_FILE
-        runs.append(Run(d, json.loads(res.read_text()) if res.is_file() else {}))
+        results = json.loads(res.read_text()) if res.is_file() else {}
+        runs.append(Run(d, results, [str(j) for j in results.get("slurm_job_ids") or []]))
     return runs
 
 
@@ -140,13 +155,50 @@ class Group:
 
 def _accounting(runs: list[Run]) -> dict[str, list[Any]]:
     """Slurm accounting's attempts of every run's job(s), in one sacct call (empty without
-    accounting: the report then has what the runs recorded)."""
+    accounting: the report then has what the runs recorded). A run with no job ids of its own
+    (it died before writing results.json) gets the ledger's."""
+    from hpc_llm import ledger
     from hpc_llm.slurm import accounting
 
-    ids = sorted({str(j) for r in runs for j in (r.results.get("slurm_job_ids") or [])})
+    if any(not r.job_ids for r in runs) and ledger.ledger_path().is_file():
+        known = {x.run_dir: x.job_ids for x in ledger.runs() if x.launcher == "slurm"}
+        for r in runs:
+            # the launchers record os.path.abspath (no symlinks resolved)
+            mine = known.get(str(r.run_dir.absolute())) or known.get(str(r.run_dir.resolve()))
+            r.job_ids = r.job_ids or list(mine or [])
+    ids = sorted({j for r in runs for j in r.job_ids})
     if not ids or not accounting.available():
         return {}
-    return accounting.attempts(ids) or {}
+    acct = accounting.attempts(ids) or {}
+    _slurm_ends(runs, acct)
+    return acct
+
+
+def _slurm_ends(runs: list[Run], acct: dict[str, list[Any]]) -> None:
+    """A run whose results.json does not say how it ended (a bad setup line, a node lost, a
+    scancel): Slurm accounting does, once the job has left the queue. A requeued attempt may
+    reach accounting only when it becomes eligible, so squeue is asked too; if it cannot be
+    asked, nothing is called ended."""
+    from hpc_llm.slurm import accounting, query
+
+    ended = [
+        r
+        for r in runs
+        if r.results.get("status") not in SETTLED
+        and r.job_ids
+        and acct.get(r.job_ids[-1])
+        and acct[r.job_ids[-1]][-1].state in accounting.ENDED
+    ]
+    queued = query.job_states([r.job_ids[-1] for r in ended]) if ended else {}
+    if queued is None:
+        return
+    for r in ended:
+        if r.job_ids[-1] in queued:
+            continue
+        last = acct[r.job_ids[-1]][-1]
+        r.slurm_end = last.state.lower()
+        reason = f" ({last.reason})" if last.reason and last.reason != "None" else ""
+        r.slurm_error = f"Slurm: {last.state}{reason}, exit code {last.exit_code}"
 
 
 def _varying(runs: list[Run]) -> dict[Path, str]:
@@ -198,9 +250,7 @@ def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, poi
     from hpc_llm.slurm.accounting import resource_hours
 
     res = r.results
-    attempts = [
-        a for j in dict.fromkeys(str(j) for j in res.get("slurm_job_ids") or []) for a in (acct or {}).get(j, [])
-    ]
+    attempts = [a for j in dict.fromkeys(r.job_ids) for a in (acct or {}).get(j, [])]
     hours, unit = resource_hours(attempts) if attempts else (None, "")
     waits = [a.queue_wait_s for a in attempts if a.queue_wait_s is not None]
     wall = total_wallclock(res) if r.status == "completed" else None
@@ -243,7 +293,14 @@ def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, poi
         "Attempts (Slurm)": " > ".join(a.state for a in attempts) or None,
         "Code": short(res.get("provenance")) if res else "-",
         "Point": point or None,
-        "Status": r.status + (f" ({res['error']})" if res.get("error") and r.status == "failed" else ""),
+        "Status": r.status
+        + (
+            f" ({r.slurm_error})"
+            if r.slurm_error
+            else f" ({res['error']})"
+            if res.get("error") and r.status == "failed"
+            else ""
+        ),
     }
 
 

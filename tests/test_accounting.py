@@ -46,11 +46,20 @@ def status_line(env: dict[str, str], job_id: str) -> str:
 
 WRITER = textwrap.dedent(
     """
-    import sys
+    import sys, time
+    from pathlib import Path
     from hpc_llm import ledger
-    me, n = sys.argv[1], int(sys.argv[2])
-    for i in range(n):
-        run = ledger.record(f"/runs/{me}/{i}", f"/runs/{me}", i, "x", "slurm", [f"i={i}"], [f"{me}{i}"], "SUBMITTED")
+    me, n, go = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    # a sweep being submitted while `status` refreshes
+    runs = [
+        ledger.record(f"/runs/{me}/{i}", f"/runs/{me}", i, "x", "slurm", [f"i={i}"], [f"{me}{i}"], "SUBMITTED")
+        for i in range(n)
+    ]
+    deadline = time.time() + 120
+    while not go.exists():  # the refresher has set restarts on every run: our copies are stale now
+        assert time.time() < deadline, "the refresher never said go"
+        time.sleep(0.05)
+    for run in runs:
         ledger.update(run, state="RUNNING")
         ledger.update(run, expect_state="RUNNING", state="COMPLETED")
     """
@@ -58,26 +67,35 @@ WRITER = textwrap.dedent(
 REFRESHER = textwrap.dedent(
     """
     import sys, time
+    from pathlib import Path
     from hpc_llm import ledger
-    deadline = time.time() + float(sys.argv[1])
-    while time.time() < deadline:
-        for run in ledger.runs():
+    total, go = int(sys.argv[1]), Path(sys.argv[2])
+    deadline = time.time() + 120
+    seen = []
+    while len(seen) < total:  # refresh what is there while the writers submit
+        assert time.time() < deadline, f"only {len(seen)} of {total} runs ever reached the ledger"
+        seen = ledger.runs()
+        for run in seen:
             ledger.update(run, restarts=7)  # status refreshing restarts from results.json
-    for run in ledger.runs():
+    go.touch()
+    for run in seen:  # a refresh from a snapshot taken before the runs ended (stale states)
         ledger.update(run, restarts=7)
     """
 )
 
 
 def test_concurrent_writers_lose_nothing(app_env, tmp_path):
-    """Four processes submit 25 runs each while a fifth refreshes every run's restarts: every
-    run ends COMPLETED with the refresher's restarts (updates touch only their columns)."""
+    """Four processes submit 25 runs each while a fifth refreshes every run's restarts; then
+    the writers, holding copies that predate the refresher's restarts, end their runs while
+    the refresher writes from a snapshot that predates those ends. Every run is COMPLETED with
+    restarts 7: a whole-row update would lose the restarts (writers) or the states (refresher)."""
     env = dict(app_env, HPC_LLM_HOME=str(tmp_path / "home"))
+    go = tmp_path / "go"
     writers = [
-        subprocess.Popen([PY, "-c", WRITER, f"w{k}", "25"], env=env, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([PY, "-c", WRITER, f"w{k}", "25", str(go)], env=env, stderr=subprocess.PIPE, text=True)
         for k in range(4)
     ]
-    refresher = subprocess.Popen([PY, "-c", REFRESHER, "3"], env=env, stderr=subprocess.PIPE, text=True)
+    refresher = subprocess.Popen([PY, "-c", REFRESHER, "100", str(go)], env=env, stderr=subprocess.PIPE, text=True)
     for p in [*writers, refresher]:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -160,6 +178,14 @@ def test_a_cancelled_run_and_one_killed_before_srun(slurm_env, runs_dir, tmp_pat
     # it died before writing anything: Slurm's verdict is all there is, and says why
     assert "error: Slurm: FAILED" in shown.stdout and "exit code 3:0" in shown.stdout, explain(shown)
     assert not (run_dir / "results.json").exists()
+    # the report has both, from accounting (neither run wrote a results.json), neither "running"
+    rep = run_cli(["report", str(runs_dir / "mpt_tiny"), "--format", "json"], slurm_env)
+    assert rep.returncode == 0, explain(rep)
+    groups, _ = json.JSONDecoder().raw_decode(rep.stdout)
+    rows = sorted((row["Attempts (Slurm)"], row["Status"]) for g in groups for row in g["rows"])
+    assert [attempts for attempts, _ in rows] == ["CANCELLED", "FAILED"], rows
+    assert rows[0][1].startswith("cancelled (Slurm: CANCELLED"), rows
+    assert rows[1][1] == "failed (Slurm: FAILED, exit code 3:0)", rows
 
 
 @pytest.mark.slurm

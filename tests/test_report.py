@@ -225,3 +225,31 @@ def test_young_interval_arithmetic():
     # twice the nodes: half the save time and half the MTBF, so half the interval
     twice = checkpoint_plan(estimate(train, nodes=16, gpus_per_node=8, peak_flops_per_gpu=989e12), 1024 * 2048)
     assert twice.interval_s == pytest.approx(plan.interval_s / 2)
+
+
+def test_code_column_names_the_commit_and_a_dirty_tree(tmp_path):
+    s = tmp_path / "sweep"
+    write_run(s, 0, nodes=1, wallclock_s=10.0, provenance={"git": {"commit": "0123456789abcdef", "dirty": True}})
+    write_run(s, 1, nodes=2, wallclock_s=6.0, provenance={"git": {"commit": "fedcba9876543210", "dirty": False}})
+    write_run(s, 2, nodes=4, wallclock_s=4.0)  # written before results carried provenance
+    [g] = report.build(s)
+    assert [row["Code"] for row in g.rows] == ["01234567+dirty", "fedcba98", "-"]
+
+
+def test_gpu_hours_and_queue_wait_from_accounting_rows():
+    """Two attempts of one job in sacct's own format (-X -D -P, FIELDS; the rows the dev
+    cluster gave a 2-node GPU job preempted once): GPU-hours over both, queue waits of each."""
+    from hpc_llm.slurm import accounting
+
+    out = (
+        "7|7|PREEMPTED|None|2026-11-23T08:00:00|2026-11-23T08:00:30|2026-11-23T08:10:30|600|n[1-2]|0:0|"
+        "billing=16,cpu=16,gres/gpu=16,node=2\n"
+        "7|7|COMPLETED|BeginTime|2026-11-23T08:10:31|2026-11-23T08:12:31|2026-11-23T08:42:31|1800|n[2-3]|0:0|"
+        "billing=16,cpu=16,gres/gpu=16,node=2\n"
+    )
+    [(job, rows)] = accounting.parse(out).items()
+    assert job == "7" and [r.state for r in rows] == ["PREEMPTED", "COMPLETED"]
+    assert accounting.resource_hours(rows) == (16 * 2400 / 3600, "GPU-hours")
+    assert [r.queue_wait_s for r in rows] == [30.0, 120.0]
+    cpu_only = accounting.parse(out.replace("gres/gpu=16,", ""))["7"]
+    assert accounting.resource_hours(cpu_only) == (16 * 2400 / 3600, "CPU-hours")
