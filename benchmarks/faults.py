@@ -209,18 +209,11 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated: " + ",".join(SCENARIOS))
     ap.add_argument("--repeats", type=int, default=3, help="fault-free runs per setting for the overhead ratio")
     args = ap.parse_args()
-    env = dict(os.environ)
-    from hpc_llm.slurm import devcluster
+    from _cluster import dev_cluster
 
-    started = None
-    if env.get("SLURM_CONF"):
-        cluster = devcluster.load(Path(env["SLURM_CONF"]).parent.parent)
-    else:
-        cluster = started = devcluster.up(root=Path.home() / ".hpc_llm" / "bench-cluster", nodes=3, ctld_port=26817)
-        env.update(started.env())
-    runs = Path(tempfile.mkdtemp(prefix="faults-bench-", dir=str(Path.home() / ".hpc_llm")))
-    env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
-    try:
+    with dev_cluster("bench-cluster", nodes=3, ctld_port=26817) as (cluster, env):
+        runs = Path(tempfile.mkdtemp(prefix="faults-bench-", dir=str(Path.home() / ".hpc_llm")))
+        env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
         rows = [measure(k, env, cluster) for k in args.only.split(",") if k]
         print("mpt_tiny on the dev cluster (CPU, gloo; checkpoint every 20 batches; heartbeat 2 s, hang timeout 20 s)")
         print(
@@ -241,9 +234,6 @@ def main() -> None:
                 f"(runs {', '.join(f'{x:.1f}' for x in on)}), off {statistics.median(off):.1f} s "
                 f"(runs {', '.join(f'{x:.1f}' for x in off)}): ratio {ratio:.3f} (target <= 1.02)"
             )
-    finally:
-        if started is not None:
-            devcluster.down(started.root)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ torch / composer / llmfoundry. Submitted jobs are cancelled.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
@@ -63,69 +62,60 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    started = None
-    env = dict(os.environ)
-    if not env.get("SLURM_CONF"):
-        from hpc_llm.slurm import devcluster
+    from _cluster import dev_cluster
 
-        root = Path.home() / ".hpc_llm" / "bench-cluster"
-        started = devcluster.up(root=root, nodes=4, ctld_port=26817)
-        env.update(started.env())
-    runs = Path(tempfile.mkdtemp(prefix="login-latency-", dir=str(Path.home() / ".hpc_llm")))
-    env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
-    submitted: list[str] = []
-    try:
-        walls, bases = [], []
-        for _ in range(args.repeats):
-            wall, proc = timed([sys.executable, "-m", "hpc_llm", *SWEEP], env)
-            ids = job_ids(proc.stdout)
-            assert len(ids) == 4, proc.stdout
-            submitted += ids
-            walls.append(wall)
-            t0 = time.perf_counter()
-            for _ in range(4):
+    with dev_cluster("bench-cluster", nodes=4, ctld_port=26817) as (_cluster, env):
+        runs = Path(tempfile.mkdtemp(prefix="login-latency-", dir=str(Path.home() / ".hpc_llm")))
+        env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
+        submitted: list[str] = []
+        try:
+            walls, bases = [], []
+            for _ in range(args.repeats):
+                wall, proc = timed([sys.executable, "-m", "hpc_llm", *SWEEP], env)
+                ids = job_ids(proc.stdout)
+                assert len(ids) == 4, proc.stdout
+                submitted += ids
+                walls.append(wall)
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    out = subprocess.run(
+                        ["sbatch", "--parsable", "-p", "low", "--wrap", "true"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    submitted.append(out.stdout.strip().split(";")[0])
+                bases.append(time.perf_counter() - t0)
+                subprocess.run(["scancel", *submitted], env=env, capture_output=True)
+            lr_walls, lr_bases = [], []
+            for _ in range(max(1, args.repeats // 2)):
+                wall, proc = timed([sys.executable, "-m", "hpc_llm", *LR_SWEEP], env)
+                ids = job_ids(proc.stdout)
+                assert len(ids) == 1, ids  # one array, one sbatch call
+                submitted += ids
+                lr_walls.append(wall)
+                t0 = time.perf_counter()
                 out = subprocess.run(
-                    ["sbatch", "--parsable", "-p", "low", "--wrap", "true"],
+                    ["sbatch", "--parsable", "-p", "low", "--array=0-99%8", "--wrap", "true"],
                     env=env,
                     capture_output=True,
                     text=True,
                     check=True,
                 )
+                lr_bases.append(time.perf_counter() - t0)
                 submitted.append(out.stdout.strip().split(";")[0])
-            bases.append(time.perf_counter() - t0)
+                subprocess.run(["scancel", *submitted], env=env, capture_output=True)
+            _, proc = timed([sys.executable, "-X", "importtime", "-m", "hpc_llm", *SWEEP], env)
+            submitted += job_ids(proc.stdout)
+            modules = [m.group(4) for m in IMPORT_LINE.finditer(proc.stderr)]
+            heavy = sorted({m for m in modules if m.split(".")[0] in HEAVY})
+            costs = sorted(
+                ((int(m.group(2)), m.group(4)) for m in IMPORT_LINE.finditer(proc.stderr) if not m.group(3).strip(" ")),
+                reverse=True,
+            )[:6]
+        finally:
             subprocess.run(["scancel", *submitted], env=env, capture_output=True)
-        lr_walls, lr_bases = [], []
-        for _ in range(max(1, args.repeats // 2)):
-            wall, proc = timed([sys.executable, "-m", "hpc_llm", *LR_SWEEP], env)
-            ids = job_ids(proc.stdout)
-            assert len(ids) == 1, ids  # one array, one sbatch call
-            submitted += ids
-            lr_walls.append(wall)
-            t0 = time.perf_counter()
-            out = subprocess.run(
-                ["sbatch", "--parsable", "-p", "low", "--array=0-99%8", "--wrap", "true"],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            lr_bases.append(time.perf_counter() - t0)
-            submitted.append(out.stdout.strip().split(";")[0])
-            subprocess.run(["scancel", *submitted], env=env, capture_output=True)
-        _, proc = timed([sys.executable, "-X", "importtime", "-m", "hpc_llm", *SWEEP], env)
-        submitted += job_ids(proc.stdout)
-        modules = [m.group(4) for m in IMPORT_LINE.finditer(proc.stderr)]
-        heavy = sorted({m for m in modules if m.split(".")[0] in HEAVY})
-        costs = sorted(
-            ((int(m.group(2)), m.group(4)) for m in IMPORT_LINE.finditer(proc.stderr) if not m.group(3).strip(" ")),
-            reverse=True,
-        )[:6]
-    finally:
-        subprocess.run(["scancel", *submitted], env=env, capture_output=True)
-        if started is not None:
-            from hpc_llm.slurm import devcluster
-
-            devcluster.down(started.root)
     med, base = statistics.median(walls), statistics.median(bases)
     print(
         f"no-wait submit of a 4-point node sweep: median {med:.2f} s over {args.repeats} (goal <= 1.5 s); "

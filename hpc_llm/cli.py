@@ -295,16 +295,20 @@ def cmd_container(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpc_llm import images
+    from hpc_llm.errors import Failed
 
     if args.action == "build":
         if len(args.args) != 2:
-            raise SystemExit("usage: hpc-llm container build DEF IMAGE [--force] [--no-fakeroot] [--src DIR]")
+            raise SystemExit(
+                "usage: hpc-llm container build DEF IMAGE [--force] [--no-fakeroot] [--src DIR] [--bind SRC[:DEST]]"
+            )
         image = images.build(
             Path(args.args[0]),
             Path(args.args[1]),
-            fakeroot=not args.no_fakeroot,
+            fakeroot=False if args.no_fakeroot else None,
             force=args.force,
             src=Path(args.src) if args.src else None,
+            binds=args.bind,
         )
         print(f"built {image}")
         return 0
@@ -331,7 +335,9 @@ def cmd_container(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"problem: {problem}")
     print(f"{report.image}: {'ok' if report.ok else 'NOT OK'}")
-    return 0 if report.ok else 1
+    if not report.ok:
+        raise Failed(report.summary())  # one line on stderr, exit 1
+    return 0
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -441,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["build", "check", "inspect"])
     p.add_argument("args", nargs="*", help="build: DEF IMAGE; check: Hydra overrides; inspect: IMAGE")
     p.add_argument("--force", action="store_true", help="build: overwrite IMAGE")
-    p.add_argument("--no-fakeroot", action="store_true", help="build: without --fakeroot (needs root)")
+    p.add_argument("--no-fakeroot", action="store_true", help="build: without --fakeroot (default: only as root)")
+    p.add_argument("--bind", action="append", help="build: SRC[:DEST] the %%post section sees (repeatable)")
     p.add_argument("--src", help="build: hpc_llm source checkout copied into the image (default: this one)")
     p.set_defaults(func=cmd_container)
     p = sub.add_parser("preflight", help="run the health checks alone on an allocation like the run's")

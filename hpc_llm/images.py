@@ -40,12 +40,20 @@ def _client():
 
 
 def build(
-    definition: Path, image: Path, *, fakeroot: bool = True, force: bool = False, src: Path | None = None
+    definition: Path,
+    image: Path,
+    *,
+    fakeroot: bool | None = None,
+    force: bool = False,
+    src: Path | None = None,
+    binds: list[str] | None = None,
 ) -> Path:
-    """``apptainer build [--fakeroot] --build-arg src=<checkout> IMAGE DEF`` (spython).
+    """``apptainer build [--fakeroot] [--bind B]... --build-arg src=<checkout> IMAGE DEF`` (spython).
 
     The shipped definitions copy hpc_llm from ``src`` (a source checkout) into
-    the image; default: the checkout this package runs from.
+    the image; default: the checkout this package runs from. ``fakeroot`` None:
+    only when not root (root builds without it; ``--fakeroot`` as root needs
+    newuidmap). ``binds`` are host paths %post sees (a local wheelhouse, say).
     """
     from hpc_llm.paths import source_root
 
@@ -66,7 +74,13 @@ def build(
     if image.exists() and not force:
         raise ConfigError(f"{image} exists; pass --force to overwrite it")
     client = _client()
+    if fakeroot is None:
+        fakeroot = os.geteuid() != 0
     options = [*(["--fakeroot"] if fakeroot else []), "--build-arg", f"src={src.resolve()}"]
+    for b in binds or []:
+        if not os.path.exists(b.split(":", 1)[0]):
+            raise ConfigError(f"--bind {b}: the source {b.split(':', 1)[0]!r} does not exist")
+        options += ["--bind", b]
     client.build(recipe=str(definition), image=str(image), sudo=False, options=options, force=force, quiet=False)
     if not image.exists():
         raise Failed(f"apptainer build did not produce {image}; its output is above")
@@ -84,7 +98,12 @@ def inspect(image: Path) -> dict[str, Any]:
 
 
 def expected_versions() -> dict[str, str]:
-    """hpc-llm's version and the training stack pins it declares (``train`` extra)."""
+    """What the login side will send the image: hpc-llm's version, the training stack
+    pins it declares (``train`` extra; torch, composer = mosaicml, llm-foundry, ...) and
+    the version of every hpc_llm plugin package installed here (entry-point group
+    ``hpc_llm``, less those blocked), whose components the config may name."""
+    from hpc_llm.plugins.manager import BLOCK_ENV, ENTRY_POINT_GROUP, NO_EXTERNAL_ENV
+
     out = {"hpc-llm": metadata.version("hpc-llm")}
     for req in metadata.requires("hpc-llm") or []:
         spec = req.split(";")[0].strip()
@@ -92,6 +111,13 @@ def expected_versions() -> dict[str, str]:
             name, version = spec.split("==", 1)
             if name.strip() in PINNED:
                 out[name.strip()] = version.strip()
+    if os.environ.get(NO_EXTERNAL_ENV):
+        return out
+    blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        if dist is not None and ep.name not in blocked and dist.metadata["Name"] not in blocked:
+            out.setdefault(dist.metadata["Name"], dist.version)
     return out
 
 
@@ -121,6 +147,10 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.problems
 
+    def summary(self) -> str:
+        """The failure as one line."""
+        return f"container check of {self.image}: {'; '.join(self.problems)}"
+
 
 def check(cfg: DictConfig, run_dir: str) -> CheckReport:
     """Image exists, is readable, has the expected versions; bind sources exist."""
@@ -137,15 +167,22 @@ def check(cfg: DictConfig, run_dir: str) -> CheckReport:
             continue  # made by the submit / exists on the nodes only
         if not os.path.exists(bind.source):
             report.problems.append(f"bind source {bind.source} ({bind.origin}) does not exist")
+    if report.problems:
+        return report
     client = _client()
+    # the binds the job makes that exist here (a job-made directory would fail the exec)
+    binds = [b.spec() for b in job.container.binds(cfg.container, mounts) if os.path.exists(b.source)]
     out = client.execute(
         str(Path(cfg.container.image).expanduser()),
         [str(cfg.container.python), "-c", VERSIONS_PY % (tuple(report.expected),)],
+        bind=binds,
+        options=[str(f) for f in cfg.container.flags or []],
         return_result=True,
         quiet=True,
     )
     if out.get("return_code") != 0:
-        report.problems.append(f"python in the image failed: {''.join(out.get('message') or '').strip()[-300:]}")
+        message = " ".join("".join(out.get("message") or "").split())
+        report.problems.append(f"{cfg.container.python} in the image failed: {message[-300:]}")
         return report
     message = out.get("message")
     text = "".join(message) if isinstance(message, list) else str(message)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development machine from scratch: Debian packages (Slurm for the
-# dev cluster), a virtualenv in .venv with hpc_llm[train,test] installed
-# editable. Idempotent; safe to re-run.
+# dev cluster), a real Apptainer (scripts/install-apptainer.sh), a virtualenv
+# in .venv with hpc_llm[train,test] installed editable. Idempotent; safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,9 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmdbd >/dev/null 2>
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q slurm-wlm >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends slurmdbd mariadb-server >/dev/null
 fi
+
+# a real Apptainer (Debian sid's, with a private glibc; the container tests run it)
+bash scripts/install-apptainer.sh
 
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

@@ -73,6 +73,8 @@ COVERED: dict[str, Run | By] = {
         "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
     ),
     "bash scripts/setup-dev.sh && .venv/bin/python -m pytest --basetemp=$PWD/.test-tmp -q -n 2": By(".ci/run"),
+    # CI's setup runs it (and the container tests fail in CI without it)
+    "scripts/install-apptainer.sh": By("scripts/setup-dev.sh"),
     "python -m hpc_llm +experiment=mpt_tiny": By(
         "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
     ),
@@ -170,20 +172,20 @@ COVERED: dict[str, Run | By] = {
         out="job 0: dry run",
     ),
     "hpc-llm config +experiment=mpt7b_c4": Run(("config", "+experiment=mpt7b_c4"), out="mpt_causal_lm"),
-    # -- containers (the stand-in apptainer: see tests/test_containers.py) ------------------------
+    # -- containers (real Apptainer: see tests/test_containers.py) --------------------------------
     "hpc-llm container build containers/h100.def /shared/images/hpc_llm-h100.sif": By(
         "tests/test_containers.py::test_container_build_inspect_check_through_spython", ('"container", "build"',)
     ),
     "hpc-llm container check container=apptainer container.image=/shared/images/hpc_llm-h100.sif": By(
         "tests/test_containers.py::test_container_build_inspect_check_through_spython",
-        ('"container", "check", f"container.image={sif}"',),
+        ('"container", "check", f"container.image={image}"',),
     ),
     "hpc-llm container inspect /shared/images/hpc_llm-h100.sif": By(
         "tests/test_containers.py::test_container_build_inspect_check_through_spython", ('"container", "inspect"',)
     ),
     "python -m hpc_llm +experiment=mpt7b_dolly hydra/launcher=slurm container=apptainer container.image=/shared/images/hpc_llm-h100.sif [container.stage=true]": By(  # noqa: E501
-        "tests/test_containers.py::test_slurm_run_trains_through_apptainer_exec_on_every_task",
-        ('"container=apptainer"', 'f"container.image={image}"'),
+        "tests/test_containers.py::test_a_2_node_run_trains_inside_apptainer_on_every_rank",
+        ("*RUN", 'f"container.image={sif}"'),
     ),
     # -- preflight and the watchdog ------------------------------------------------------------
     "hpc-llm preflight hydra/launcher=slurm cluster=h100 resources.nodes=2": By(
@@ -254,6 +256,10 @@ def test_commands_run_by_other_tests_are_really_run_there(cmd):
         ci = (ROOT / ".ci" / "run").read_text()
         setup, test = cmd.split(" && ")
         assert f"\n{setup}\n" in ci and test.replace("$PWD", '"$PWD') in ci.replace('.test-tmp"', ".test-tmp"), ci
+        return
+    if spec.test == "scripts/setup-dev.sh":  # the setup CI runs (.ci/run) runs it too
+        assert f"\nbash {cmd}\n" in (ROOT / spec.test).read_text()
+        assert "\nbash scripts/setup-dev.sh\n" in (ROOT / ".ci" / "run").read_text()
         return
     path, name = spec.test.split("::")
     source = _function_source(ROOT / path, name)

@@ -19,6 +19,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import struct
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -89,6 +90,38 @@ def all_binds(section: DictConfig, mounts: Mounts) -> list[Bind]:
     return sorted(out, key=lambda b: (b.dest.count("/"), b.dest))
 
 
+#: a SIF file: a launch line (32 bytes), then this magic; then the global header, whose
+#: data offset and size (little-endian int64 at 112 and 120) say how long the file is
+SIF_MAGIC = b"SIF_MAGIC"
+SQUASHFS_MAGIC = b"hsqs"
+IMAGE_KINDS = "a .sif file, a squashfs image or a sandbox directory (build one with hpc-llm container build)"
+
+
+def image_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an Apptainer image, or None.
+
+    Hand-written because neither spython nor the apptainer CLI says this without
+    starting a container (``apptainer inspect`` needs apptainer on the login
+    node); reading a header catches a wrong file and a truncated copy before
+    every node of a job fails on it.
+    """
+    if path.is_dir():
+        if not (path / ".singularity.d").is_dir():
+            return f"is a directory but not an Apptainer sandbox (it has no .singularity.d); allowed: {IMAGE_KINDS}"
+        return None
+    with open(path, "rb") as f:
+        head = f.read(128)
+    if head[32 : 32 + len(SIF_MAGIC)] == SIF_MAGIC and len(head) == 128:
+        data_offset, data_size = struct.unpack_from("<2q", head, 112)
+        size = path.stat().st_size
+        if size < data_offset + data_size:
+            return f"is a truncated SIF image: its header says {data_offset + data_size} bytes, the file has {size}"
+        return None
+    if head.startswith(SQUASHFS_MAGIC):
+        return None
+    return f"is not an Apptainer image (no SIF or squashfs header); allowed: {IMAGE_KINDS}"
+
+
 def staged_image(section: DictConfig, mounts: Mounts) -> str:
     """Where ``container.stage=true`` copies the image on each node."""
     digest = hashlib.sha1(str(Path(section.image).resolve()).encode()).hexdigest()[:12]
@@ -114,17 +147,29 @@ class Apptainer(ContainerRuntime):
                 f"container.image={image!r}: a registry URI would be pulled by every node; "
                 "allowed: a local .sif file or sandbox directory (build one with hpc-llm container build)"
             )
+        for flag in section.flags or []:
+            bare = str(flag).split("=", 1)[0]
+            if bare in REFUSED_FLAGS:
+                raise ConfigError(f"container.flags: {flag!r} is not allowed: {REFUSED_FLAGS[bare]}")
+        binds = [parse_bind(b) for b in section.binds or []]
+        if os.path.isdir("/.singularity.d"):
+            # a rank re-resolving its job inside the container: the image and the bind
+            # sources are host paths, checked before submitting and by apptainer itself
+            return
         path = Path(image).expanduser()
         if not path.exists():
             raise ConfigError(f"container.image={str(image)!r} does not exist")
         if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
             raise ConfigError(f"container.image={str(image)!r} is not readable by this user")
-        for flag in section.flags or []:
-            bare = str(flag).split("=", 1)[0]
-            if bare in REFUSED_FLAGS:
-                raise ConfigError(f"container.flags: {flag!r} is not allowed: {REFUSED_FLAGS[bare]}")
-        for b in section.binds or []:
-            bind = parse_bind(b)
+        problem = image_problem(path)
+        if problem:
+            raise ConfigError(f"container.image={str(image)!r} {problem}")
+        if section.stage and path.is_dir():
+            raise ConfigError(
+                f"container.stage=true copies one image file to each node; container.image={str(image)!r} "
+                "is a sandbox directory: build a .sif from it (apptainer build X.sif DIR) or set container.stage=false"
+            )
+        for bind in binds:
             if not os.path.exists(bind.source):
                 raise ConfigError(f"container.binds: bind source {bind.source!r} does not exist")
         if shutil.which(section.executable) is None:
@@ -166,6 +211,10 @@ class Apptainer(ContainerRuntime):
         if passthrough:
             lines.append("# by name into the container: Apptainer sets NAME from APPTAINERENV_NAME")
             lines += [f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough]
+        # what each rank records in results.json (hpc_llm.job.measure): the runtime's
+        # version, which is not visible from inside the container otherwise
+        exe = shlex.quote(str(section.executable))
+        lines.append(f'export APPTAINERENV_HPC_LLM_APPTAINER_VERSION="$({exe} --version 2>/dev/null || true)"')
         per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --export=ALL'
         if mounts.scratch is None:
             lines += [
@@ -176,24 +225,26 @@ class Apptainer(ContainerRuntime):
         if section.stage:
             src = str(Path(section.image).expanduser().resolve())
             dst = self._image(section, mounts)
-            # copy under a job-private name, then rename: a job still running from
-            # the staged image keeps its (old) file
+            # copy under a name private to this job and node, then rename: a job still
+            # running from the staged image keeps its (old) file, and a "local" scratch
+            # that is in fact shared (or a dev cluster's one disk) sees no two copies collide
+            tmp = f'{shlex.quote(dst)}."$SLURM_JOB_ID.$SLURMD_NODENAME"'
             copy = (
-                f"mkdir -p {shlex.quote(os.path.dirname(dst))} && cp -f {shlex.quote(src)} "
-                f'{shlex.quote(dst)}."$SLURM_JOB_ID" && mv -f {shlex.quote(dst)}."$SLURM_JOB_ID" {shlex.quote(dst)}'
+                f"mkdir -p {shlex.quote(os.path.dirname(dst))} && cp -f {shlex.quote(src)} {tmp} "
+                f"&& mv -f {tmp} {shlex.quote(dst)}"
             )
             lines += [
                 "# stage the image on every node's local disk (container.stage=true)",
                 f"srun {per_node} --kill-on-bad-exit=1 bash -c {shlex.quote(copy)}",
             ]
         if section.check:
-            exe = shlex.quote(str(section.executable))
             probe = shlex.join([*self.exec_prefix(section, mounts), str(section.python), "-c", "import hpc_llm"])
             node = "${SLURMD_NODENAME:-$(hostname)}"
             inner = (
                 f'command -v {exe} >/dev/null || {{ echo "hpc_llm: {section.executable} not found on {node}" >&2; '
                 f"exit 1; }}; out=$({probe} 2>&1) || "
-                f'{{ echo "hpc_llm: container check failed on {node}: $out" >&2; exit 1; }}'
+                f'{{ echo "hpc_llm: container check failed on {node}: $out" >&2; exit 1; }}; '
+                f'echo "hpc_llm: container check ok on {node}"'
             )
             lines += [
                 "# one quick exec per node before training; a node that fails is named",

@@ -19,14 +19,30 @@ def peak_memory_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def container() -> dict[str, Any] | None:
+    """The Apptainer container this rank runs in, read from inside it; None outside one.
+
+    ``/.singularity.d`` exists only inside an Apptainer (or Singularity) container and
+    the runtime sets ``APPTAINER_CONTAINER`` to the image it started; the runtime's
+    version comes in through the batch script (hpc_llm.builtin.container_runtimes).
+    """
+    if not os.path.isdir("/.singularity.d"):
+        return None
+    return {
+        "image": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER"),
+        "apptainer_version": os.environ.get("HPC_LLM_APPTAINER_VERSION") or None,
+    }
+
+
 def placement(ctx: JobContext) -> dict[str, Any]:
-    """Where this rank ran: node, node rank, local rank, working directory."""
+    """Where this rank ran: node, node rank, local rank, working directory, container."""
     return {
         "rank": ctx.dist.rank,
         "local_rank": ctx.dist.local_rank,
         "node_rank": ctx.dist.node_rank,
         "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
         "cwd": os.getcwd(),
+        "container": container(),
     }
 
 

@@ -1,0 +1,29 @@
+"""The dev cluster a benchmark runs on: the one $SLURM_CONF names, else one it starts
+under ~/.hpc_llm and stops when done (hpc_llm.slurm.devcluster)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def dev_cluster(name: str, nodes: int, ctld_port: int) -> Iterator[tuple[Any, dict[str, str]]]:
+    """(cluster, environment for its commands)."""
+    from hpc_llm.slurm import devcluster
+
+    env = dict(os.environ)
+    if env.get("SLURM_CONF"):
+        cluster = devcluster.load(Path(env["SLURM_CONF"]).parent.parent)
+        assert cluster is not None, f"no dev cluster at $SLURM_CONF={env['SLURM_CONF']}"
+        yield cluster, env
+        return
+    started = devcluster.up(root=Path.home() / ".hpc_llm" / name, nodes=nodes, ctld_port=ctld_port)
+    env.update(started.env())
+    try:
+        yield started, env
+    finally:
+        devcluster.down(started.root)
