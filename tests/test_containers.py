@@ -24,6 +24,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -406,10 +407,15 @@ def test_container_build_inspect_check_through_spython(sif, app_env, tmp_path):
         assert re.search(rf"^{dist}\s+image \S+\s+expected \S+\s+ok$", ok.stdout, re.M), ok.stdout
 
 
-def test_container_check_names_every_plugin_and_fails_in_one_line(sif, app_env, tmp_path):
+def test_container_check_names_every_plugin_and_fails_in_one_line(sif, app_env, request):
     """An hpc_llm plugin installed on the login side (here on PYTHONPATH, which Apptainer
-    passes in) must be in the image too; one line says which is not."""
-    plugins = tmp_path / "plugins"
+    passes in) must be in the image too; one line says which is not.
+
+    Installed outside every path the image sees (the checkout, which holds CI's --basetemp,
+    and what Apptainer binds by default: $HOME, /tmp, /var/tmp, the working directory)."""
+    plugins = Path(tempfile.mkdtemp(prefix="hpc_llm-test-plugins-", dir="/srv"))
+    request.addfinalizer(lambda: shutil.rmtree(plugins, ignore_errors=True))
+    assert not any(str(plugins).startswith(b + "/") for b in host_binds())
     pip_install(ROOT / "plugins" / "hpc-llm-jsonl", plugins)
     env = dict(app_env, PYTHONPATH=str(plugins))
     missing = run_cli(["container", "check", f"container.image={sif}", BINDS], env)

@@ -115,10 +115,11 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
     assert "at" in stalled, "the stall was never injected"
     [r] = results_of(runs_dir)
     assert r["status"] == "completed" and r["batches_done"] == 40
-    # the stall is one event far below the median (a busy CI machine may add a mild one)
+    # the stall is one event far below the median, when the rank is let go (a busy CI
+    # machine may add slow batches of its own elsewhere in the run)
     events = r["watchdog_events"]
-    stall_events = [e for e in events if e["ratio"] < 0.2]
-    assert len(stall_events) == 1 and len(events) <= 3, events
+    stall_events = [e for e in events if e["ratio"] < 0.2 and stalled["at"] <= e["time"] <= stalled["at"] + 6]
+    assert len(stall_events) == 1 and stall_events[0]["ratio"] < 0.1 and len(events) <= 5, events
     event = stall_events[0]
     assert event["action"] == "warn" and event["nodes"] and 15 <= event["batch"] <= 40
     log = (Path(r["run_dir"]) / "logs" / "rank0.log").read_text()

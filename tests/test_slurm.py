@@ -158,12 +158,26 @@ def test_no_slurm_reachable_says_how_to_start_one(app_env, runs_dir, tmp_path):
     assert not runs_dir.exists()
 
 
-def test_dev_cluster_up_is_idempotent(dev_cluster):
+def test_dev_cluster_up_is_idempotent(dev_cluster, tmp_path):
+    """On a cluster of its own (the session's is shared with tests that kill its nodes):
+    a second ``up`` changes nothing; after a node's death it starts that slurmd alone."""
     from hpc_llm.slurm import devcluster
+    from tests.conftest import _free_port_block
 
-    pids = devcluster.running(dev_cluster)
-    again = devcluster.up(root=dev_cluster.root, nodes=dev_cluster.nodes, ctld_port=dev_cluster.ctld_port)
-    assert again == dev_cluster and devcluster.running(dev_cluster) == pids
     # slurmctld + one slurmd per node, and with accounting MariaDB + slurmdbd
-    assert len(pids) == 1 + dev_cluster.nodes + (2 if dev_cluster.accounting else 0)
+    assert len(devcluster.running(dev_cluster)) == 1 + dev_cluster.nodes + (2 if dev_cluster.accounting else 0)
+    own = devcluster.up(root=tmp_path / "own", nodes=2, ctld_port=_free_port_block(8), accounting=False)
+    try:
+        pids = devcluster.running(own)
+        assert sorted(pids) == ["slurmctld", "slurmd -N n1", "slurmd -N n2"]
+        again = devcluster.up(root=own.root, nodes=2, ctld_port=own.ctld_port, accounting=False)
+        assert again == own and devcluster.running(own) == pids
+        devcluster.kill_node(own, "n2")
+        devcluster.up(root=own.root, nodes=2, ctld_port=own.ctld_port, accounting=False)
+        now = devcluster.running(own)
+        assert {k: now[k] for k in ("slurmctld", "slurmd -N n1")} == {k: pids[k] for k in ("slurmctld", "slurmd -N n1")}
+        assert now["slurmd -N n2"] != pids["slurmd -N n2"]
+    finally:
+        devcluster.down(own.root)
+    assert not devcluster.running(own)
     assert dev_cluster.env()["SLURM_CONF"] == str(dev_cluster.conf) and dev_cluster.conf.is_file()

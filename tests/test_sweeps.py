@@ -196,7 +196,7 @@ def test_a_snapshot_runs_the_code_as_it_was_submitted(slurm_env, runs_dir, tmp_p
 
 def test_snapshot_with_a_container_is_refused_in_one_line(slurm_env, runs_dir, tmp_path):
     image = tmp_path / "x.sif"
-    image.write_bytes(b"an image file")  # never opened: the combination is refused first
+    image.write_bytes(b"hsqs" + bytes(92))  # passes the header check; never run: the combination is refused
     proc = run_app(
         [*QUICK, "hydra.launcher.snapshot=true", "container=apptainer", f"container.image={image}"],
         slurm_env,

@@ -314,7 +314,8 @@ def up(
     accounting: bool = True,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
 ) -> DevCluster:
-    """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is).
+    """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is,
+    with a node whose slurmd died started again).
 
     ``accounting``: also a private MariaDB + slurmdbd (``sacct``); without it, ~2-3 s faster.
     Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd)."""
@@ -342,8 +343,14 @@ def up(
     if existing is not None:
         alive = running(existing)
         if alive:
-            if len(alive) == len(_daemons(existing)) and (existing.nodes, existing.accounting) == (nodes, accounting):
-                return existing  # already up: idempotent
+            same = (existing.nodes, existing.accounting) == (nodes, accounting)
+            dead = [name for name, _pf in _daemons(existing) if name not in alive]
+            if same and all(name.startswith("slurmd -N ") for name in dead):
+                # already up (idempotent); a node killed by kill_node is started again alone:
+                # restarting the whole cluster would kill every job on it
+                for name in dead:
+                    revive_node(existing, name.removeprefix("slurmd -N "), timeout_s=timeout_s)
+                return existing
             down(root)
     _check_ports_free(list(range(ctld_port, ctld_port + nodes + 1 + (1 if accounting else 0))))
     for sub in ("etc", "state", "spool", "run", "log", "jc", *(f"spool/{n}" for n in c.node_names)):
