@@ -90,6 +90,10 @@ def nodes_of(job_id: str, env: dict[str, str]) -> list[str]:
     ).stdout.split()
 
 
+#: nodes a scenario killed, started again once its run is over (DevCluster is frozen)
+TO_REVIVE: list[str] = []
+
+
 def fault_kill(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) -> float:
     os.kill(
         wait(lambda: beat(run_dir, 1).get("batch", -1) >= 30 and beat(run_dir, 1), 300, "rank 1")["pid"], signal.SIGKILL
@@ -110,7 +114,7 @@ def fault_node(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) ->
     victim = wait(lambda: beat(run_dir, 1).get("batch", -1) >= 30 and beat(run_dir, 1), 300, "rank 1")
     devcluster.kill_node(cluster, victim["node"])
     t = time.time()
-    cluster._bench_revive = victim["node"]
+    TO_REVIVE.append(victim["node"])
     return t
 
 
@@ -161,12 +165,10 @@ def measure(kind: str, env: dict[str, str], cluster: Any) -> dict[str, Any]:
     try:
         r = done(run_dir)
     finally:
-        node = getattr(cluster, "_bench_revive", None)
-        if node:
+        while TO_REVIVE:
             from hpc_llm.slurm import devcluster
 
-            devcluster.revive_node(cluster, node)
-            cluster._bench_revive = None
+            devcluster.revive_node(cluster, TO_REVIVE.pop())
     attempts = r.get("attempts", [])
     stopped = next((a for a in attempts if a.get("cause") not in (None, "completed")), None)
     nxt = attempts[attempts.index(stopped) + 1] if stopped and attempts.index(stopped) + 1 < len(attempts) else None

@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+#: queued but not started while the next submit is timed: on a login node the jobs run
+#: elsewhere; here they would share the 2 cores with the submitting process
+LATER = "+hydra.launcher.extra_sbatch.begin=now+3600"
 SWEEP = [
     "+experiment=mpt_tiny",
     "hydra/launcher=slurm",
@@ -33,6 +36,7 @@ SWEEP = [
     "resources.tasks_per_node=1",
     "train.global_train_batch_size=48",  # 1 to 4 ranks, micro-batch 4
     "hydra.launcher.partition=low",
+    LATER,
 ]
 LRS = ",".join(f"{(i + 1) * 1e-5:.5g}" for i in range(100))
 LR_SWEEP = [
@@ -43,6 +47,7 @@ LR_SWEEP = [
     f"train.optimizer.lr={LRS}",
     "hydra.launcher.partition=low",
     "hydra.launcher.array_parallelism=8",
+    LATER,
 ]
 IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
 HEAVY = ("torch", "composer", "llmfoundry", "streaming", "transformers")
@@ -79,7 +84,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for _ in range(4):
                     out = subprocess.run(
-                        ["sbatch", "--parsable", "-p", "low", "--wrap", "true"],
+                        ["sbatch", "--parsable", "-p", "low", "--begin=now+3600", "--wrap", "true"],
                         env=env,
                         capture_output=True,
                         text=True,
@@ -97,7 +102,7 @@ def main() -> None:
                 lr_walls.append(wall)
                 t0 = time.perf_counter()
                 out = subprocess.run(
-                    ["sbatch", "--parsable", "-p", "low", "--array=0-99%8", "--wrap", "true"],
+                    ["sbatch", "--parsable", "-p", "low", "--begin=now+3600", "--array=0-99%8", "--wrap", "true"],
                     env=env,
                     capture_output=True,
                     text=True,
