@@ -403,6 +403,17 @@ class Supervisor:
         # rank 0 notes progress every few seconds; the heartbeats saw the step's last batches
         if end.top_batch > a.last_batch:
             a.last_batch, a.train_s = end.top_batch, max(a.train_s, round(end.heartbeat_train_s, 3))
+        if end.returncode != 0 and end.stop is None and end.hang is None and self._being_preempted():
+            # A preemption after the time-limit warning went out: Slurm sends each job its
+            # --signal once, so the preemption SIGTERMs the steps instead (seen on 22.05), and
+            # the ranks die before saving. Not a failure: requeue, resume from the last checkpoint.
+            a.ended = "failed" if a.ended == "running" else a.ended
+            a.ended_at = a.ended_at or time.time()
+            a.error = (
+                "preempted after Slurm's warning signal was spent: the steps got SIGTERM before the "
+                "ranks saved; resuming from the last checkpoint"
+            )
+            return self._requeue(attempts, a, "preemption", [])
         verdict = self._verdict(end, a, attempts)
         a.ended = "failed" if a.ended == "running" else a.ended
         a.ended_at = a.ended_at or time.time()
@@ -438,6 +449,12 @@ class Supervisor:
         if end_time is not None and when >= end_time - self.policy.signal_lead_s - TIME_LIMIT_SLACK_S:
             return "time_limit"
         return "signal"
+
+    def _being_preempted(self) -> bool:
+        """``scontrol show job`` has a PreemptTime while a preemption's grace time runs."""
+        if not self.job.job_id:
+            return False
+        return _slurm_time(_scontrol_show_job(self.job.job_id).get("PreemptTime")) is not None
 
     def _stop_cause(self, end: StepEnd) -> str:
         return end.stop_cause or "preemption"
