@@ -34,32 +34,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))  # the tests' image helpers
+from tests.skeleton import host_binds, make_skeleton  # noqa: E402
+
 IMPORTS = "import hpc_llm.job.task, torch, composer, llmfoundry"
 
 
-def host_binds() -> list[str]:
-    binds = ["/usr", str(ROOT)]
-    base = os.path.realpath(sys.base_prefix)
-    if not any(base == b or base.startswith(b + "/") for b in binds):
-        binds.append(base)
-    return binds
-
-
 def skeleton(root: Path, pad_mb: int = 0) -> Path:
-    """The tests' skeleton image (tests/test_containers.py), optionally padded to a size."""
-    for d in ("usr", "etc", "tmp", "var/tmp", "proc", "sys", "dev", "root", "home", ".singularity.d/env"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    for b in host_binds():
-        (root / b.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    for link in ("bin", "lib", "lib64", "sbin"):
-        if not (root / link).is_symlink():
-            (root / link).symlink_to(f"usr/{link}")
-    for f in ("passwd", "group"):
-        shutil.copy(f"/etc/{f}", root / "etc" / f)
-    env = root / ".singularity.d" / "env" / "90-environment.sh"
-    env.write_text(f"#!/bin/sh\nexport PATH={VENV_BIN}:$PATH\n")
-    env.chmod(0o755)
+    """The tests' skeleton image (tests/skeleton.py), optionally padded to a size."""
+    make_skeleton(root)
     if pad_mb:
         with open(root / "pad.bin", "wb") as f:  # random: squashfs cannot shrink it
             for _ in range(pad_mb):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -97,12 +98,12 @@ def inspect(image: Path) -> dict[str, Any]:
     return result
 
 
-def expected_versions() -> dict[str, str]:
+def expected_versions(block: Iterable[str] = ()) -> dict[str, str]:
     """What the login side will send the image: hpc-llm's version, the training stack
     pins it declares (``train`` extra; torch, composer = mosaicml, llm-foundry, ...) and
-    the version of every hpc_llm plugin package installed here (entry-point group
-    ``hpc_llm``, less those blocked), whose components the config may name."""
-    from hpc_llm.plugins.manager import BLOCK_ENV, ENTRY_POINT_GROUP, NO_EXTERNAL_ENV
+    the version of every plugin distribution the plugin manager loads here (``block``:
+    the config's ``plugins.block``), whose components the config may name."""
+    from hpc_llm.plugins.manager import get_plugins
 
     out = {"hpc-llm": metadata.version("hpc-llm")}
     for req in metadata.requires("hpc-llm") or []:
@@ -111,13 +112,8 @@ def expected_versions() -> dict[str, str]:
             name, version = spec.split("==", 1)
             if name.strip() in PINNED:
                 out[name.strip()] = version.strip()
-    if os.environ.get(NO_EXTERNAL_ENV):
-        return out
-    blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(ep, "dist", None)
-        if dist is not None and ep.name not in blocked and dist.metadata["Name"] not in blocked:
-            out.setdefault(dist.metadata["Name"], dist.version)
+    for dist, version in get_plugins(block).distributions.items():
+        out.setdefault(dist, version)
     return out
 
 
@@ -160,7 +156,7 @@ def check(cfg: DictConfig, run_dir: str) -> CheckReport:
         raise ConfigError("container=none: nothing to check; allowed: container=apptainer container.image=X.sif")
     job = resolve_job(cfg, run_dir)  # the same one-line checks as before a submit
     mounts = job.mounts(cfg)
-    report = CheckReport(image=str(cfg.container.image), expected=expected_versions())
+    report = CheckReport(image=str(cfg.container.image), expected=expected_versions(cfg.plugins.block or ()))
     created = {p.path for p in mounts.paths if p.created_by_job}
     for bind in job.container.binds(cfg.container, mounts):
         if bind.source in (mounts.run_dir, mounts.scratch) or bind.source in created:

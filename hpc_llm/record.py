@@ -52,6 +52,8 @@ BUDGET_OF_CAUSE = {
 }
 #: causes that end the run: no budget, no retry
 FINAL_CAUSES = ("user_error", "cancelled", "budget", "preflight_failed")
+#: results.json statuses that say how a run ended (others: it is running, or died unheard)
+SETTLED = frozenset({"completed", "failed"})
 
 
 def skeleton(plan: JobPlan, status: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.record import RESULTS_FILE
+from hpc_llm.record import RESULTS_FILE, SETTLED
 
 COLUMNS = [
     "Model",
@@ -63,10 +63,6 @@ def restarts_text(results: dict[str, Any]) -> str:
     causes = results.get("restarts_by_cause") or {}
     detail = ", ".join(f"{cause} {count}" for cause, count in sorted(causes.items()))
     return f"{n} ({detail})" if detail else str(n)
-
-
-#: results.json statuses that say how a run ended
-SETTLED = ("completed", "failed")
 
 
 @dataclass
@@ -196,9 +192,7 @@ def _slurm_ends(runs: list[Run], acct: dict[str, list[Any]]) -> None:
         if r.job_ids[-1] in queued:
             continue
         last = acct[r.job_ids[-1]][-1]
-        r.slurm_end = last.state.lower()
-        reason = f" ({last.reason})" if last.reason and last.reason != "None" else ""
-        r.slurm_error = f"Slurm: {last.state}{reason}, exit code {last.exit_code}"
+        r.slurm_end, r.slurm_error = last.state.lower(), last.verdict
 
 
 def _varying(runs: list[Run]) -> dict[Path, str]:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from hpc_llm import ledger
-from hpc_llm.record import read_results
+from hpc_llm.record import SETTLED, read_results
 from hpc_llm.slurm import accounting, query
 
 
@@ -45,10 +45,6 @@ def refresh(limit: int | None = None) -> list[ledger.Run]:
     return ledger.runs(limit)
 
 
-#: results.json statuses that end a run (others: running, interrupted, requeued, restarting)
-SETTLED = frozenset({"completed", "failed"})
-
-
 def _from_accounting(
     r: ledger.Run,
     acct: dict[str, list[accounting.AttemptRow]] | None,
@@ -65,8 +61,7 @@ def _from_accounting(
         return  # sacct failed or not caught up: unknown for now, asked again next time
     last = rows[-1]
     state = last.state if last.state in ledger.FINAL_STATES else "FAILED"  # NODE_FAIL, OUT_OF_MEMORY, ...
-    why = f"Slurm: {last.state}" + (f" ({last.reason})" if last.reason and last.reason != "None" else "")
-    why += f", exit code {last.exit_code}"
+    why = last.verdict
     own = results.get("error") if results else None
     tail = "" if own else batch_log_tail(r.run_dir, r.job_ids[-1])
     ledger.update(

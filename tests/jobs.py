@@ -10,6 +10,17 @@ from typing import Any
 
 from tests.conftest import explain, run_app
 
+#: one node, one rank, whole nodes (so a preemption hits this run only)
+ALONE = [
+    "+experiment=mpt_tiny",
+    "hydra/launcher=slurm",
+    "resources.nodes=1",
+    "resources.tasks_per_node=1",
+    "eval=none",
+    "hydra.launcher.exclusive=true",
+    "fault.heartbeat_s=2",
+]
+
 
 def submit(args: list[str], env: dict[str, str], cwd: Path) -> tuple[str, Path]:
     """``python -m hpc_llm <args>`` (no wait): the Slurm job id and the run dir."""

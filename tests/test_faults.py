@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, explain, pip_install, results_of, run_app, run_cli, shared_dir
-from tests.jobs import attempts, beat, finished, in_queue, job_nodes, preempt, submit, wait_for
+from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, preempt, submit, wait_for
 
 pytestmark = [pytest.mark.slurm]
 
@@ -181,18 +181,6 @@ def test_an_exception_before_the_first_batch_is_not_retried(slurm_env, tmp_path)
     assert r["status"] == "failed" and "no_such_optimizer" in r["error"] and "before the first batch" in r["error"]
     assert r["restarts"] == 0 and [a["cause"] for a in r["attempts"]] == ["user_error"]
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
-
-
-#: one node, one rank, whole nodes (so a preemption hits this run only)
-ALONE = [
-    "+experiment=mpt_tiny",
-    "hydra/launcher=slurm",
-    "resources.nodes=1",
-    "resources.tasks_per_node=1",
-    "eval=none",
-    "hydra.launcher.exclusive=true",
-    "fault.heartbeat_s=2",
-]
 
 
 def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path, pytestconfig):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY, ROOT, explain, run_app, run_cli
-from tests.jobs import attempts, beat, finished, job_nodes, preempt, submit, wait_for
+from tests.jobs import ALONE, attempts, beat, finished, job_nodes, preempt, submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -215,13 +215,7 @@ def test_an_array_task_is_preempted_and_resumed_on_its_own(slurm_env, runs_dir, 
     env = dict(slurm_env)
     proc = run_app(
         [
-            "+experiment=mpt_tiny",
-            "hydra/launcher=slurm",
-            "resources.nodes=1",
-            "resources.tasks_per_node=1",
-            "eval=none",
-            "hydra.launcher.exclusive=true",
-            "fault.heartbeat_s=2",
+            *ALONE,
             "checkpoint.interval=10ba",
             "train.max_duration=200ba",
             "train.seed=1,2",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import explain, results_of, run_app
-from tests.jobs import attempts, beat, finished, job_nodes, preempt, submit, wait_for
+from tests.jobs import ALONE, attempts, beat, finished, job_nodes, preempt, submit, wait_for
 
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 TINY = ["+experiment=mpt_tiny", "eval=none", "resources.tasks_per_node=1"]
@@ -107,13 +107,7 @@ def test_a_preempted_run_is_one_mlflow_run_with_a_continuous_history(mlflow_serv
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
     job_id, run_dir = submit(
         [
-            "+experiment=mpt_tiny",
-            "hydra/launcher=slurm",
-            "resources.nodes=1",
-            "resources.tasks_per_node=1",
-            "eval=none",
-            "hydra.launcher.exclusive=true",
-            "fault.heartbeat_s=2",
+            *ALONE,
             "train.max_duration=150ba",
             "logger=mlflow",
             f"logger.tracking_uri={mlflow_server}",

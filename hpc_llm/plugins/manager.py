@@ -81,6 +81,8 @@ class Plugins:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.packages: dict[str, str] = {}
+        #: the installed distributions whose plugins were loaded: name -> version
+        self.distributions: dict[str, str] = {}
         self.blocked: list[str] = []
         self._entries: dict[str, list[Entry]] = defaultdict(list)
         self._load()
@@ -129,6 +131,8 @@ class Plugins:
                     f"{type(exc).__name__}: {exc}; block it with {BLOCK_ENV}={ep.name}"
                 ) from None
             self._register(plugin, ep.name, package)
+            if dist is not None:
+                self.distributions[dist_name] = dist.version
 
     def _register(self, plugin: object, name: str, package: str) -> None:
         self.packages[name] = package

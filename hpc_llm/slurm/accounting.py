@@ -67,6 +67,12 @@ class AttemptRow:
         return int(self.tres.get("cpu", 0) or 0)
 
     @property
+    def verdict(self) -> str:
+        """How Slurm says this attempt ended: 'Slurm: FAILED (reason), exit code 3:0'."""
+        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        return f"Slurm: {self.state}{reason}, exit code {self.exit_code}"
+
+    @property
     def queue_wait_s(self) -> float | None:
         return self.start - self.submit if self.start and self.submit and self.start >= self.submit else None
 
