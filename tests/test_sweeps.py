@@ -53,9 +53,10 @@ def most_at_once(rows: list[list[str]]) -> int:
     return most
 
 
-def queued(env: dict[str, str]) -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
+def queued(env: dict[str, str], under: Path) -> set[str]:
+    """Jobs in the queue whose batch script lies under ``under`` (other tests share the cluster)."""
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %o"], env=env, capture_output=True, text=True, check=True)
+    return {job for job, _, script in (ln.partition(" ") for ln in out.stdout.splitlines()) if str(under) in script}
 
 
 def test_a_100_point_sweep_is_one_array_throttled_and_waited_for(slurm_env, tmp_path):
@@ -94,7 +95,8 @@ def test_a_100_point_sweep_is_one_array_throttled_and_waited_for(slurm_env, tmp_
     assert len(rows) == 100 and {r[1] for r in rows} == {"COMPLETED"}
     assert 1 < most_at_once(rows) <= 4
     status = run_cli(["status"], env)
-    [line] = [ln for ln in status.stdout.splitlines() if str(sweep.name) in ln or "100 runs" in ln]
+    # the sweep is one row (its run dir may fold onto more lines: match the row by its count)
+    [line] = [ln for ln in status.stdout.splitlines() if "100 runs" in ln]
     assert "100 COMPLETED" in line and "100 runs" in line
 
 
@@ -102,7 +104,7 @@ def test_a_100_point_sweep_is_one_array_throttled_and_waited_for(slurm_env, tmp_
 def test_a_point_refused_mid_sweep_cancels_or_keeps_what_went_before(keep, slurm_env, runs_dir, tmp_path):
     """Without asking first (test_only=false), sbatch itself refuses the third point (9 GPUs,
     the nodes have 8): one line names it, and what was submitted is cancelled (or kept)."""
-    before = queued(slurm_env)
+    before = queued(slurm_env, tmp_path)
     proc = run_app(
         [
             *QUICK,
@@ -119,7 +121,7 @@ def test_a_point_refused_mid_sweep_cancels_or_keeps_what_went_before(keep, slurm
     [line] = proc.stderr.strip().splitlines()
     assert "Slurm refused job 2 [" in line and "resources.gpus_per_node=9" in line
     assert "Requested node configuration is not available" in line
-    mine = queued(slurm_env) - before
+    mine = queued(slurm_env, tmp_path) - before
     try:
         if keep:
             assert len(mine) == 2 and "kept the 2 point(s) already submitted" in line
@@ -133,13 +135,13 @@ def test_a_point_refused_mid_sweep_cancels_or_keeps_what_went_before(keep, slurm
 
 
 def test_the_scheduler_is_asked_before_anything_is_submitted(slurm_env, runs_dir, tmp_path):
-    before = queued(slurm_env)
+    before = queued(slurm_env, tmp_path)
     proc = run_app([*QUICK, "resources.gpus_per_node=4,9"], slurm_env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, explain(proc)
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("hpc_llm: error: Slurm would refuse job 1 (") and "--gpus-per-node=9" in line
     assert "Requested node configuration is not available; nothing was submitted" in line
-    assert queued(slurm_env) == before and not runs_dir.exists()
+    assert queued(slurm_env, tmp_path) == before and not runs_dir.exists()
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.job import failures, heartbeat, preemption, supervisor_env
-from hpc_llm.launchers.payload import RETURN, Payload
+from hpc_llm.launchers.payload import RETURN, Payload, read_payload
 
 
 def _is_rank0() -> bool:
@@ -51,8 +52,11 @@ def run_payload(path: Path) -> Any:
     if _is_rank0():
         (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
     preemption.mark_ready(run_dir)
-    payload = cloudpickle.loads(Path(path).read_bytes())
-    if not isinstance(payload, Payload) or not isinstance(payload.config, DictConfig):
+    try:
+        payload = read_payload(path)
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise TypeError(f"{path} is not a job payload written by this version of hpc_llm ({exc})") from exc
+    if not isinstance(payload.config, DictConfig):
         raise TypeError(f"{path} is not a job payload written by this version of hpc_llm")
     # What Hydra's launchers do in a job process: the launching process's state
     # (its registered resolvers among them), then Hydra's own resolvers.

@@ -27,7 +27,7 @@ from rich.console import Console
 from hpc_llm import console, ledger, provenance
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
-from hpc_llm.launchers.payload import read_return, write_payload
+from hpc_llm.launchers.payload import read_return, shared_part, write_payload
 from hpc_llm.record import RESULTS_FILE, read_results
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class LocalLauncher(BaseLauncher):
     def _spawn_ranks(self, sweep_config: DictConfig, run_dir: Path) -> Any:
         ranks = self.ranks(sweep_config)
         provenance.write(run_dir, *self._provenance)
-        payload = write_payload(run_dir, self.task_function, sweep_config)
+        payload = write_payload(run_dir, sweep_config, shared_part(self.task_function))
         logs = run_dir / "logs"
         logs.mkdir(exist_ok=True)
         port = free_port()

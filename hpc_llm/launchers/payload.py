@@ -41,18 +41,29 @@ class Payload:
     hydra_context: Any = None
 
 
-def write_payload(
-    run_dir: Path | str, task_function: Any, config: Any, hydra_context: Any = None, singleton_state: Any = None
-) -> Path:
-    """Pickle the job for its ranks; clears the return value of an earlier launch.
-    ``singleton_state``: Hydra's, taken once for all jobs of a sweep (it costs ~0.1 s)."""
+def shared_part(task_function: Any, hydra_context: Any = None, singleton_state: Any = None) -> bytes:
+    """What every job of a sweep shares (task function, Hydra's state and context), pickled
+    once per sweep: ~10 ms a job otherwise, a second of a 100-point sweep."""
+    state = Singleton.get_state() if singleton_state is None else singleton_state
+    return cloudpickle.dumps((task_function, state, hydra_context))
+
+
+def write_payload(run_dir: Path | str, config: Any, shared: bytes) -> Path:
+    """Pickle the job for its ranks: the sweep's ``shared`` part, then the job's config (two
+    pickles, one after the other; cloudpickle: a Hydra app's own
+    structured configs may live in its ``__main__``); clears the return value of an earlier launch."""
     pdir = payload_dir(run_dir)
     pdir.mkdir(parents=True, exist_ok=True)
-    state = Singleton.get_state() if singleton_state is None else singleton_state
-    payload = Payload(task_function, config, state, hydra_context)
-    (pdir / PAYLOAD).write_bytes(cloudpickle.dumps(payload))
+    (pdir / PAYLOAD).write_bytes(shared + cloudpickle.dumps(config))
     (pdir / RETURN).unlink(missing_ok=True)
     return pdir / PAYLOAD
+
+
+def read_payload(path: Path | str) -> Payload:
+    with open(path, "rb") as f:
+        task_function, state, hydra_context = cloudpickle.load(f)
+        config = cloudpickle.load(f)
+    return Payload(task_function, config, state, hydra_context)
 
 
 def read_return(run_dir: Path | str) -> tuple[bool, Any]:

@@ -36,7 +36,7 @@ from rich.console import Console
 from hpc_llm import console, ledger, provenance, snapshot
 from hpc_llm.errors import ConfigError
 from hpc_llm.launchers.base import BaseLauncher, JobFailed
-from hpc_llm.launchers.payload import read_return, write_payload
+from hpc_llm.launchers.payload import read_return, shared_part, write_payload
 from hpc_llm.launchers.sweeper import job_run_dir
 from hpc_llm.record import PRIVATE_DIR, read_results
 from hpc_llm.slurm import accounting, query, submit
@@ -57,7 +57,7 @@ class SlurmLauncher(BaseLauncher):
         self._partitions: dict[str, query.Partition] | None = None
         #: sbatch --test-only's answer per job shape (None: it could run)
         self._verdicts: dict[tuple[tuple[str, str], ...], str | None] = {}
-        self._singleton_state: Any = None
+        self._shared: bytes | None = None  # the pickled part of the payload all jobs share
         #: each job's config without the hydra node, by id of the job config (kept alive with it)
         self._task_cfgs: dict[int, tuple[DictConfig, DictConfig]] = {}
         self._hydra_cfgs: dict[int, tuple[DictConfig, Any]] = {}
@@ -239,11 +239,9 @@ class SlurmLauncher(BaseLauncher):
             overrides = OmegaConf.create(list(cfg.hydra.overrides.task))
             _save_yaml(overrides, "overrides.yaml", out)  # Hydra saves a list here too
         # the ranks run Hydra's run_job (job logging, env_set, callbacks), as in any Hydra launcher
-        if self._singleton_state is None:
-            self._singleton_state = Singleton.get_state()
-        write_payload(
-            run_dir, self.task_function, cfg, hydra_context=self.hydra_context, singleton_state=self._singleton_state
-        )
+        if self._shared is None:  # once per sweep
+            self._shared = shared_part(self.task_function, self.hydra_context, Singleton.get_state())
+        write_payload(run_dir, cfg, self._shared)
         return run_dir
 
     def _task_cfg(self, cfg: DictConfig) -> DictConfig:

@@ -556,10 +556,17 @@ def revive_node(c: DevCluster, name: str, timeout_s: float = 60) -> None:
     if name not in c.node_names:
         raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
     env = dict(os.environ, SLURM_CONF=str(c.conf))
-    pid = _read_pid(_slurmd_pidfile(c, name))
+    pidfile = _slurmd_pidfile(c, name)
+    pid = _read_pid(pidfile)
+    deadline = time.monotonic() + timeout_s
     if pid is None or not _alive(pid):
         subprocess.run(["slurmd", "-f", str(c.conf), "-N", name], env=env, check=True)
-    deadline = time.monotonic() + timeout_s
+        # slurmd forks and the child writes the pid file a moment after the command returns
+        # (seen: `running()` right after read the dead slurmd's pid)
+        while (new := _read_pid(pidfile)) in (None, pid) or not _alive(new):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slurmd of node {name} did not start; see {c.root / 'log'}")
+            time.sleep(0.05)
     state = "?"
     while time.monotonic() < deadline:
         state = _node_states(c, env).get(name, "?")
