@@ -17,6 +17,7 @@ node-local disk).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -149,10 +150,13 @@ def record(
     overrides: list[str],
     job_ids: list[str],
     state: str,
+    conn: sqlite3.Connection | None = None,
 ) -> Run:
+    """Insert (or update) one run; ``conn``: a connection of :func:`connect` to record many
+    runs in one transaction (one fsync for a 100-point sweep instead of 100)."""
     now = time.time()
     sweep_dir = str(Path(sweep_dir).resolve())
-    with connect() as conn:
+    with contextlib.nullcontext(conn) if conn is not None else connect() as conn:
         conn.execute(
             "INSERT INTO runs (run_dir, sweep_dir, job_num, experiment, launcher, overrides, job_ids, state,"
             " submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"

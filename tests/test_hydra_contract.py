@@ -126,3 +126,40 @@ def test_a_plain_hydra_app_sees_the_same_under_basic_local_and_slurm(slurm_env, 
     assert not results["basic"][0]["has_hydra_node"]
     assert results["local"] == results["basic"]
     assert results["slurm"] == results["basic"]
+
+
+def test_a_copied_job_config_is_a_deep_copy_with_its_flags():
+    """copy_config (the launchers' fast deepcopy): equal, independent, same flags and types."""
+    from dataclasses import dataclass
+
+    from omegaconf import OmegaConf, open_dict
+
+    from hpc_llm.launchers.base import copy_config
+
+    @dataclass
+    class Local:  # a class pickle cannot name: the copy falls back to deepcopy
+        a: int = 1
+
+    for original in (
+        OmegaConf.create({"a": {"b": [1, 2]}, "c": "${a.b}"}),
+        OmegaConf.structured(Local),
+    ):
+        OmegaConf.set_struct(original, True)
+        copied = copy_config(original)
+        assert copied == original and copied is not original
+        assert OmegaConf.is_struct(copied) and OmegaConf.get_type(copied) is OmegaConf.get_type(original)
+        with open_dict(copied):
+            copied.extra = 1
+        assert "extra" not in original
+
+
+def test_a_job_return_makes_its_config_when_first_read():
+    from hpc_llm.launchers.base import LazyJobReturn
+
+    made: list[int] = []
+    ret = LazyJobReturn(lambda: made.append(1) or {"x": 1})  # type: ignore[arg-type,func-returns-value]
+    ret.overrides = ["x=1"]
+    assert made == []
+    assert ret.cfg == {"x": 1} and ret.cfg == {"x": 1} and made == [1]
+    ret.cfg = {"x": 2}
+    assert ret.cfg == {"x": 2} and made == [1]

@@ -9,9 +9,7 @@ callable on each; only then does it hand over to BasicSweeper.
 
 from __future__ import annotations
 
-import copy
 import os
-import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +21,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.errors import ConfigError
+from hpc_llm.launchers.base import copy_config
 
 
 def job_run_dir(job_cfg: DictConfig) -> str:
@@ -161,12 +160,7 @@ def _plain_value(o: Override, repository: Any) -> bool:
 def _with_values(first: DictConfig, parsed: list[Override], values: list[Override]) -> DictConfig:
     """``first`` (a composed point of the same shape) with this point's plain ``values``, and
     the hydra.overrides / override_dirname Hydra records for it."""
-    # a pickle round trip is the deep copy OmegaConf's __getstate__ supports, ~4x faster than
-    # copy.deepcopy (measured: 5 vs 20 ms for mpt_tiny's config)
-    try:
-        cfg = pickle.loads(pickle.dumps(first, protocol=pickle.HIGHEST_PROTOCOL))
-    except (pickle.PicklingError, AttributeError, TypeError):  # a structured config pickle cannot name
-        cfg = copy.deepcopy(first)
+    cfg = copy_config(first)
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     task = [o for o in parsed if not o.is_hydra_override()]
     job = cfg.hydra.job
