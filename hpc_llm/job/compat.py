@@ -40,6 +40,16 @@ once, explicitly, by the task before training (never at import).
    caught), and otherwise calls ``wandb.Api()``, which needs the network. hpc_llm
    keeps checkpoints in its checkpoint backend, never in W&B (no
    ``log_artifacts``), so W&B answers "not here" (found by tests/test_trackers.py).
+7. mosaicml-streaming 0.12 ``StreamingDataset.state_dict`` at an epoch
+   boundary: Composer saves the end-of-epoch checkpoint after the epoch's
+   iteration finished and before the next one starts, asking for the state
+   at sample 0 of the epoch; Streaming answers with the epoch just *finished*
+   (``next_epoch - 1``) at sample 0, so a run resumed from it replays that
+   epoch's sample order and every later epoch is one behind the
+   uninterrupted run (found by tests/test_faults.py: a preemption killed a
+   run unsaved just after ``ep1-ba78``, and its final loss was 1.83 where the
+   uninterrupted run reached 1.43). At sample 0 we name the epoch that comes
+   next, which is what the uninterrupted run iterates.
 """
 
 from __future__ import annotations
@@ -161,6 +171,25 @@ def _patch_wandb_download() -> None:
     cls.download_file = download_file  # type: ignore[method-assign]
 
 
+def _patch_streaming_epoch_boundary() -> None:
+    from streaming.base.dataset import StreamingDataset
+
+    original = StreamingDataset.state_dict
+    if getattr(original, "_hpc_llm", False):
+        return
+
+    def state_dict(self: Any, num_samples: int, from_beginning: bool) -> dict[str, Any]:
+        state = original(self, num_samples, from_beginning)
+        # next_epoch is set when an epoch's iteration starts: past the reported epoch means
+        # that epoch is done, and sample 0 is the start of the next one
+        if from_beginning and num_samples == 0 and self.next_epoch > state["epoch"]:
+            state = dict(state, epoch=self.next_epoch)
+        return state
+
+    state_dict._hpc_llm = True  # type: ignore[attr-defined]
+    StreamingDataset.state_dict = state_dict  # type: ignore[method-assign]
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -170,4 +199,5 @@ def apply() -> None:
     _patch_fsdp2_gloo_average()
     _patch_sharded_load_integrations()
     _patch_wandb_download()
+    _patch_streaming_epoch_boundary()
     _APPLIED = True
