@@ -169,6 +169,12 @@ def pytest_configure(config: pytest.Config) -> None:
         _start_cluster(config)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` go first: under xdist each then runs beside the short ones
+    instead of alone at the end of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     cluster = getattr(config, "_hpc_llm_cluster", None)
     if cluster is not None:

@@ -224,6 +224,8 @@ def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to end")
 
 
+@pytest.mark.long
+@pytest.mark.timeout(1800)  # ~7 attempts of a minute each, and the reference run
 def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, pytestconfig):
     """A 1-minute time limit stands in for 24 h: the run needs several, and is preempted once.
 
@@ -232,12 +234,12 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, py
     """
     args = [
         *ALONE,
-        "train.max_duration=1500ba",
+        "train.max_duration=1000ba",
         "resources.time=1",
         "hydra.launcher.signal_lead_s=45",
         "fault.stop_lead_s=30",
     ]
-    ref = reference([*ALONE, "train.max_duration=1500ba"], slurm_env, pytestconfig)
+    ref = reference([*ALONE, "train.max_duration=1000ba"], slurm_env, pytestconfig)
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
     job_id, run_dir = submit(args, env, tmp_path)
     # preempt the third attempt once it trains
@@ -254,7 +256,7 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, py
     r = finished(run_dir, 900)
     same_loss(r, ref)
     causes = r["restarts_by_cause"]
-    assert causes.get("time_limit", 0) >= 4 and causes.get("preemption") == 1, causes
+    assert causes.get("time_limit", 0) >= 3 and causes.get("preemption") == 1, causes
     assert set(causes) == {"time_limit", "preemption"}
     # every stop was a save at a batch boundary, except a preemption that lands after the
     # time-limit warning went out (Slurm signals a job once; it SIGTERMs the steps instead):
