@@ -219,6 +219,33 @@ def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypat
     assert end.stop == "SIGUSR2" and end.returncode == 0
 
 
+def test_the_supervisor_stops_the_ranks_at_the_lead_when_slurms_signal_never_comes(tmp_path, monkeypatch):
+    """slurmctld may send the --signal warning before the batch step exists (it checks every
+    30 s, up to that much early), and then it is lost: at the stop lead the supervisor stops the
+    ranks itself, as for the time-limit signal. A real child process, no signal sent."""
+    import sys
+    import time
+
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
+    )
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
+    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    sup.lead_s = 10
+    sup.job.end = time.time() + 12  # the time limit in 12 s: the lead is reached in 2
+    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
+    started = time.monotonic()
+    end = sup.run_step()
+    assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
+    assert 1.5 < time.monotonic() - started < 10
+    # and not while more than the lead is left
+    sup.job.end = time.time() + 3600
+    assert not sup._time_is_up()
+
+
 def test_a_save_the_attempt_did_not_finish_is_set_aside_and_composer_resumes_beside_the_rest(tmp_path):
     """The dev cluster's node death left ep0-ba25 written and ``latest`` still on ba20: the
     resumed run (from ba20) died in Composer's own check. The newer save is moved, not lost."""

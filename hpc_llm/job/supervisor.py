@@ -336,6 +336,10 @@ class Supervisor:
                 pending = self._signals.popleft()
                 end.stop_cause = self._signal_cause(pending[1])
                 forward_at = self._forward_at(pending[1], end.stop_cause)
+            if pending is None and self._time_is_up():
+                log.warning("hpc_llm supervisor: no time-limit signal from Slurm, %.0f s left: stopping", self.lead_s)
+                pending = (f"SIG{self.policy.stop_signal}", time.time())
+                end.stop_cause, forward_at = "time_limit", pending[1]
             if pending and end.stop is None and time.time() >= forward_at and self._all_ready(tag, env):
                 end.stop, end.stop_time = pending[0], pending[1]
                 log.warning("hpc_llm supervisor: forwarding %s to the ranks", pending[0])
@@ -437,6 +441,17 @@ class Supervisor:
         if self.job.end is None or cause != "time_limit":
             return received
         return max(received, self.job.end - self.lead_s)
+
+    def _time_is_up(self) -> bool:
+        """Only the stop lead is left and Slurm's time-limit signal never came. slurmctld sends it
+        from a check every 30 s, up to that much before its lead; one sent before the batch step
+        exists is lost (seen on the dev cluster with 1-minute limits: the attempt ran into its
+        limit unsaved). The end time is read again first: ``scontrol update TimeLimit`` moves it."""
+        if not self.policy.stop_signal or self.job.end is None or time.time() < self.job.end - self.lead_s:
+            return False
+        if self.job.job_id:
+            self.job.end = _slurm_time(_scontrol_show_job(self.job.job_id).get("EndTime")) or self.job.end
+        return time.time() >= self.job.end - self.lead_s
 
     def _signal_cause(self, when: float) -> str:
         """Why Slurm sent the stop signal: while a preemption's grace time runs, ``scontrol show
