@@ -443,10 +443,10 @@ class Supervisor:
         return max(received, self.job.end - self.lead_s)
 
     def _time_is_up(self) -> bool:
-        """Only the stop lead is left and Slurm's time-limit signal never came. slurmctld sends it
-        from a check every 30 s, up to that much before its lead; one sent before the batch step
-        exists is lost (seen on the dev cluster with 1-minute limits: the attempt ran into its
-        limit unsaved). The end time is read again first: ``scontrol update TimeLimit`` moves it."""
+        """Only the stop lead is left and Slurm's time-limit signal never came (seen on the dev
+        cluster with 1-minute limits: the attempt ran into its limit unsaved; likely sent by
+        slurmctld's 30 s check before the batch step existed). The end time is read again
+        first: ``scontrol update TimeLimit`` moves it."""
         if not self.policy.stop_signal or self.job.end is None or time.time() < self.job.end - self.lead_s:
             return False
         if self.job.job_id:
