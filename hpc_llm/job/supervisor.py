@@ -118,6 +118,11 @@ def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[st
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _preempting(info: dict[str, str]) -> bool:
+    """``scontrol show job`` has a PreemptTime while a preemption's grace time runs (22.05)."""
+    return _slurm_time(info.get("PreemptTime")) is not None
+
+
 def _scontrol_show_job(job_id: str) -> dict[str, str]:
     try:
         out = _run(["scontrol", "show", "job", "-o", job_id])
@@ -449,16 +454,15 @@ class Supervisor:
         first: ``scontrol update TimeLimit`` moves it."""
         if not self.policy.stop_signal or self.job.end is None or time.time() < self.job.end - self.lead_s:
             return False
-        if self.job.job_id:
-            self.job.end = _slurm_time(_scontrol_show_job(self.job.job_id).get("EndTime")) or self.job.end
+        self.job.end = _slurm_time(self._job_info().get("EndTime")) or self.job.end
         return time.time() >= self.job.end - self.lead_s
 
     def _signal_cause(self, when: float) -> str:
         """Why Slurm sent the stop signal: while a preemption's grace time runs, ``scontrol show
         job`` has a PreemptTime (verified on 22.05, docs/design.md); otherwise a signal near the
         end time is the time-limit one, and anything else someone sent (``scancel --signal``)."""
-        info = _scontrol_show_job(self.job.job_id) if self.job.job_id else {}
-        if _slurm_time(info.get("PreemptTime")) is not None:
+        info = self._job_info()
+        if _preempting(info):
             return "preemption"
         end_time = _slurm_time(info.get("EndTime")) or self.job.end
         if end_time is not None and when >= end_time - self.policy.signal_lead_s - TIME_LIMIT_SLACK_S:
@@ -466,10 +470,11 @@ class Supervisor:
         return "signal"
 
     def _being_preempted(self) -> bool:
-        """``scontrol show job`` has a PreemptTime while a preemption's grace time runs."""
-        if not self.job.job_id:
-            return False
-        return _slurm_time(_scontrol_show_job(self.job.job_id).get("PreemptTime")) is not None
+        return _preempting(self._job_info())
+
+    def _job_info(self) -> dict[str, str]:
+        """``scontrol show job`` of this allocation now ({} off Slurm)."""
+        return _scontrol_show_job(self.job.job_id) if self.job.job_id else {}
 
     def _stop_cause(self, end: StepEnd) -> str:
         return end.stop_cause or "preemption"

@@ -41,11 +41,10 @@ class Payload:
     hydra_context: Any = None
 
 
-def shared_part(task_function: Any, hydra_context: Any = None, singleton_state: Any = None) -> bytes:
-    """What every job of a sweep shares (task function, Hydra's state and context), pickled
-    once per sweep: ~10 ms a job otherwise, a second of a 100-point sweep."""
-    state = Singleton.get_state() if singleton_state is None else singleton_state
-    return cloudpickle.dumps((task_function, state, hydra_context))
+def shared_part(task_function: Any, hydra_context: Any = None) -> bytes:
+    """What every job of a sweep shares (task function, Hydra's singleton state and context),
+    pickled once per sweep: ~10 ms a job otherwise, a second of a 100-point sweep."""
+    return cloudpickle.dumps((task_function, Singleton.get_state(), hydra_context))
 
 
 def write_payload(run_dir: Path | str, config: Any, shared: bytes) -> Path:

@@ -27,7 +27,6 @@ from typing import Any
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf._utils import OmegaConfDumper
@@ -253,7 +252,7 @@ class SlurmLauncher(BaseLauncher):
             _save_yaml(hydra_node["overrides"]["task"], "overrides.yaml", out)  # Hydra saves a list here too
         # the ranks run Hydra's run_job (job logging, env_set, callbacks), as in any Hydra launcher
         if self._shared is None:  # once per sweep
-            self._shared = shared_part(self.task_function, self.hydra_context, Singleton.get_state())
+            self._shared = shared_part(self.task_function, self.hydra_context)
         write_payload(run_dir, cfg, self._shared)
         return run_dir
 
