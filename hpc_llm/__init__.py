@@ -1,5 +1,19 @@
 """hpc_llm: LLM Foundry training on Slurm clusters, from a Hydra config.
 
+A run goes through the folders in this order::
+
+    app.py, cli.py   entry points: ``python -m hpc_llm``, ``hpc-llm``         (login node)
+    config/          compose and check: schemas, validation, plan, train config (login node)
+    plugins/         hookspecs, the plugin manager, the bases plugins implement (both sides)
+    launch/          Hydra's launchers and sweeper: local ranks or sbatch jobs  (login node)
+    slurm/           Slurm itself: the sbatch script, submit, sacct/squeue, the dev cluster (login node)
+    rundir/          what crosses from the login node to the job and back: the run directory's
+                     layout, payload, provenance, code snapshot, results.json  (both sides)
+    job/             inside the allocation: the supervisor, then each rank's task (in the job)
+    builtin/         the built-in plugins (data, parallelism, checkpoints, evaluators, ...)
+    data/            dataloader sections and data preparation
+    results/         what comes back: ledger, status, report, estimate, console (login node)
+
 Importing this package is cheap on purpose: the login node (compose, validate,
 render, submit, status, report) must never import torch, composer or
 llmfoundry. Only ``hpc_llm.job`` and the ``prepare``/``after_train`` methods of

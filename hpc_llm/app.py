@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hpc_llm.console import LOG_LEVEL_ENV
+from hpc_llm.results.console import LOG_LEVEL_ENV
 from hpc_llm.paths import conf_dir
 
 
@@ -30,7 +30,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
     ``hpc-llm render``, where data not prepared yet is a warning)."""
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
-    from hpc_llm.trainconfig import build_train_config
+    from hpc_llm.config.train_config import build_train_config
 
     if cfg.hydra.job.chdir:
         raise ConfigError(
@@ -43,7 +43,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
     job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
 
 
-#: the command line as the user typed it, for hpc_llm.provenance
+#: the command line as the user typed it, for hpc_llm.rundir.provenance
 COMMAND_ENV = "HPC_LLM_COMMAND"
 
 
@@ -51,14 +51,14 @@ def main(argv: list[str] | None = None) -> None:
     import hydra
 
     from hpc_llm.config.store import register_configs
-    from hpc_llm.errors_cli import one_line_errors
+    from hpc_llm.config.hydra_errors import one_line_errors
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    # as typed, for the runs' provenance (hpc_llm.provenance), before the edits below
+    # as typed, for the runs' provenance (hpc_llm.rundir.provenance), before the edits below
     os.environ[COMMAND_ENV] = shlex.join(sys.argv)
     if {"-v", "--verbose"} & set(sys.argv[1:]):
-        # everything the ranks print, on the console too (hpc_llm.console); Hydra has no -v
+        # everything the ranks print, on the console too (hpc_llm.results.console); Hydra has no -v
         sys.argv = [a for a in sys.argv if a not in ("-v", "--verbose")]
         os.environ.setdefault(LOG_LEVEL_ENV, "INFO")
     modes = {

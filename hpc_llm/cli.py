@@ -71,7 +71,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
     from hpc_llm.config.validate import resolve_job
-    from hpc_llm.trainconfig import build_train_config
+    from hpc_llm.config.train_config import build_train_config
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
@@ -82,8 +82,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from hpc_llm.config.store import register_configs
-    from hpc_llm.launchers.config import SlurmLauncherConf
-    from hpc_llm.launchers.sweeper import job_run_dir
+    from hpc_llm.launch.options import SlurmLauncherConf
+    from hpc_llm.launch.sweeper import job_run_dir
     from hpc_llm.slurm.render import render
     from hpc_llm.slurm.spec import build_spec
 
@@ -116,7 +116,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hpc_llm.status import attempts_of, counts, refresh, runs_of
+    from hpc_llm.results.status import attempts_of, counts, refresh, runs_of
 
     runs = refresh(limit=args.limit)
     if args.run:
@@ -182,7 +182,7 @@ def _status_of_runs(runs: list, attempts_of) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """Until every run of a sweep (or one run) has ended; exit 0 only if all completed."""
-    from hpc_llm.status import counts, runs_of, wait
+    from hpc_llm.results.status import counts, runs_of, wait
 
     ended = wait(runs_of(args.ref), poll_s=args.poll)
     print(f"{args.ref}: {counts(ended)}")
@@ -190,7 +190,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _find_run(ref: str):
-    from hpc_llm import ledger
+    from hpc_llm.results import ledger
     from hpc_llm.errors import ConfigError
 
     run = ledger.find(ref)
@@ -200,14 +200,14 @@ def _find_run(ref: str):
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from hpc_llm.status import follow_log
+    from hpc_llm.results.status import follow_log
 
     run = _find_run(args.run)
     return follow_log(run, rank=args.rank, follow=args.follow)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from hpc_llm import ledger
+    from hpc_llm.results import ledger
     from hpc_llm.slurm import query
 
     run = _find_run(args.run)
@@ -238,10 +238,10 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hpc_llm import report
+    from hpc_llm.results import report
 
     if args.wait:
-        from hpc_llm.status import runs_of, wait
+        from hpc_llm.results.status import runs_of, wait
 
         wait(runs_of(args.sweep_dir), poll_s=args.poll)
 
@@ -257,7 +257,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     from omegaconf import OmegaConf
 
-    from hpc_llm import estimate
+    from hpc_llm.results import estimate
 
     if args.compare:
         sys.stdout.write(
@@ -294,7 +294,7 @@ def cmd_container(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from hpc_llm import images
+    from hpc_llm.launch import images
     from hpc_llm.errors import Failed
 
     if args.action == "build":
@@ -323,7 +323,7 @@ def cmd_container(args: argparse.Namespace) -> int:
     cfg = compose(overrides)
     from omegaconf import open_dict
 
-    from hpc_llm.launchers.sweeper import job_run_dir
+    from hpc_llm.launch.sweeper import job_run_dir
 
     with open_dict(cfg):
         cfg.hydra.job.num = 0
@@ -348,7 +348,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from hpc_llm.preflight import summary
+    from hpc_llm.results.preflight import summary
+    from hpc_llm.rundir.layout import RESULTS
 
     overrides = list(args.overrides)
     sweep = Path(os.environ.get("HPC_LLM_RUNS", "outputs")) / "preflight" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -357,7 +358,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         overrides.append("hydra.launcher.wait=true")
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # keep the app's one-line errors
     proc = subprocess.run([sys.executable, "-m", "hpc_llm", *overrides], env=env)
-    found = sorted(sweep.rglob("results.json"))
+    found = sorted(sweep.rglob(RESULTS))
     for path in found:
         record = json.loads(path.read_text()).get("preflight")
         if record:
@@ -470,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from hpc_llm.errors_cli import one_line_errors
+    from hpc_llm.config.hydra_errors import one_line_errors
 
     parser = build_parser()
     # overrides may follow options (`data prepare c4 --out D key=value`); argparse

@@ -68,3 +68,13 @@ def cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "hpc_llm"
+
+
+def user_dir() -> Path:
+    """The user's own hpc_llm directory (``~/.hpc_llm``): not a run directory."""
+    return Path.home() / ".hpc_llm"
+
+
+def state_dir() -> Path:
+    """Where the login side keeps its state (the run ledger): ``$HPC_LLM_HOME``, else :func:`user_dir`."""
+    return Path(os.environ.get("HPC_LLM_HOME") or user_dir()).expanduser()

@@ -48,7 +48,7 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from hpc_llm import ledger
+    from hpc_llm.results import ledger
     me, n, go = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     # a sweep being submitted while `status` refreshes
     runs = [
@@ -68,7 +68,7 @@ REFRESHER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from hpc_llm import ledger
+    from hpc_llm.results import ledger
     total, go = int(sys.argv[1]), Path(sys.argv[2])
     deadline = time.time() + 120
     seen = []
@@ -100,7 +100,7 @@ def test_concurrent_writers_lose_nothing(app_env, tmp_path):
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     rows = subprocess.run(
-        [PY, "-c", "from hpc_llm import ledger; print([(r.state, r.restarts) for r in ledger.runs()])"],
+        [PY, "-c", "from hpc_llm.results import ledger; print([(r.state, r.restarts) for r in ledger.runs()])"],
         env=env,
         capture_output=True,
         text=True,
@@ -112,7 +112,7 @@ def test_concurrent_writers_lose_nothing(app_env, tmp_path):
 
 def test_a_final_state_is_never_undone_and_stale_writers_lose(app_env, tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_LLM_HOME", str(tmp_path / "home"))
-    from hpc_llm import ledger
+    from hpc_llm.results import ledger
 
     run = ledger.record("/r/0", "/r", 0, "x", "slurm", [], ["1"], "RUNNING")
     stale = ledger.Run(**{**run.__dict__})
@@ -124,7 +124,8 @@ def test_a_final_state_is_never_undone_and_stale_writers_lose(app_env, tmp_path,
 
 
 def test_a_ledger_on_nfs_is_named_once(tmp_path, monkeypatch, capsys):
-    from hpc_llm import errors, ledger
+    from hpc_llm import errors
+    from hpc_llm.results import ledger
 
     mounts = tmp_path / "mounts"
     mounts.write_text(f"server:/export/home {tmp_path} nfs4 rw,relatime 0 0\n/dev/vda / ext4 rw 0 0\n")

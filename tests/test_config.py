@@ -9,8 +9,8 @@ from hpc_llm.config.llmfoundry_keys import LLMFOUNDRY_VERSION, TRAIN_CONFIG_KEYS
 from hpc_llm.config.validate import resolve_job
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import conf_dir
-from hpc_llm.plan import make_plan, parse_time_limit
-from hpc_llm.trainconfig import build_train_config
+from hpc_llm.config.plan import make_plan, parse_time_limit
+from hpc_llm.config.train_config import build_train_config
 
 
 @pytest.mark.parametrize(

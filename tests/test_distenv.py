@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpc_llm.job.distenv import default_port, expand_tasks_per_node, from_environ
+from hpc_llm.job.env import default_port, expand_tasks_per_node, from_environ
 
 
 def test_expand_tasks_per_node_handles_slurm_compression():

@@ -1,7 +1,7 @@
 """The estimator against published figures, by the same FLOPs accounting.
 
 For each published measurement we derive the MFU its throughput (or time)
-implies, hand that MFU to ``hpc_llm.estimate`` and check that it gives back
+implies, hand that MFU to ``hpc_llm.results.estimate`` and check that it gives back
 the published figure, at one node and at many:
 
 * LLM Foundry's throughput tables (``scripts/train/benchmarking/README.md``):
@@ -19,8 +19,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from hpc_llm.cli import compose
-from hpc_llm.estimate import estimate
-from hpc_llm.flops import model_flops_per_token
+from hpc_llm.results.estimate import estimate
+from hpc_llm.config.flops import model_flops_per_token
 
 
 def train_of(overrides: list[str]) -> dict:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hpc_llm.job import failures, heartbeat, supervisor
-from hpc_llm.record import Attempt, Attempts
+from hpc_llm.rundir.record import Attempt, Attempts
 
 
 def failure(rank=0, type_="RuntimeError", message="boom", batch=7, node="n1", t=None):

@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hpc_llm.cli import compose
-from hpc_llm.flops import flops_per_token, model_flops_per_token, mpt_params
+from hpc_llm.config.flops import flops_per_token, model_flops_per_token, mpt_params
 
 
 @pytest.mark.parametrize(

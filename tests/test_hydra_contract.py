@@ -134,7 +134,7 @@ def test_a_copied_job_config_is_a_deep_copy_with_its_flags():
 
     from omegaconf import OmegaConf, open_dict
 
-    from hpc_llm.launchers.base import copy_config
+    from hpc_llm.launch.base import copy_config
 
     @dataclass
     class Local:  # a class pickle cannot name: the copy falls back to deepcopy
@@ -154,7 +154,7 @@ def test_a_copied_job_config_is_a_deep_copy_with_its_flags():
 
 
 def test_a_job_return_makes_its_config_when_first_read():
-    from hpc_llm.launchers.base import LazyJobReturn
+    from hpc_llm.launch.base import LazyJobReturn
 
     made: list[int] = []
     ret = LazyJobReturn(lambda: made.append(1) or {"x": 1})  # type: ignore[arg-type,func-returns-value]

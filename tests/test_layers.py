@@ -29,7 +29,7 @@ TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers"
 #: in-job side when called, which happens inside the job.
 IN_JOB_HANDOVERS = {
     ("hpc_llm.app", "hpc_llm.job.task"),
-    ("hpc_llm.launchers.payload", "hpc_llm.job.entry"),
+    ("hpc_llm.rundir.payload", "hpc_llm.job.entry"),
 }
 
 
@@ -43,11 +43,11 @@ def test_the_walk_finds_the_login_side():
     mods = core_modules()
     for expected in (
         "hpc_llm.cli",
-        "hpc_llm.report",
-        "hpc_llm.estimate",
-        "hpc_llm.status",
-        "hpc_llm.record",
-        "hpc_llm.launchers.slurm",
+        "hpc_llm.results.report",
+        "hpc_llm.results.estimate",
+        "hpc_llm.results.status",
+        "hpc_llm.rundir.record",
+        "hpc_llm.launch.slurm",
         "hpc_llm.slurm.render",
         "hpc_llm.plugins.manager",
     ):
@@ -115,9 +115,9 @@ def test_login_path_with_plugins_loaded_imports_no_job_module():
         "import sys\n"
         "from hpc_llm.cli import compose\n"
         "from hpc_llm.config.validate import resolve_job\n"
-        "from hpc_llm.trainconfig import build_train_config\n"
-        "import hpc_llm.app, hpc_llm.launchers.local, hpc_llm.launchers.slurm, hpc_llm.report, hpc_llm.estimate\n"
-        "import hpc_llm.status, hpc_llm.images, hpc_llm.record, hpc_llm.ledger\n"
+        "from hpc_llm.config.train_config import build_train_config\n"
+        "import hpc_llm.app, hpc_llm.launch.local, hpc_llm.launch.slurm, hpc_llm.results.report, hpc_llm.results.estimate\n"
+        "import hpc_llm.results.status, hpc_llm.launch.images, hpc_llm.rundir.record, hpc_llm.results.ledger\n"
         "cfg = compose(['+experiment=mpt_tiny', 'parallelism=hsdp', 'resources.tasks_per_node=4'])\n"
         "build_train_config(cfg, resolve_job(cfg, '/r/0'), run_name='t')\n"
         f"stack = {TRAINING_STACK!r}\n"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm import report
+from hpc_llm.results import report
 from hpc_llm.errors import ConfigError
-from hpc_llm.estimate import DEFAULT_EFFICIENCY, estimate
-from hpc_llm.flops import model_flops_per_token
+from hpc_llm.results.estimate import DEFAULT_EFFICIENCY, estimate
+from hpc_llm.config.flops import model_flops_per_token
 from tests.conftest import ROOT, explain, run_cli
 
 GOLDEN = ROOT / "tests" / "golden" / "report.md"
@@ -188,7 +188,7 @@ def test_pretraining_checkpoints_are_periodic_and_kept_few_from_the_estimated_sa
     from omegaconf import OmegaConf
 
     from hpc_llm.cli import compose
-    from hpc_llm.estimate import checkpoint_plan
+    from hpc_llm.results.estimate import checkpoint_plan
 
     cfg = compose([f"+experiment={experiment}"])
     train = OmegaConf.to_container(cfg.train, resolve=True)
@@ -201,7 +201,7 @@ def test_pretraining_checkpoints_are_periodic_and_kept_few_from_the_estimated_sa
 
 
 def test_young_interval_arithmetic():
-    from hpc_llm.estimate import CHECKPOINT_BYTES_PER_PARAM, NODE_MTBF_DAYS, checkpoint_plan
+    from hpc_llm.results.estimate import CHECKPOINT_BYTES_PER_PARAM, NODE_MTBF_DAYS, checkpoint_plan
 
     train = {
         "model": {

@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 from hpc_llm import hookimpl
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import size_bytes
-from hpc_llm.plan import JobPlan
+from hpc_llm.config.plan import JobPlan
 from hpc_llm.plugins.base import CheckpointBackend, HostPath
+from hpc_llm.rundir.layout import RunDir, unfinished_checkpoints
 
 if TYPE_CHECKING:
     from hpc_llm.job.context import JobContext
@@ -32,8 +33,6 @@ LATEST_SHARDED = "latest-sharded-rank0"
 #: what Composer names a checkpoint by (save_filename ``ep{epoch}-ba{batch}-rank{rank}.pt``,
 #: a sharded checkpoint's folder ``ep{epoch}-ba{batch}``)
 CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank\d+\.pt)?$")
-#: where saves an attempt did not finish are kept (inside the checkpoint folder)
-UNFINISHED = "unfinished"
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def _folder(section: DictConfig, run_dir: str | Path | None) -> Path:
         return Path(section.location).expanduser()
     if run_dir is None:
         raise ConfigError("checkpoint.location is required when no run directory is known")
-    return Path(run_dir) / "checkpoints"
+    return RunDir(run_dir).checkpoints
 
 
 def _batch(path: Path) -> int | None:
@@ -136,7 +135,7 @@ def set_aside_unfinished(folder: Path) -> list[Path]:
         batch = _batch(entry) if not entry.is_symlink() else None
         if batch is None or batch <= latest:
             continue
-        dest_dir = folder / UNFINISHED
+        dest_dir = unfinished_checkpoints(folder)
         dest_dir.mkdir(exist_ok=True)
         dest, n = dest_dir / entry.name, 0
         while dest.exists():

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
 from hpc_llm.errors import ConfigError
-from hpc_llm.plan import JobPlan
+from hpc_llm.config.plan import JobPlan
 from hpc_llm.plugins.base import HealthCheck
 
 
@@ -21,7 +21,7 @@ class AllReduce(HealthCheck):
     description = "all-reduce bus bandwidth over every rank, 8 B .. preflight.max_bytes (nccl-tests table)"
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
-        from hpc_llm import preflight
+        from hpc_llm.results import preflight
 
         preflight.message_sizes(preflight.max_bytes(section.max_bytes, plan.device))
         for key in ("iters", "warmup"):

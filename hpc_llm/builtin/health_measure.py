@@ -8,8 +8,8 @@ import subprocess
 import time
 from typing import Any
 
-from hpc_llm import preflight
-from hpc_llm.job.health import CheckFailed, gather, node_name
+from hpc_llm.results import preflight
+from hpc_llm.job.preflight import CheckFailed, gather, node_name
 
 
 def _sync(device: Any) -> None:

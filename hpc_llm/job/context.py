@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job.distenv import DistEnv
-from hpc_llm.plan import JobPlan
-from hpc_llm.record import RunRecord
+from hpc_llm.job.env import DistEnv
+from hpc_llm.config.plan import JobPlan
+from hpc_llm.rundir.record import RunRecord
 
 
 @dataclass
@@ -28,7 +28,7 @@ class JobContext:
     record: RunRecord | None = None
     #: what post-train evaluators produced for later ones (``hf_model_dir``)
     artifacts: dict[str, Any] = field(default_factory=dict)
-    #: the preflight record (hpc_llm.job.health), once checks have run
+    #: the preflight record (hpc_llm.job.preflight), once checks have run
     preflight: dict[str, Any] | None = None
     #: slowdowns the throughput watchdog reported (global rank 0)
     watchdog_events: list[dict[str, Any]] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """Entry point of one rank: ``python -m hpc_llm.job.entry <payload>``.
 
 The launcher pickles (task function, job config) once per job
-(:mod:`hpc_llm.launchers.payload`); every rank loads it, makes Hydra's
+(:mod:`hpc_llm.rundir.payload`); every rank loads it, makes Hydra's
 runtime config available (``HydraConfig.get()``), runs the task function
 with the job config, and rank 0 stores the return value for the launcher.
 The task function is any Hydra task function.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import pickle
 import sys
 from pathlib import Path
@@ -30,27 +29,27 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
-from hpc_llm.job import failures, heartbeat, preemption, supervisor_env
-from hpc_llm.launchers.payload import RETURN, Payload, read_payload
+from hpc_llm.job import failures, heartbeat, preemption
+from hpc_llm.job.env import JobEnv
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.payload import Payload, read_payload
 
 
 def _is_rank0() -> bool:
-    return os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) == "0"
-
-
-def _rank() -> int:
-    return int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+    return JobEnv.current().is_rank0
 
 
 def run_payload(path: Path) -> Any:
     # First thing, before the training stack loads: the Slurm stop signal is
     # recorded (and acted on at the next batch boundary) instead of killing us.
     preemption.install()
-    run_dir = Path(path).parent.parent
-    if os.environ.get(supervisor_env.HEARTBEAT_S):
-        heartbeat.start(run_dir, _rank(), float(os.environ[supervisor_env.HEARTBEAT_S]))
-    if _is_rank0():
-        (Path(path).parent / RETURN).unlink(missing_ok=True)  # from an earlier attempt
+    job = JobEnv.current()
+    rd = RunDir.of_payload(path)
+    run_dir = rd.root
+    if job.heartbeat_s:
+        heartbeat.start(run_dir, job.rank, job.heartbeat_s)
+    if job.is_rank0:
+        rd.return_value.unlink(missing_ok=True)  # from an earlier attempt
     preemption.mark_ready(run_dir)
     try:
         payload = read_payload(path)
@@ -70,15 +69,15 @@ def run_payload(path: Path) -> Any:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:
-        if os.environ.get(supervisor_env.SUPERVISED):
-            failures.report(run_dir, exc, rank=_rank(), node=heartbeat.node_name(), batch=heartbeat.current_batch())
+        if job.supervised:
+            failures.report(run_dir, exc, rank=job.rank, node=heartbeat.node_name(), batch=heartbeat.current_batch())
         raise
-    if _is_rank0():
+    if job.is_rank0:
         try:
             blob = cloudpickle.dumps(result)
         except Exception:  # an unpicklable return value is still a success
             blob = cloudpickle.dumps(repr(result))
-        (Path(path).parent / RETURN).write_bytes(blob)
+        rd.return_value.write_bytes(blob)
     return value
 
 
@@ -118,7 +117,7 @@ def _run_hydra_job(payload: Payload) -> tuple[Any, JobReturn]:
 
 
 def configure_logging() -> None:
-    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
+    rank = JobEnv.current().rank
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",

@@ -23,10 +23,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpc_llm.job.supervisor_env import STEP
-from hpc_llm.record import PRIVATE_DIR
-
-FAILURES_DIR = "failures"
+from hpc_llm.job.env import JobEnv
+from hpc_llm.rundir.layout import RunDir
 
 #: exception text that means the machine (GPU, driver, network, a peer), not the code
 INFRA_PATTERNS = re.compile(
@@ -62,16 +60,6 @@ _SRUN_TASK = re.compile(r"srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\
 _SRUN_NODE_FAIL = re.compile(r"(?:Node failure on|node failure on|NODE_FAIL.*on) (?P<node>[\w\-\[\],.]+)")
 
 
-def failures_dir(run_dir: Path | str) -> Path:
-    return Path(run_dir) / PRIVATE_DIR / FAILURES_DIR
-
-
-def step_tag(env: dict[str, str] | None = None) -> str:
-    """``<job>.<restart>.<step>``: which training launch a file belongs to."""
-    e = os.environ if env is None else env
-    return f"{e.get('SLURM_JOB_ID', 'local')}.{e.get('SLURM_RESTART_COUNT') or 0}.{e.get(STEP) or 0}"
-
-
 @dataclass(frozen=True)
 class RankFailure:
     rank: int
@@ -95,12 +83,12 @@ class RankFailure:
 
 def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, batch: int) -> Path:
     """Write this rank's failure (called as the exception leaves the task function)."""
-    folder = failures_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(run_dir)
+    rd.failure_reports.mkdir(parents=True, exist_ok=True)
     message = " ".join(str(exc).split())[:2000]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])[-4000:]
     failure = RankFailure(rank, node, type(exc).__name__, message, batch, time.time(), tb)
-    path = folder / f"{step_tag()}.{rank}.json"
+    path = rd.failure_report(JobEnv.current().step_tag, rank)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(asdict(failure)))
     os.replace(tmp, path)
@@ -109,9 +97,9 @@ def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, bat
 
 def read(run_dir: Path | str, tag: str) -> list[RankFailure]:
     """Every rank's failure of one training launch, earliest first."""
-    folder = failures_dir(run_dir)
+    rd = RunDir(run_dir)
     out = []
-    for path in sorted(folder.glob(f"{tag}.*.json")) if folder.is_dir() else []:
+    for path in sorted(rd.failure_reports.glob(rd.failure_report(tag, "*").name)) if rd.failure_reports.is_dir() else []:
         try:
             out.append(RankFailure(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):

@@ -7,7 +7,7 @@ in ``hpc_llm.job.context.CURRENT``.
 
 from __future__ import annotations
 
-from hpc_llm.trainconfig import PREEMPTION_CALLBACK, RESULTS_LOGGER, WATCHDOG_CALLBACK
+from hpc_llm.config.train_config import PREEMPTION_CALLBACK, RESULTS_LOGGER, WATCHDOG_CALLBACK
 
 
 def register() -> None:

@@ -22,9 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_llm.record import PRIVATE_DIR
-
-HEARTBEAT_DIR = "heartbeat"
+from hpc_llm.rundir.layout import RunDir
 
 
 _state: dict[str, int | str] = {"batch": -1, "phase": "start"}
@@ -34,7 +32,7 @@ _thread: threading.Thread | None = None
 
 
 def heartbeat_dir(run_dir: Path | str) -> Path:
-    return Path(run_dir) / PRIVATE_DIR / HEARTBEAT_DIR
+    return RunDir(run_dir).heartbeats
 
 
 def node_name() -> str:
@@ -61,7 +59,7 @@ def start(run_dir: Path | str, rank: int, interval_s: float) -> None:
     global _thread
     if _thread is not None:
         return
-    path = heartbeat_dir(run_dir) / str(rank)
+    path = RunDir(run_dir).heartbeat(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     node, pid = node_name(), os.getpid()
     stop = threading.Event()

@@ -12,7 +12,7 @@ supervisor (:mod:`hpc_llm.job.supervisor`) forwards it to every rank. Then:
    batch; the checkpoint is then written synchronously through Composer's own
    CheckpointSaver (which moves ``latest-rank0.pt`` only after the file is
    complete), and :class:`Preempted` unwinds out of ``fit``.
-3. Global rank 0 records the stop (hpc_llm.record); the ranks exit 0; the
+3. Global rank 0 records the stop (hpc_llm.rundir.record); the ranks exit 0; the
    supervisor requeues the job (within the run's budget for that cause).
 4. The requeued job (same job id, same run dir, ``SLURM_RESTART_COUNT`` + 1)
    resumes through Composer autoresume and Streaming's dataloader state, so
@@ -26,6 +26,9 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+
+from hpc_llm.job.env import JobEnv
+from hpc_llm.rundir.layout import RunDir
 
 STOP_SIGNAL_ENV = "HPC_LLM_STOP_SIGNAL"
 
@@ -58,14 +61,12 @@ def install(sig_name: str | None = None) -> str | None:
 
 def mark_ready(run_dir: Path) -> None:
     """Tell the supervisor this rank's handler is installed (it forwards the signal then)."""
-    from hpc_llm.job.failures import step_tag
-    from hpc_llm.record import PRIVATE_DIR
-
-    if not os.environ.get("SLURM_JOB_ID") or not _installed:
+    job = JobEnv.current()
+    if not job.on_slurm or not _installed:
         return
-    ready = Path(run_dir) / PRIVATE_DIR / "ready"
-    ready.mkdir(parents=True, exist_ok=True)
-    (ready / f"{step_tag()}.{os.environ.get('SLURM_PROCID', '0')}").touch()
+    marker = RunDir(run_dir).ready_marker(job.step_tag, job.rank)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
 
 
 def request_stop(reason: str) -> None:

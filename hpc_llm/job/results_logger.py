@@ -14,9 +14,9 @@ from composer.core import State
 from composer.loggers import Logger, LoggerDestination
 
 from hpc_llm.job import context
-from hpc_llm.record import write_progress
+from hpc_llm.rundir.record import write_progress
 
-#: seconds between rewrites of the progress file (hpc_llm.record.PROGRESS_FILE)
+#: seconds between rewrites of the progress file (hpc_llm.rundir.record.PROGRESS_FILE)
 PROGRESS_EVERY_S = 1.0
 
 

@@ -43,12 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import failures, heartbeat, supervisor_env
-from hpc_llm.record import BUDGET_OF_CAUSE, PRIVATE_DIR, Attempt, Attempts, summarize
+from hpc_llm.job import failures, heartbeat
+from hpc_llm.job.env import JobEnv
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import BUDGET_OF_CAUSE, Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
 
-READY_DIR = "ready"
 #: seconds between checks of the step, the heartbeats and pending signals
 POLL_S = 0.5
 #: a B: signal this close to the time limit (beyond the lead) is the time-limit one
@@ -100,15 +101,13 @@ class SlurmJob:
 
     @classmethod
     def current(cls) -> SlurmJob:
-        env = os.environ
-        job_id = env.get("SLURM_JOB_ID")
-        array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-        ref = f"{array}_{task}" if array and task else job_id
-        job = cls(job_id, ref, int(env.get("SLURM_RESTART_COUNT") or 0))
+        env = JobEnv.current()
+        job_id = env.job_id
+        job = cls(job_id, env.ref, env.restart)
         if job_id:
             info = _scontrol_show_job(job_id)
             job.start, job.end = _slurm_time(info.get("StartTime")), _slurm_time(info.get("EndTime"))
-            job.nodes = _hostnames(info.get("NodeList") or env.get("SLURM_JOB_NODELIST"))
+            job.nodes = _hostnames(info.get("NodeList") or env.nodelist)
             job.excluded = _hostnames(info.get("ExcNodeList"))
             job.partition = info.get("Partition")
         return job
@@ -189,8 +188,8 @@ def _partition_nodes(partition: str | None) -> list[str]:
 
 
 def ready_count(run_dir: Path, tag: str) -> int:
-    folder = run_dir / PRIVATE_DIR / READY_DIR
-    return len(list(folder.glob(f"{tag}.*"))) if folder.is_dir() else 0
+    rd = RunDir(run_dir)
+    return len(list(rd.ready.glob(rd.ready_marker(tag, "*").name))) if rd.ready.is_dir() else 0
 
 
 @dataclass
@@ -240,7 +239,7 @@ class Supervisor:
                 f"up to {max(saves):.0f}s; allow at least {need:.0f}s"
             )
             log.warning("hpc_llm supervisor: %s", warning)
-            summarize(self.run_dir, attempts, _read_status(self.run_dir) or "running", {"warnings": [warning]})
+            update_results(self.run_dir, attempts, _read_status(self.run_dir) or "running", {"warnings": [warning]})
             return self.policy.signal_lead_s
         return need
 
@@ -312,20 +311,14 @@ class Supervisor:
 
     # -- one step ----------------------------------------------------------------
     def _step_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env[supervisor_env.SUPERVISED] = "1"
-        env[supervisor_env.STEP] = str(self.step)
-        env[supervisor_env.NODES] = ",".join(self.job.nodes)
-        if self.job.start is not None:
-            env[supervisor_env.ALLOC_START] = str(self.job.start)
-        if self.policy.recover:
-            env[supervisor_env.HEARTBEAT_S] = str(self.policy.heartbeat_s)
-        return env
+        return JobEnv.current().for_step(
+            self.step, self.job.nodes, self.job.start, self.policy.heartbeat_s if self.policy.recover else None
+        )
 
     def run_step(self) -> StepEnd:
         heartbeat.clear(self.run_dir)
         env = self._step_env()
-        tag = failures.step_tag(env)
+        tag = JobEnv.current(env).step_tag
         started = time.monotonic()
         proc = subprocess.Popen(self.command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
         errors: list[str] = []
@@ -363,8 +356,7 @@ class Supervisor:
         return end
 
     def _all_ready(self, tag: str, env: dict[str, str]) -> bool:
-        ntasks = int(env.get("SLURM_NTASKS") or 1)
-        return ready_count(self.run_dir, tag) >= ntasks
+        return ready_count(self.run_dir, tag) >= JobEnv.current(env).ntasks
 
     # -- what the end of a step means ---------------------------------------------
     def decide(self, end: StepEnd) -> int | None:
@@ -435,7 +427,7 @@ class Supervisor:
         if not exclude and self.policy.restart_in_place and self._budget_left(attempts, a, verdict.cause):
             a.cause, a.action, a.decided_at = verdict.cause, "restart", time.time()
             attempts.save()
-            summarize(self.run_dir, attempts, "restarting", {"error": verdict.reason})
+            update_results(self.run_dir, attempts, "restarting", {"error": verdict.reason})
             log.warning("hpc_llm supervisor: %s; restarting the step in this allocation", verdict.reason)
             return None
         return self._requeue(attempts, a, verdict.cause, exclude)
@@ -528,7 +520,7 @@ class Supervisor:
             if a.ended == "running":
                 a.ended = "failed"
         attempts.save()
-        summarize(self.run_dir, attempts, "failed", {"error": reason})
+        update_results(self.run_dir, attempts, "failed", {"error": reason})
         log.error("hpc_llm supervisor: the run failed: %s", reason)
 
     def _requeue(self, attempts: Attempts, a: Attempt, cause: str, suspects: list[str]) -> int:
@@ -547,7 +539,7 @@ class Supervisor:
         a.action, a.requeued, a.suspects = "requeue", True, sorted(set(a.suspects) | set(suspects))
         a.decided_at = a.decided_at or time.time()
         attempts.save()
-        summarize(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
+        update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         # records first; the requeue sends this very job SIGTERM, which we must outlive
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         out = _requeue_job(self.job.ref)
@@ -564,7 +556,7 @@ class Supervisor:
             if err:
                 a.error = f"{a.error or cause}; could not exclude {','.join(exclude)}: {err}"
         attempts.save()
-        summarize(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
+        update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         log.warning(
             "hpc_llm supervisor: %s; requeued%s",
             a.error or cause,
@@ -695,7 +687,7 @@ def _previous_state(job_id: str) -> tuple[str | None, float | None]:
 
 
 def _read_status(run_dir: Path) -> str | None:
-    from hpc_llm.record import read_results
+    from hpc_llm.rundir.record import read_results
 
     results = read_results(run_dir)
     return str(results.get("status")) if results else None
@@ -750,7 +742,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
         log.exception("hpc_llm supervisor failed")
         attempts = Attempts.load(policy.run_dir)
-        summarize(policy.run_dir, attempts, "failed", {"error": f"hpc_llm supervisor: {type(exc).__name__}: {exc}"})
+        update_results(policy.run_dir, attempts, "failed", {"error": f"hpc_llm supervisor: {type(exc).__name__}: {exc}"})
         code = 1
     raise SystemExit(code)
 

@@ -4,7 +4,7 @@ Every launcher (local processes, Slurm tasks, containers) ends up calling
 :func:`run` once per rank with the composed config. It reads as the run's
 story: set up (distributed environment, node-local working dir, the run's
 record), check (preflight), train (LLM Foundry), evaluate (the post-train
-evaluators) and record (results.json, through :mod:`hpc_llm.record`). On the
+evaluators) and record (results.json, through :mod:`hpc_llm.rundir.record`). On the
 Slurm signal it saves and requeues (:mod:`hpc_llm.job.preemption`).
 """
 
@@ -23,13 +23,17 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm import provenance, trackers
+from hpc_llm.rundir import provenance
+from hpc_llm.config import trackers
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import context, distenv, health, preemption, supervisor_env
+from hpc_llm.job import context, preemption
+from hpc_llm.job import preflight as health
+from hpc_llm.job.env import DistEnv, JobEnv
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.measure import progress_figures, training_figures
-from hpc_llm.record import RunRecord, run_info
-from hpc_llm.trainconfig import build_train_config
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import RunRecord, run_info
+from hpc_llm.config.train_config import build_train_config
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
     """This rank's distributed environment, its node-local working dir and (rank 0) the run's record."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    dist = distenv.from_environ(os.environ)
+    env = JobEnv.current()
+    dist = env.dist()
     os.environ.update(dist.as_environ())
     job = resolve_job(cfg, str(run_dir))
     if dist.world_size != job.plan.world_size:
@@ -88,17 +93,16 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
         )
     ctx = JobContext(job.plan, dist, run_dir, node_local_dir(cfg, run_dir, dist), cfg=cfg)
     if dist.rank == 0:
-        alloc = os.environ.get(supervisor_env.ALLOC_START)
         ctx.record = RunRecord.open(
             run_dir,
             job.plan,
             {**run_info(cfg), "provenance": provenance.for_results(run_dir)},
-            job_id=os.environ.get("SLURM_JOB_ID"),
-            restart=restart_count(),
+            job_id=env.job_id,
+            restart=env.restart,
             started_at=started,
-            step=int(os.environ.get(supervisor_env.STEP) or 0),
-            nodes=[n for n in os.environ.get(supervisor_env.NODES, "").split(",") if n],
-            alloc_started_at=float(alloc) if alloc else None,
+            step=env.step,
+            nodes=list(env.nodes),
+            alloc_started_at=env.alloc_start,
         )
     os.chdir(ctx.node_dir)
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
@@ -106,10 +110,10 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
     return job, ctx
 
 
-def node_local_dir(cfg: DictConfig, run_dir: Path, dist: distenv.DistEnv) -> Path:
+def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
     """Per-node working directory outside the shared run dir (docs/design.md, upstream hazard 1)."""
     base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
-    job = os.environ.get("SLURM_JOB_ID") or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
+    job = JobEnv.current().job_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
     path = Path(base) / f"hpc_llm-{job}" / f"node{dist.node_rank}"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -120,13 +124,9 @@ def run_name(experiment: str, run_dir: Path) -> str:
     return f"{experiment}-{run_dir.parent.name}-{run_dir.name}"
 
 
-def restart_count() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-
-
 def supervised() -> bool:
     """A supervisor (hpc_llm.job.supervisor) watches this step and decides what a stop means."""
-    return bool(os.environ.get(supervisor_env.SUPERVISED))
+    return JobEnv.current().supervised
 
 
 # -- train -----------------------------------------------------------------------
@@ -144,7 +144,7 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
             commit=((ctx.record.info.get("provenance") or {}).get("git") or {}).get("commit"),
         )
     if ctx.dist.rank == 0:
-        (ctx.run_dir / "train_config.yaml").write_text(yaml.safe_dump(train_cfg, sort_keys=False))
+        RunDir(ctx.run_dir).train_config.write_text(yaml.safe_dump(train_cfg, sort_keys=False))
     job.data.prepare(cfg.data, ctx)
     job.parallelism.prepare(cfg.parallelism, ctx)
     job.checkpoint.prepare(cfg.checkpoint, ctx)

@@ -30,7 +30,7 @@ class Watchdog(Callback):
     def fit_start(self, state: Any, logger: Any) -> None:
         from composer.utils import dist
 
-        from hpc_llm.job.health import node_name
+        from hpc_llm.job.preflight import node_name
 
         self.nodes = sorted(set(dist.all_gather_object(node_name())))
 

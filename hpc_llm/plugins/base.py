@@ -29,7 +29,7 @@ from hpc_llm.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hpc_llm.job.context import JobContext
-    from hpc_llm.plan import JobPlan
+    from hpc_llm.config.plan import JobPlan
 
 
 def local_path(value: Any) -> str | None:
@@ -240,7 +240,7 @@ class HealthCheck(Component):
     def run(self, section: DictConfig, ctx: JobContext) -> dict[str, Any]:
         """Run on every rank; return figures for results.json (rank 0's are kept).
 
-        Raise :class:`hpc_llm.job.health.CheckFailed` to stop the job before training.
+        Raise :class:`hpc_llm.job.preflight.CheckFailed` to stop the job before training.
         """
         return {}
 

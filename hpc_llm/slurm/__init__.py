@@ -1,1 +1,5 @@
-"""Slurm specifics: the dev cluster, sbatch rendering, the submitit executor, queries."""
+"""Slurm itself, on the login node: one job's config -> the sbatch script
+(spec, render), submitting it (submitit, arrays), asking Slurm (sinfo,
+squeue, scontrol, sacct) and the dev cluster the tests run against.
+The job's supervisor asks ``sacct`` through :mod:`hpc_llm.slurm.accounting` too.
+"""

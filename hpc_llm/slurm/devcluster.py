@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_llm.errors import ConfigError
+from hpc_llm.paths import user_dir
 from hpc_llm.slurm import accounting_db
 
 DEFAULT_ROOT_ENV = "HPC_LLM_DEV_CLUSTER"
@@ -54,7 +55,7 @@ DEFAULT_GPUS_PER_NODE = 8
 
 def default_root() -> Path:
     env = os.environ.get(DEFAULT_ROOT_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".hpc_llm" / "dev-cluster"
+    return Path(env).expanduser() if env else user_dir() / "dev-cluster"
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.plan import parse_time_limit
+from hpc_llm.config.plan import parse_time_limit
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.slurm.render import SbatchSpec
 
-SUBMITIT_DIR = ".submitit"
-LOGS_DIR = "logs"
 DEFAULT_TEMPLATE = "default.sh.j2"
 
 
@@ -170,7 +169,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
     sig = stop_signal(opts.signal) if fault_enabled else None
     cluster = OmegaConf.select(cfg, str(opts.cluster_key), default=None) or {}
     name = str(OmegaConf.select(cfg, "experiment", default=None) or cfg.hydra.job.name)
-    logs = Path(run_dir) / LOGS_DIR
+    rd = RunDir(run_dir)
     container = OmegaConf.select(cfg, "container", default=None)
     passthrough = sorted({*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or [])})
     if container is not None and container.name != "none":
@@ -181,7 +180,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "time": slurm_time(res.time_s),
-        "output": str(logs / "slurm-%j.out"),
+        "output": str(rd.batch_log_pattern),
         "open_mode": "append",
         # B: only the batch step (the supervisor) gets it; it forwards it to the ranks
         "signal": f"B:{sig}@{int(opts.signal_lead_s)}" if sig else None,
@@ -211,11 +210,11 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         # without this the ranks would lose what the batch script exported (MASTER_ADDR, ...)
         "--export=ALL",
         "--kill-on-bad-exit=1",
-        f"--output={logs / 'rank%t.log'}",
+        f"--output={RunDir(run_dir).rank_log('%t')}",
         "--open-mode=append",
         *[str(a) for a in opts.srun_args or []],
     ]
-    folder = Path(run_dir) / SUBMITIT_DIR
+    folder = RunDir(run_dir).submitit
     entry = ["-u", "-m", "submitit.core._submit", str(folder)]
     container_lines: list[str] = []
     if container is not None and container.name != "none":
@@ -243,6 +242,3 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         code_dir=code_dir,
     )
 
-
-def submitit_folder(run_dir: str) -> Path:
-    return Path(run_dir) / SUBMITIT_DIR

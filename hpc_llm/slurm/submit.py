@@ -26,15 +26,12 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from hpc_llm.launchers.payload import PAYLOAD, RankEntry, payload_dir
-from hpc_llm.plan import parse_time_limit
-from hpc_llm.record import PRIVATE_DIR
+from hpc_llm.config.plan import parse_time_limit
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.slurm.render import SbatchSpec, render_array
-from hpc_llm.slurm.spec import submitit_folder
-
-ARRAY_DIR = "array"
 
 
 @dataclass
@@ -46,6 +43,8 @@ class Point:
     spec: SbatchSpec
     #: the script of this point alone (<run dir>/sbatch.sh)
     script: str
+    #: the picklable callable every srun task of this point runs (submitit pickles it)
+    task: Callable[[], Any]
     #: set once submitted: the job id ("123"), or the array task ("123_4")
     job_id: str | None = None
     #: the array it went out in (its job id), if any
@@ -104,13 +103,13 @@ def _quiet() -> Iterator[None]:
 
 
 def submit_one(point: Point, python: str, export: str | None) -> str:
-    folder = submitit_folder(point.run_dir)
+    folder = RunDir(point.run_dir).submitit
     executor = _executor(folder, python, point.script, export)
     res = point.spec.flags
     minutes = max(1, parse_time_limit(str(res.get("time") or "60")) // 60)
     executor.update_parameters(nodes=res.get("nodes", 1), ntasks_per_node=res.get("ntasks_per_node", 1), time=minutes)
     with _quiet():
-        job = executor.submit(RankEntry(str(payload_dir(point.run_dir) / PAYLOAD)))
+        job = executor.submit(point.task)
     return str(job.job_id)
 
 
@@ -120,7 +119,7 @@ def submit_array(points: list[Point], sweep_dir: str, parallelism: int, python: 
     from submitit.slurm.slurm import SlurmJob
 
     first = points[0].spec
-    folder = Path(sweep_dir) / PRIVATE_DIR / ARRAY_DIR
+    folder = RunDir(sweep_dir).array_logs
     folder.mkdir(parents=True, exist_ok=True)
     flags = {
         **first.flags,
@@ -131,9 +130,9 @@ def submit_array(points: list[Point], sweep_dir: str, parallelism: int, python: 
     minutes = max(1, parse_time_limit(str(first.flags.get("time") or "60")) // 60)
     pickles = []
     for p in points:
-        pickle = submitit_folder(p.run_dir) / "array_submission.pkl"
+        pickle = RunDir(p.run_dir).submitit / "array_submission.pkl"
         pickle.parent.mkdir(parents=True, exist_ok=True)
-        delayed = utils.DelayedSubmission(RankEntry(str(payload_dir(p.run_dir) / PAYLOAD)))
+        delayed = utils.DelayedSubmission(p.task)
         delayed.set_timeout(minutes, 0)  # as submitit's own submit does; we requeue ourselves
         delayed.dump(pickle)
         pickles.append(pickle)
@@ -142,7 +141,7 @@ def submit_array(points: list[Point], sweep_dir: str, parallelism: int, python: 
         array = executor._submit_command("array")  # the command is in the dispatcher; submitit needs a string
     ids = []
     for i, (p, pickle) in enumerate(zip(points, pickles, strict=True)):
-        task: Any = SlurmJob(folder=str(submitit_folder(p.run_dir)), job_id=f"{array.job_id}_{i}")
+        task: Any = SlurmJob(folder=str(RunDir(p.run_dir).submitit), job_id=f"{array.job_id}_{i}")
         task.paths.move_temporary_file(pickle, "submitted_pickle")
         ids.append(task.job_id)
     return ids

@@ -6,8 +6,9 @@ import sys
 import time
 from pathlib import Path
 
-from hpc_llm import ledger
-from hpc_llm.record import SETTLED, read_results
+from hpc_llm.results import ledger
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import SETTLED, read_results
 from hpc_llm.slurm import accounting, query
 
 
@@ -17,7 +18,7 @@ def refresh(limit: int | None = None) -> list[ledger.Run]:
     job that died before writing anything). What cannot be known now (squeue or sacct
     failed, sacct not caught up) is left as it was: never called finished."""
     runs = ledger.runs(limit)
-    live = [r for r in runs if r.state not in ledger.FINAL_STATES]
+    live = [r for r in runs if r.state not in ledger.ENDED_STATES]
     slurm_ids = [j for r in live if r.launcher == "slurm" for j in r.job_ids]
     states = query.job_states(slurm_ids) if slurm_ids else {}
     if states is None:
@@ -60,7 +61,7 @@ def _from_accounting(
             ledger.update(r, expect_state=r.state, state="ENDED", restarts=restarts)
         return  # sacct failed or not caught up: unknown for now, asked again next time
     last = rows[-1]
-    state = last.state if last.state in ledger.FINAL_STATES else "FAILED"  # NODE_FAIL, OUT_OF_MEMORY, ...
+    state = last.state if last.state in ledger.ENDED_STATES else "FAILED"  # NODE_FAIL, OUT_OF_MEMORY, ...
     why = last.verdict
     own = results.get("error") if results else None
     tail = "" if own else batch_log_tail(r.run_dir, r.job_ids[-1])
@@ -75,7 +76,7 @@ def _from_accounting(
 
 def batch_log_tail(run_dir: str, job_id: str, lines: int = 3) -> str:
     """The last lines of the job's batch log (<run dir>/logs/slurm-<job id>.out)."""
-    path = Path(run_dir) / "logs" / f"slurm-{job_id}.out"  # array tasks: slurm-<array>_<task>.out
+    path = RunDir(run_dir).batch_log(job_id)
     if not path.is_file():
         return ""
     text = path.read_text(errors="replace").strip().splitlines()
@@ -85,7 +86,7 @@ def batch_log_tail(run_dir: str, job_id: str, lines: int = 3) -> str:
 def attempts_of(run: ledger.Run) -> list[dict[str, object]]:
     """Every attempt of a run: Slurm accounting's rows (state, reason, times, nodes, exit code,
     allocation) beside what the run recorded of each (cause, action, batches)."""
-    from hpc_llm.record import Attempts
+    from hpc_llm.rundir.record import Attempts
 
     recorded = Attempts.load(run.run_dir).items if Path(run.run_dir).is_dir() else []
     acct = accounting.attempts(run.job_ids) if run.launcher == "slurm" else {}
@@ -153,12 +154,12 @@ def counts(runs: list[ledger.Run]) -> str:
 
 
 def finished(run: ledger.Run) -> bool:
-    return run.state in ledger.FINAL_STATES or run.state == "ENDED"
+    return run.state in ledger.ENDED_STATES or run.state == "ENDED"
 
 
 def wait(runs: list[ledger.Run], poll_s: float = 5.0) -> list[ledger.Run]:
     """Until every run has ended: one live line each (state, batch/total, loss, tokens/s)."""
-    from hpc_llm import console
+    from hpc_llm.results import console
 
     ids = {r.id for r in runs}
     current = {r.id: r for r in runs}
@@ -182,7 +183,7 @@ def wait(runs: list[ledger.Run], poll_s: float = 5.0) -> list[ledger.Run]:
 
 
 def follow_log(run: ledger.Run, rank: int = 0, follow: bool = False, poll_s: float = 1.0) -> int:
-    path = Path(run.run_dir) / "logs" / f"rank{rank}.log"
+    path = RunDir(run.run_dir).rank_log(rank)
     pos = 0
     while True:
         if path.exists():
@@ -200,7 +201,7 @@ def follow_log(run: ledger.Run, rank: int = 0, follow: bool = False, poll_s: flo
             return 0
         current = refresh()
         state = next((r.state for r in current if r.id == run.id), run.state)
-        if state in ledger.FINAL_STATES or state == "ENDED":
+        if state in ledger.ENDED_STATES or state == "ENDED":
             follow = False  # one more read picks up the tail
             continue
         time.sleep(poll_s)

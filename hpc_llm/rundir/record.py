@@ -11,8 +11,8 @@ progress, and closes the attempt through exactly one of
 :meth:`RunRecord.completed`, :meth:`RunRecord.failed` or
 :meth:`RunRecord.stopped`. Between steps the job's supervisor
 (:mod:`hpc_llm.job.supervisor`) decides what happens next and records it
-with :func:`conclude`. Both end by writing results.json through
-:func:`summarize`, so the summary of the attempts (restarts by cause,
+in the attempts. Both end by writing results.json through
+:func:`update_results`, so the summary of the attempts (restarts by cause,
 goodput) is computed in one place. Files are replaced atomically (temp file +
 rename), so a reader never sees half a record. Pure (login node): no
 training stack.
@@ -27,14 +27,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
-from hpc_llm.plan import JobPlan
+from hpc_llm.config.plan import JobPlan
+from hpc_llm.rundir.layout import RunDir
 
-RESULTS_FILE = "results.json"
-ATTEMPTS_FILE = "attempts.json"
-#: where the run is now (batch, loss, tokens/s, phase), rewritten by rank 0 about once a second
-PROGRESS_FILE = "progress.json"
-#: hpc_llm's private files in a run dir: payload, attempts, readiness markers
-PRIVATE_DIR = ".hpc_llm"
 SCHEMA_VERSION = 2
 
 #: why an attempt ended, and which requeue budget (fault.max_*) it counts against
@@ -112,7 +107,7 @@ def run_info(cfg: Any) -> dict[str, Any]:
     }
     model = train.get("model")
     if isinstance(model, dict) and model.get("name") == "mpt_causal_lm":
-        from hpc_llm.flops import human_params, model_flops_per_token
+        from hpc_llm.config.flops import human_params, model_flops_per_token
 
         try:
             n, fpt = model_flops_per_token(train)
@@ -132,11 +127,11 @@ def _write_json(path: Path, data: Any) -> Path:
 
 
 def write_results(run_dir: Path | str, data: dict[str, Any]) -> Path:
-    return _write_json(Path(run_dir) / RESULTS_FILE, data)
+    return _write_json(RunDir(run_dir).results, data)
 
 
 def read_results(run_dir: Path | str) -> dict[str, Any] | None:
-    path = Path(run_dir) / RESULTS_FILE
+    path = RunDir(run_dir).results
     if not path.is_file():
         return None
     data: dict[str, Any] = json.loads(path.read_text())
@@ -144,12 +139,13 @@ def read_results(run_dir: Path | str) -> dict[str, Any] | None:
 
 
 def write_progress(run_dir: Path | str, data: dict[str, Any]) -> None:
-    _write_json(Path(run_dir) / PRIVATE_DIR / PROGRESS_FILE, data)
+    _write_json(RunDir(run_dir).progress, data)
 
 
 def read_progress(run_dir: Path | str) -> dict[str, Any]:
-    """The live progress of a run ({} before it has any, or mid-write)."""
-    path = Path(run_dir) / PRIVATE_DIR / PROGRESS_FILE
+    """The live progress of a run ({} before it has any, or mid-write): batch, loss, tokens/s, phase,
+    rewritten by rank 0 about once a second."""
+    path = RunDir(run_dir).progress
     try:
         data: dict[str, Any] = json.loads(path.read_text())
         return data
@@ -236,7 +232,7 @@ class Attempts:
 
     @classmethod
     def load(cls, run_dir: Path | str) -> Attempts:
-        path = Path(run_dir) / PRIVATE_DIR / ATTEMPTS_FILE
+        path = RunDir(run_dir).attempts
         items = [Attempt.from_dict(a) for a in json.loads(path.read_text())] if path.is_file() else []
         return cls(path, items)
 
@@ -326,7 +322,7 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def summarize(run_dir: Path | str, attempts: Attempts, status: str, fields_: dict[str, Any]) -> dict[str, Any]:
+def update_results(run_dir: Path | str, attempts: Attempts, status: str, fields_: dict[str, Any]) -> dict[str, Any]:
     """Write results.json: what is there already, ``fields_`` and the summary of ``attempts``."""
     results = read_results(run_dir) or {"schema_version": SCHEMA_VERSION, "error": None}
     results.update(fields_)

@@ -83,7 +83,7 @@ def run_preflight(cfg: Any, checks: tuple[Any, ...], ctx: Any) -> dict[str, Any]
 
 def _log(out: dict[str, Any], ctx: Any) -> None:
     if ctx.dist.rank == 0:
-        from hpc_llm.preflight import summary
+        from hpc_llm.results.preflight import summary
 
         log.info("preflight:\n%s", summary(out))
 

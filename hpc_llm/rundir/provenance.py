@@ -27,10 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.record import PRIVATE_DIR
+from hpc_llm.rundir.layout import RunDir
 
-FILE = "provenance.json"
-DIFF_FILE = "git.diff"
 #: a diff larger than this is cut (its sha1 is of the whole); a generated file
 #: checked in by mistake must not copy gigabytes into every run dir
 MAX_DIFF_BYTES = 8 << 20
@@ -135,19 +133,19 @@ def collect(cwd: Path | None = None) -> tuple[dict[str, Any], str]:
 
 def write(run_dir: Path | str, prov: dict[str, Any], diff: str) -> None:
     """``.hpc_llm/provenance.json`` and, when the tree was dirty, ``.hpc_llm/git.diff``."""
-    private = Path(run_dir) / PRIVATE_DIR
-    private.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(run_dir)
+    rd.private.mkdir(parents=True, exist_ok=True)
     data = dict(prov)
     if diff:
         blob = diff.encode()
-        (private / DIFF_FILE).write_bytes(blob[:MAX_DIFF_BYTES])
-        data["diff_file"] = f"{PRIVATE_DIR}/{DIFF_FILE}"
+        rd.git_diff.write_bytes(blob[:MAX_DIFF_BYTES])
+        data["diff_file"] = str(rd.git_diff.relative_to(rd.root))
         data["diff_truncated"] = len(blob) > MAX_DIFF_BYTES
-    (private / FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    rd.provenance.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read(run_dir: Path | str) -> dict[str, Any] | None:
-    path = Path(run_dir) / PRIVATE_DIR / FILE
+    path = RunDir(run_dir).provenance
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

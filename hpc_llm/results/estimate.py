@@ -2,7 +2,7 @@
 
     time = tokens x FLOPs/token / (GPUs x peak FLOP/s x MFU x scaling efficiency)
 
-FLOPs/token is LLM Foundry's accounting (hpc_llm.flops: 6N + 12 L d T). Every
+FLOPs/token is LLM Foundry's accounting (hpc_llm.config.flops: 6N + 12 L d T). Every
 assumption is printed with where it came from: a flag, a measured
 results.json or sweep, or a documented default below. Pure (login node).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.flops import human_params, model_flops_per_token
+from hpc_llm.config.flops import human_params, model_flops_per_token
 
 #: MFU by model size on H100 80GB, bf16, seq 2048, FULL_SHARD, from LLM Foundry's
 #: published benchmarks (scripts/train/benchmarking/README.md, "H100 80GB BF16"):
@@ -150,7 +150,7 @@ def measured_mfu(results_path: Path) -> Assumption:
 
 
 def measured_efficiency(sweep_dir: Path, nodes: int) -> Assumption | None:
-    from hpc_llm.report import build
+    from hpc_llm.results.report import build
 
     points = sorted(
         (row["Nodes"], row["Efficiency"])
@@ -321,7 +321,7 @@ def compare(sweep_dir: Path, *, mfu: float | None, peak_flops_per_gpu: float | N
     GPU-hours it actually used (Slurm accounting's AllocTRES x Elapsed over every attempt)."""
     import yaml
 
-    from hpc_llm.report import _accounting, find_runs
+    from hpc_llm.results.report import _accounting, find_runs
     from hpc_llm.slurm.accounting import resource_hours
 
     runs = [r for r in find_runs(Path(sweep_dir)) if r.status == "completed"]

@@ -15,7 +15,7 @@ when it was submitted:
   on ``sys.path``).
 
 The libraries (torch, LLM Foundry, ...) are not copied: they change when the
-environment is reinstalled, which provenance records (:mod:`hpc_llm.provenance`).
+environment is reinstalled, which provenance records (:mod:`hpc_llm.rundir.provenance`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ and the joblib/ray launchers hand their jobs) and, when the ranks are to run
 Hydra's ``run_job`` themselves (the Slurm launcher), the Hydra context.
 Every rank runs :mod:`hpc_llm.job.entry` on it, and global rank 0 leaves the
 result in ``return.pkl`` for the launcher: a ``JobReturn`` when it ran
-``run_job``, else the task function's return value. Login side: the in-job
-entry point is imported only when a rank calls :class:`RankEntry`.
+``run_job``, else the task function's return value. Both sides: the launcher
+writes it, :mod:`hpc_llm.job.entry` reads it; nothing here imports the job side.
 """
 
 from __future__ import annotations
@@ -20,14 +20,7 @@ from typing import Any
 import cloudpickle
 from hydra.core.singleton import Singleton
 
-from hpc_llm.record import PRIVATE_DIR
-
-PAYLOAD = "job.pkl"
-RETURN = "return.pkl"
-
-
-def payload_dir(run_dir: Path | str) -> Path:
-    return Path(run_dir) / PRIVATE_DIR
+from hpc_llm.rundir.layout import RunDir
 
 
 @dataclass
@@ -51,11 +44,11 @@ def write_payload(run_dir: Path | str, config: Any, shared: bytes) -> Path:
     """Pickle the job for its ranks: the sweep's ``shared`` part, then the job's config (two
     pickles, one after the other; cloudpickle: a Hydra app's own
     structured configs may live in its ``__main__``); clears the return value of an earlier launch."""
-    pdir = payload_dir(run_dir)
-    pdir.mkdir(parents=True, exist_ok=True)
-    (pdir / PAYLOAD).write_bytes(shared + cloudpickle.dumps(config))
-    (pdir / RETURN).unlink(missing_ok=True)
-    return pdir / PAYLOAD
+    rd = RunDir(run_dir)
+    rd.private.mkdir(parents=True, exist_ok=True)
+    rd.payload.write_bytes(shared + cloudpickle.dumps(config))
+    rd.return_value.unlink(missing_ok=True)
+    return rd.payload
 
 
 def read_payload(path: Path | str) -> Payload:
@@ -67,20 +60,7 @@ def read_payload(path: Path | str) -> Payload:
 
 def read_return(run_dir: Path | str) -> tuple[bool, Any]:
     """(found, value) of what rank 0 left: a JobReturn (ranks ran run_job) or the return value."""
-    path = payload_dir(run_dir) / RETURN
+    path = RunDir(run_dir).return_value
     if not path.exists():
         return False, None
     return True, cloudpickle.loads(path.read_bytes())
-
-
-class RankEntry:
-    """The picklable callable submitit runs in every srun task (Slurm launcher)."""
-
-    def __init__(self, payload: str) -> None:
-        self.payload = payload
-
-    def __call__(self) -> Any:
-        from hpc_llm.job import entry
-
-        entry.configure_logging()
-        return entry.run_payload(Path(self.payload))

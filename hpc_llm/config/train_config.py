@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm import trackers
+from hpc_llm.config import trackers
 from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab, collective_timeout_s
 from hpc_llm.errors import ConfigError
 

@@ -32,19 +32,34 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf._utils import OmegaConfDumper
 from rich.console import Console
 
-from hpc_llm import console, ledger, provenance, snapshot
+from hpc_llm.results import console, ledger
+from hpc_llm.rundir import provenance, snapshot
 from hpc_llm.errors import ConfigError
-from hpc_llm.launchers.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config
-from hpc_llm.launchers.payload import read_return, shared_part, write_payload
-from hpc_llm.launchers.sweeper import job_run_dir
-from hpc_llm.record import PRIVATE_DIR, read_results
+from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config
+from hpc_llm.rundir.payload import read_return, shared_part, write_payload
+from hpc_llm.launch.sweeper import job_run_dir
+from hpc_llm.rundir.layout import PRIVATE, RunDir
+from hpc_llm.rundir.record import read_results
 from hpc_llm.slurm import accounting, query, submit
 from hpc_llm.slurm.render import render
 from hpc_llm.slurm.spec import build_spec, job_resources
 
 log = logging.getLogger(__name__)
 
-SCRIPT = "sbatch.sh"
+
+class RankEntry:
+    """The picklable callable submitit runs in every srun task: the job's entry point on the
+    payload the launcher wrote. This is where the login side hands over to the job: the in-job
+    side is imported only when a task on a compute node calls it."""
+
+    def __init__(self, payload: str) -> None:
+        self.payload = payload
+
+    def __call__(self) -> Any:
+        from hpc_llm.job import entry
+
+        entry.configure_logging()
+        return entry.run_payload(Path(self.payload))
 
 
 class SlurmLauncher(BaseLauncher):
@@ -144,7 +159,7 @@ class SlurmLauncher(BaseLauncher):
         Path(sweep_dir).mkdir(parents=True, exist_ok=True)
         points: list[tuple[DictConfig, list[str], submit.Point]] = []
         prov = provenance.collect()  # once per invocation: git is not free
-        code_dir = str(snapshot.take(Path(sweep_dir) / PRIVATE_DIR / "code")) if self.opts.snapshot else None
+        code_dir = str(snapshot.take(RunDir(sweep_dir).code_snapshot)) if self.opts.snapshot else None
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             cfg = self.job_config(overrides, idx)
@@ -152,12 +167,13 @@ class SlurmLauncher(BaseLauncher):
             provenance.write(run_dir, *prov)
             spec = build_spec(cfg, self.opts, run_dir, code_dir=code_dir)
             script = render(spec)
-            (Path(run_dir) / SCRIPT).write_text(script)
-            points.append((cfg, list(overrides), submit.Point(idx, run_dir, spec, script)))
+            RunDir(run_dir).sbatch_script.write_text(script)
+            task = RankEntry(str(RunDir(run_dir).payload))
+            points.append((cfg, list(overrides), submit.Point(idx, run_dir, spec, script, task)))
         if self.opts.dry_run:
             for cfg, overrides, p in points:
                 print(
-                    f"job {p.num}: dry run, batch script {Path(p.run_dir) / SCRIPT}  [{_shown(overrides)}]", flush=True
+                    f"job {p.num}: dry run, batch script {RunDir(p.run_dir).sbatch_script}  [{_shown(overrides)}]", flush=True
                 )
                 ledger.record(p.run_dir, sweep_dir, p.num, _experiment(cfg), "slurm", overrides, [], "DRY_RUN")
             return [self._job_return(cfg, p.run_dir, {"run_dir": p.run_dir, "job_id": None}) for cfg, _o, p in points]
@@ -225,7 +241,7 @@ class SlurmLauncher(BaseLauncher):
             if p.num not in done:
                 shutil.rmtree(p.run_dir, ignore_errors=True)
         leftovers = {x.name for x in Path(sweep_dir).iterdir()} if Path(sweep_dir).is_dir() else set()
-        if leftovers <= {"multirun.yaml", PRIVATE_DIR}:
+        if leftovers <= {"multirun.yaml", PRIVATE}:
             shutil.rmtree(sweep_dir, ignore_errors=True)
         point = next(o for _c, o, p in points if p.num == rejected.point.num)
         raise ConfigError(f"Slurm refused job {rejected.point.num} [{_shown(point)}]: {rejected.reason}; {what}")
@@ -239,7 +255,7 @@ class SlurmLauncher(BaseLauncher):
         HydraConfig.instance().set_config(cfg)
         # set_config made a copy of the hydra node: the job's JobReturn gets that one
         self._hydra_cfgs[id(cfg)] = (cfg, HydraConfig.instance().cfg)
-        Path(run_dir, "logs").mkdir(parents=True, exist_ok=True)
+        RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
         if cfg.hydra.output_subdir is not None:
             # what Hydra's run_job saves (the config without its hydra node, the hydra node,
             # the overrides), from one conversion of the config instead of a copy per file
@@ -333,7 +349,7 @@ class SlurmLauncher(BaseLauncher):
         if run is not None:
             ledger.update(run, state=final if final != "COMPLETED" else "FAILED")
         err = JobFailed(
-            f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {Path(run_dir) / 'logs'}"
+            f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {RunDir(run_dir).logs}"
         )
         return self._job_return(cfg, run_dir, err, JobStatus.FAILED)
 

@@ -27,9 +27,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DRY_RUN", "TIMEOUT", "PREEMPTED"})
+from hpc_llm.paths import state_dir
+
+#: states of a job that has left the queue (TIMEOUT / PREEMPTED: for now; Slurm may requeue it)
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DRY_RUN", "TIMEOUT", "PREEMPTED"})
 #: states no later update may replace by a live one (TIMEOUT / PREEMPTED jobs may be requeued)
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DRY_RUN"})
+SETTLED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "DRY_RUN"})
 #: filesystems whose locking SQLite cannot trust
 NETWORK_FS = ("nfs", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "fuse.sshfs", "ceph", "fuse.glusterfs")
 
@@ -53,7 +56,7 @@ CREATE TABLE IF NOT EXISTS runs (
 
 
 def home() -> Path:
-    return Path(os.environ.get("HPC_LLM_HOME") or Path.home() / ".hpc_llm").expanduser()
+    return state_dir()
 
 
 def ledger_path() -> Path:
@@ -198,7 +201,7 @@ def update(run: Run, *, expect_state: str | None = None, **changes: object) -> R
         where += " AND state=?"
         args.append(expect_state)
     if "state" in changes:
-        terminal = sorted(TERMINAL)
+        terminal = sorted(SETTLED_STATES)
         where += f" AND (state NOT IN ({','.join('?' * len(terminal))}) OR state=?)"
         args += [*terminal, changes["state"]]
     with connect() as conn:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.record import RESULTS_FILE, SETTLED
+from hpc_llm.rundir.layout import RESULTS, RunDir
+from hpc_llm.rundir.record import SETTLED
 
 COLUMNS = [
     "Model",
@@ -110,11 +111,11 @@ def _nodes_from_hydra(run_dir: Path) -> int | None:
 def find_runs(sweep_dir: Path) -> list[Run]:
     """Every run directory under ``sweep_dir``: one with results.json or a Hydra config."""
     sweep_dir = Path(sweep_dir)
-    dirs = {p.parent for p in sweep_dir.rglob(RESULTS_FILE)}
+    dirs = {p.parent for p in sweep_dir.rglob(RESULTS)}
     dirs |= {p.parent.parent for p in sweep_dir.rglob(".hydra/config.yaml")}
     runs = []
     for d in sorted(dirs, key=lambda p: (str(p.parent), int(p.name) if p.name.isdigit() else 0, p.name)):
-        res = d / RESULTS_FILE
+        res = RunDir(d).results
         results = json.loads(res.read_text()) if res.is_file() else {}
         runs.append(Run(d, results, [str(j) for j in results.get("slurm_job_ids") or []]))
     return runs
@@ -153,7 +154,7 @@ def _accounting(runs: list[Run]) -> dict[str, list[Any]]:
     """Slurm accounting's attempts of every run's job(s), in one sacct call (empty without
     accounting: the report then has what the runs recorded). A run with no job ids of its own
     (it died before writing results.json) gets the ledger's."""
-    from hpc_llm import ledger
+    from hpc_llm.results import ledger
     from hpc_llm.slurm import accounting
 
     if any(not r.job_ids for r in runs) and ledger.ledger_path().is_file():
@@ -214,7 +215,7 @@ def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
     runs = find_runs(sweep_dir)
     if not runs:
         raise ConfigError(
-            f"no runs under {sweep_dir} (no {RESULTS_FILE} and no .hydra/config.yaml); is it a sweep directory?"
+            f"no runs under {sweep_dir} (no {RESULTS} and no .hydra/config.yaml); is it a sweep directory?"
         )
     acct = _accounting(runs)
     varying = _varying(runs)
@@ -240,7 +241,7 @@ def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
 
 
 def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, point: str = "") -> dict[str, Any]:
-    from hpc_llm.provenance import short
+    from hpc_llm.rundir.provenance import short
     from hpc_llm.slurm.accounting import resource_hours
 
     res = r.results

@@ -24,11 +24,13 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from hpc_llm import console, ledger, provenance
+from hpc_llm.results import console, ledger
+from hpc_llm.rundir import provenance
 from hpc_llm.errors import ConfigError
-from hpc_llm.launchers.base import BaseLauncher, JobFailed
-from hpc_llm.launchers.payload import read_return, shared_part, write_payload
-from hpc_llm.record import RESULTS_FILE, read_results
+from hpc_llm.launch.base import BaseLauncher, JobFailed
+from hpc_llm.rundir.payload import read_return, shared_part, write_payload
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import read_results
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +156,8 @@ class LocalLauncher(BaseLauncher):
         ranks = self.ranks(sweep_config)
         provenance.write(run_dir, *self._provenance)
         payload = write_payload(run_dir, sweep_config, shared_part(self.task_function))
-        logs = run_dir / "logs"
-        logs.mkdir(exist_ok=True)
+        rd = RunDir(run_dir)
+        rd.logs.mkdir(exist_ok=True)
         port = free_port()
         threads = max(1, (os.cpu_count() or 1) // ranks)
         command = rank_command(sweep_config, run_dir, payload)
@@ -164,7 +166,7 @@ class LocalLauncher(BaseLauncher):
         pumps: list[threading.Thread] = []
         try:
             for rank in range(ranks):
-                out = open(logs / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed in finally, after the ranks
+                out = open(rd.rank_log(rank), "wb")  # noqa: SIM115 - closed in finally, after the ranks
                 files.append(out)
                 stream = self.stream and rank == 0
                 proc = subprocess.Popen(
@@ -196,8 +198,8 @@ class LocalLauncher(BaseLauncher):
             Console(width=max(100, Console().width)).print(console.summary(results, title=f"job {num}"))
         if failed is not None:
             rank, code = failed
-            raise JobFailed(f"job {num} failed: rank {rank} exited with {code}; log: {logs / f'rank{rank}.log'}")
-        print(f"job {num}: completed; {run_dir / RESULTS_FILE if results is not None else run_dir}", flush=True)
+            raise JobFailed(f"job {num} failed: rank {rank} exited with {code}; log: {rd.rank_log(rank)}")
+        print(f"job {num}: completed; {rd.results if results is not None else run_dir}", flush=True)
         return read_return(run_dir)[1]
 
     def _wait(self, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:

@@ -21,7 +21,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.launchers.base import copy_config
+from hpc_llm.launch.base import copy_config
 
 
 def job_run_dir(job_cfg: DictConfig) -> str:

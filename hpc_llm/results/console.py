@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from hpc_llm.record import read_progress
+from hpc_llm.rundir.record import read_progress
 
 LOG_LEVEL_ENV = "HPC_LLM_LOG_LEVEL"
 

@@ -1,1 +1,0 @@
-"""Hydra launcher and sweeper plugins (discovered through hydra_plugins/hpc_llm_launchers)."""

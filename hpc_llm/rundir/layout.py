@@ -1,0 +1,165 @@
+"""Every path of a run directory, in one object (after submitit's ``JobPaths``).
+
+A run directory is where the login side and the job meet: the launcher
+writes the payload and the batch script into it, the job writes its logs,
+heartbeats, checkpoints and record into it, and ``status`` / ``report`` read
+them back. No other module joins these names by hand (tests/test_layout.py
+fails on a run-directory name literal anywhere else).
+
+::
+
+    <run dir>/
+      results.json            the run's record (hpc_llm.rundir.record)
+      train_config.yaml       the LLM Foundry train config the job ran
+      sbatch.sh               the batch script (Slurm launcher)
+      logs/rank<N>.log        one log per rank
+      logs/slurm-<job>.out    the batch script's own log (the supervisor's)
+      checkpoints/            the default local checkpoint folder
+      checkpoints/unfinished/ saves a dead attempt did not finish
+      .hydra/                 Hydra's own files
+      .submitit/              submitit's pickles
+      .hpc_llm/               hpc_llm's private files:
+        job.pkl, return.pkl   the payload the ranks run, and rank 0's return value
+        attempts.json         every start of the run and how it ended
+        progress.json         the live batch counter
+        provenance.json, git.diff
+        heartbeat/ failures/ ready/   the supervisor's view of the ranks
+        code/, array/         the code snapshot and array logs (a sweep dir's)
+
+Stdlib only: the job's supervisor and the login side both use it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+#: hpc_llm's private folder inside a run dir (and a sweep dir)
+PRIVATE = ".hpc_llm"
+RESULTS = "results.json"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of one run directory (or a sweep directory, for the sweep-level paths)."""
+
+    root: Path
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    # -- what a person reads -------------------------------------------------
+    @property
+    def results(self) -> Path:
+        return self.root / RESULTS
+
+    @property
+    def train_config(self) -> Path:
+        return self.root / "train_config.yaml"
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.root / "sbatch.sh"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def rank_log(self, rank: int | str) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def batch_log(self, job_id: str) -> Path:
+        """The batch script's log; an array task's id is ``<array>_<task>``."""
+        return self.logs / f"slurm-{job_id}.out"
+
+    @property
+    def batch_log_pattern(self) -> Path:
+        """sbatch's ``--output`` for one job (``%j``: the job id)."""
+        return self.logs / "slurm-%j.out"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def hydra(self) -> Path:
+        return self.root / ".hydra"
+
+    @property
+    def submitit(self) -> Path:
+        return self.root / ".submitit"
+
+    # -- hpc_llm's private files ---------------------------------------------
+    @property
+    def private(self) -> Path:
+        return self.root / PRIVATE
+
+    @property
+    def payload(self) -> Path:
+        return self.private / "job.pkl"
+
+    @property
+    def return_value(self) -> Path:
+        return self.private / "return.pkl"
+
+    @property
+    def attempts(self) -> Path:
+        return self.private / "attempts.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.private / "progress.json"
+
+    @property
+    def provenance(self) -> Path:
+        return self.private / "provenance.json"
+
+    @property
+    def git_diff(self) -> Path:
+        return self.private / "git.diff"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.private / "heartbeat"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats / str(rank)
+
+    @property
+    def failure_reports(self) -> Path:
+        return self.private / "failures"
+
+    def failure_report(self, step_tag: str, rank: int | str) -> Path:
+        """A rank's failure report; ``rank="*"`` (and a ``step_tag`` of ``"*"``) glob."""
+        return self.failure_reports / f"{step_tag}.{rank}.json"
+
+    @property
+    def ready(self) -> Path:
+        """One empty file per rank of a step that has installed its stop-signal handler."""
+        return self.private / "ready"
+
+    def ready_marker(self, step_tag: str, rank: int | str) -> Path:
+        return self.ready / f"{step_tag}.{rank}"
+
+    # -- a sweep directory's ----------------------------------------------
+    @property
+    def code_snapshot(self) -> Path:
+        return self.private / "code"
+
+    @property
+    def array_logs(self) -> Path:
+        return self.private / "array"
+
+    @classmethod
+    def of_payload(cls, payload: str | os.PathLike[str]) -> RunDir:
+        """The run dir a payload file lies in."""
+        return cls(Path(payload).parent.parent)
+
+
+def unfinished_checkpoints(folder: str | os.PathLike[str]) -> Path:
+    """Where saves a dead attempt did not finish are set aside, inside a checkpoint folder."""
+    return Path(folder) / "unfinished"
