@@ -15,8 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hpc_llm.results.console import LOG_LEVEL_ENV
 from hpc_llm.paths import conf_dir
+from hpc_llm.results.console import LOG_LEVEL_ENV
 
 
 def task(cfg: DictConfig) -> Any:
@@ -28,9 +28,9 @@ def task(cfg: DictConfig) -> Any:
 def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
     """Sweeper hook: every job of a sweep is checked before anything starts (``preview``:
     ``hpc-llm render``, where data not prepared yet is a warning)."""
+    from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
-    from hpc_llm.config.train_config import build_train_config
 
     if cfg.hydra.job.chdir:
         raise ConfigError(
@@ -50,8 +50,8 @@ COMMAND_ENV = "HPC_LLM_COMMAND"
 def main(argv: list[str] | None = None) -> None:
     import hydra
 
-    from hpc_llm.config.store import register_configs
     from hpc_llm.config.hydra_errors import one_line_errors
+    from hpc_llm.config.store import register_configs
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]

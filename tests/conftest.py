@@ -160,9 +160,14 @@ def _start_cluster(config: pytest.Config):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With pytest-xdist, the session's one dev cluster is started by the controlling process
+    """Every process of the session keeps its run ledger in the session's shared dir, never in
+    the user's ~/.hpc_llm (in-process Hydra launchers, as in test_hydra_contract.py, write it too;
+    .ci/run checks ~/.hpc_llm is unchanged after the suite).
+
+    With pytest-xdist, the session's one dev cluster is started by the controlling process
     (not by a worker), so every worker shares it; they find it through $HPC_LLM_TEST_CLUSTER.
     Without xdist, the first test that needs it starts it."""
+    os.environ["HPC_LLM_HOME"] = str(shared_dir(config) / "hpc_llm_home")
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
     if _slurm_tests_wanted(config):

@@ -6,11 +6,11 @@ from omegaconf import OmegaConf
 from hpc_llm.builtin.parallelism import hsdp_degrees
 from hpc_llm.cli import compose
 from hpc_llm.config.llmfoundry_keys import LLMFOUNDRY_VERSION, TRAIN_CONFIG_KEYS
+from hpc_llm.config.plan import make_plan, parse_time_limit
+from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import resolve_job
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import conf_dir
-from hpc_llm.config.plan import make_plan, parse_time_limit
-from hpc_llm.config.train_config import build_train_config
 
 
 @pytest.mark.parametrize(

@@ -530,7 +530,7 @@ def test_a_preempted_run_in_apptainer_saves_requeues_and_resumes(slurm_env, sif,
     r = finished(run_dir, 400)
     assert r["status"] == "completed" and r["batches_done"] == 200, r.get("error")
     first, second = r["attempts"]
-    assert (first["ended"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
+    assert (first["state"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
     assert 0 < first["stopped_at_batch"] < 200 and second["resumed_at_batch"] == first["stopped_at_batch"]
     assert r["batches_lost"] == 0 and r["slurm_job_ids"] == [job_id]
     [rank] = r["ranks"]

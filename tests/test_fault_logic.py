@@ -139,7 +139,7 @@ def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
         resumed_at_batch=0,
         last_batch=100,
         train_s=50.0,
-        ended="stopped",
+        state="stopped",
         ended_at=60.0,
         cause="time_limit",
     )
@@ -152,7 +152,7 @@ def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
         resumed_at_batch=80,
         last_batch=200,
         train_s=60.0,
-        ended="completed",
+        state="completed",
         ended_at=170.0,
         cause="completed",
     )

@@ -147,7 +147,7 @@ def test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(slurm_env, d
         devcluster.revive_node(dev_cluster, victim["node"])
     same_loss(r, ref)
     lost, done = r["attempts"][0], r["attempts"][-1]
-    assert lost["ended"] == "lost" and lost["cause"] == "node_failure"
+    assert lost["state"] == "lost" and lost["cause"] == "node_failure"
     assert done["job_id"] == job_id and done["restart"] >= 1  # Slurm's own requeue (NODE_FAIL, --requeue)
     assert victim["node"] not in done["nodes"] and len(done["nodes"]) == 2
     # accounting has both attempts: the one the node took down, then the one that finished
@@ -193,7 +193,7 @@ def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path,
     r = finished(run_dir, 300)
     same_loss(r, ref)
     first, second = r["attempts"]
-    assert (first["ended"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
+    assert (first["state"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
     assert 0 < first["stopped_at_batch"] < 300 and second["resumed_at_batch"] == first["stopped_at_batch"]
     assert r["restarts"] == 1 and r["batches_lost"] == 0 and r["restarts_by_cause"] == {"preemption": 1}
     assert r["slurm_job_ids"] == [job_id] and 0 <= r["signal_to_requeue_s"] < 20
@@ -219,7 +219,7 @@ def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):
     r = finished(run_dir, 120)
     assert r["status"] == "failed" and "fault.max_preemptions=0 reached" in r["error"]
     [a] = r["attempts"]
-    assert (a["ended"], a["cause"], a["action"]) == ("stopped", "signal", "fail")
+    assert (a["state"], a["cause"], a["action"]) == ("stopped", "signal", "fail")
     assert r["checkpoint"] and Path(r["checkpoint"]).exists()  # saved before stopping: resumable by hand
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to end")
 
@@ -248,7 +248,7 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, py
     wait_for(
         lambda: (
             len(attempts(run_dir)) >= 3
-            and attempts(run_dir)[-1]["ended"] == "running"
+            and attempts(run_dir)[-1]["state"] == "running"
             and beat(run_dir, 0).get("batch", -1) > attempts(run_dir)[-1]["resumed_at_batch"]
         ),
         600,

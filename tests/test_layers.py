@@ -25,11 +25,12 @@ from tests.conftest import ROOT
 NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data")
 TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets")
 #: the two places where the login side hands over to the job: the Hydra task
-#: function and the callable submitit runs in each srun task. Both import the
-#: in-job side when called, which happens inside the job.
+#: function and the callable submitit runs in each srun task (the Slurm
+#: launcher's RankEntry). Both import the in-job side when called, which
+#: happens inside the job.
 IN_JOB_HANDOVERS = {
     ("hpc_llm.app", "hpc_llm.job.task"),
-    ("hpc_llm.rundir.payload", "hpc_llm.job.entry"),
+    ("hpc_llm.launch.slurm", "hpc_llm.job.entry"),
 }
 
 
@@ -116,7 +117,8 @@ def test_login_path_with_plugins_loaded_imports_no_job_module():
         "from hpc_llm.cli import compose\n"
         "from hpc_llm.config.validate import resolve_job\n"
         "from hpc_llm.config.train_config import build_train_config\n"
-        "import hpc_llm.app, hpc_llm.launch.local, hpc_llm.launch.slurm, hpc_llm.results.report, hpc_llm.results.estimate\n"
+        "import hpc_llm.app, hpc_llm.launch.local, hpc_llm.launch.slurm\n"
+        "import hpc_llm.results.report, hpc_llm.results.estimate\n"
         "import hpc_llm.results.status, hpc_llm.launch.images, hpc_llm.rundir.record, hpc_llm.results.ledger\n"
         "cfg = compose(['+experiment=mpt_tiny', 'parallelism=hsdp', 'resources.tasks_per_node=4'])\n"
         "build_train_config(cfg, resolve_job(cfg, '/r/0'), run_name='t')\n"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.results import preflight
 from hpc_llm.job.watchdog import ThroughputWatch
+from hpc_llm.results import preflight
 from tests.conftest import explain, results_of, run_app, run_cli
 
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
+from hpc_llm.config.plan import JobPlan
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import size_bytes
-from hpc_llm.config.plan import JobPlan
 from hpc_llm.plugins.base import CheckpointBackend, HostPath
 from hpc_llm.rundir.layout import RunDir, unfinished_checkpoints
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
-from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.config.plan import JobPlan
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.plugins.base import Bind, ContainerRuntime, Mounts
 
 #: flags hpc_llm sets itself, or that would break the task (see module docstring)

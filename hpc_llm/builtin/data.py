@@ -13,10 +13,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
+from hpc_llm.config.plan import JobPlan
 from hpc_llm.data.loaders import finetuning_loader, text_loaders, tokenizer_section, workers_for
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import cache_dir
-from hpc_llm.config.plan import JobPlan
 from hpc_llm.plugins.base import DataSource, HostPath, local_path
 
 # Schemes mosaicml-streaming can download from (streaming.base.storage).

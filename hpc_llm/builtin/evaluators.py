@@ -23,9 +23,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
+from hpc_llm.config.plan import JobPlan
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import size_bytes
-from hpc_llm.config.plan import JobPlan
 from hpc_llm.plugins.base import Evaluator
 
 log = logging.getLogger(__name__)

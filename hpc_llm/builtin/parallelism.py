@@ -14,8 +14,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm import hookimpl
-from hpc_llm.errors import ConfigError
 from hpc_llm.config.plan import JobPlan
+from hpc_llm.errors import ConfigError
 from hpc_llm.plugins.base import ParallelismStrategy
 
 # FSDP1 defaults from LLM Foundry's pretraining yamls; FSDP2 takes a subset. Checkpoints

@@ -15,9 +15,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hpc_llm.config.llmfoundry_keys import TRAIN_CONFIG_KEYS
+from hpc_llm.config.plan import JobPlan, make_plan
 from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.paths import cache_dir
-from hpc_llm.config.plan import JobPlan, make_plan
 from hpc_llm.plugins.base import (
     CheckpointBackend,
     ContainerRuntime,

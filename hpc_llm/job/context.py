@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job.env import DistEnv
 from hpc_llm.config.plan import JobPlan
+from hpc_llm.job.env import DistEnv
 from hpc_llm.rundir.record import RunRecord
 
 

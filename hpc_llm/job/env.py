@@ -113,7 +113,9 @@ class JobEnv:
         """What torch.distributed wants, from the same variables."""
         return from_environ(self.environ)
 
-    def for_step(self, step: int, nodes: list[str], alloc_start: float | None, heartbeat_s: float | None) -> dict[str, str]:
+    def for_step(
+        self, step: int, nodes: list[str], alloc_start: float | None, heartbeat_s: float | None
+    ) -> dict[str, str]:
         """The environment of a supervised step's ranks: this one plus what the supervisor tells them."""
         env = dict(self.environ)
         env[SUPERVISED] = "1"

@@ -99,7 +99,9 @@ def read(run_dir: Path | str, tag: str) -> list[RankFailure]:
     """Every rank's failure of one training launch, earliest first."""
     rd = RunDir(run_dir)
     out = []
-    for path in sorted(rd.failure_reports.glob(rd.failure_report(tag, "*").name)) if rd.failure_reports.is_dir() else []:
+    for path in (
+        sorted(rd.failure_reports.glob(rd.failure_report(tag, "*").name)) if rd.failure_reports.is_dir() else []
+    ):
         try:
             out.append(RankFailure(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from hpc_llm.rundir.layout import RunDir
 
-
 _state: dict[str, int | str] = {"batch": -1, "phase": "start"}
 #: phases in which a rank is expected to finish batches (a stall is a hang only then)
 TRAINING = "train"

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -275,13 +274,13 @@ class Supervisor:
     def _close_lost(self, attempts: Attempts) -> None:
         """The last attempt still says running: its allocation ended without anyone recording it
         (a node failure, a requeue from outside). Slurm restarted us; say what we know."""
-        if not attempts.items or attempts.current.ended != "running":
+        if not attempts.items or attempts.current.state != "running":
             return
         a = attempts.current
         if (a.job_id, a.restart) == (self.job.job_id, self.job.restart):
             return
         state, ended = _previous_state(a.job_id) if a.job_id else (None, None)
-        a.ended, a.ended_at = "lost", ended or (a.started_at + a.train_s)
+        a.state, a.ended_at = "lost", ended or (a.started_at + a.train_s)
         a.decided_at = time.time()
         a.cause = "node_failure" if state == "NODE_FAIL" else "lost"
         a.error = (
@@ -366,10 +365,10 @@ class Supervisor:
             # a Hydra app other than hpc_llm's task keeps no attempts: its step's exit code is all
             return 0
         a = self._this_attempt(attempts)
-        if a.ended == "completed" and end.returncode == 0:
+        if a.state == "completed" and end.returncode == 0:
             return 0
         if end.terminated and end.stop is None:
-            a.ended, a.ended_at = "failed", a.ended_at or time.time()
+            a.state, a.ended_at = "failed", a.ended_at or time.time()
             if self.job.end is not None and self._terminated_at >= self.job.end - TERM_AT_END_S:
                 # the time limit itself (the ranks did not save in time): go on from the last checkpoint
                 a.error = "SIGTERM at the time limit before the ranks saved; resuming from the last checkpoint"
@@ -379,26 +378,26 @@ class Supervisor:
                 # a node of the job died (NODE_FAIL) and Slurm requeues it (--requeue): its SIGTERM
                 # reaches the surviving batch host. Not a cancellation: the attempt stays "running"
                 # and the next start closes it from accounting (_close_lost).
-                a.ended, a.ended_at = "running", None
+                a.state, a.ended_at = "running", None
                 attempts.save()
                 log.warning("hpc_llm supervisor: Slurm is requeueing the job (%s); not recording a failure", requeued)
                 return 0
             self._fail(attempts, a, "cancelled", "the job was cancelled or killed by Slurm (SIGTERM)")
             return 1
         if not self.policy.recover:
-            if a.ended == "running":
-                a.ended, a.ended_at = "failed", time.time()
+            if a.state == "running":
+                a.state, a.ended_at = "failed", time.time()
             reason = a.error or _last_words(end) or f"the training step exited with {end.returncode}"
             self._fail(attempts, a, a.cause or "failure", reason)
             return 1
-        if a.ended == "stopped" and end.returncode == 0:
+        if a.state == "stopped" and end.returncode == 0:
             cause = a.cause or self._stop_cause(end)
             if cause == "time_limit" and a.last_batch <= a.resumed_at_batch:
                 cause, a.error = "failure", "no batch was trained before the time limit"
             return self._requeue(attempts, a, cause, a.suspects)
-        if a.ended == "failed" and a.cause == "preflight":
+        if a.state == "failed" and a.cause == "preflight":
             return self._requeue(attempts, a, "preflight", a.suspects)
-        if a.ended == "failed" and a.cause in ("user_error", "preflight_failed"):
+        if a.state == "failed" and a.cause in ("user_error", "preflight_failed"):
             self._fail(attempts, a, a.cause, a.error or "the run failed")
             return 1
         # rank 0 notes progress every few seconds; the heartbeats saw the step's last batches
@@ -408,7 +407,7 @@ class Supervisor:
             # A preemption after the time-limit warning went out: Slurm sends each job its
             # --signal once, so the preemption SIGTERMs the steps instead (seen on 22.05), and
             # the ranks die before saving. Not a failure: requeue, resume from the last checkpoint.
-            a.ended = "failed" if a.ended == "running" else a.ended
+            a.state = "failed" if a.state == "running" else a.state
             a.ended_at = a.ended_at or time.time()
             a.error = (
                 "preempted after Slurm's warning signal was spent: the steps got SIGTERM before the "
@@ -416,7 +415,7 @@ class Supervisor:
             )
             return self._requeue(attempts, a, "preemption", [])
         verdict = self._verdict(end, a, attempts)
-        a.ended = "failed" if a.ended == "running" else a.ended
+        a.state = "failed" if a.state == "running" else a.state
         a.ended_at = a.ended_at or time.time()
         a.error = verdict.reason
         a.suspects = sorted(set(verdict.nodes))
@@ -517,8 +516,8 @@ class Supervisor:
             a.cause, a.action, a.error = a.cause if cause == "budget" else cause, "fail", reason
             a.decided_at = a.decided_at or time.time()
             a.ended_at = a.ended_at or time.time()
-            if a.ended == "running":
-                a.ended = "failed"
+            if a.state == "running":
+                a.state = "failed"
         attempts.save()
         update_results(self.run_dir, attempts, "failed", {"error": reason})
         log.error("hpc_llm supervisor: the run failed: %s", reason)
@@ -742,7 +741,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
         log.exception("hpc_llm supervisor failed")
         attempts = Attempts.load(policy.run_dir)
-        update_results(policy.run_dir, attempts, "failed", {"error": f"hpc_llm supervisor: {type(exc).__name__}: {exc}"})
+        update_results(
+            policy.run_dir, attempts, "failed", {"error": f"hpc_llm supervisor: {type(exc).__name__}: {exc}"}
+        )
         code = 1
     raise SystemExit(code)
 

@@ -23,17 +23,17 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm.rundir import provenance
 from hpc_llm.config import trackers
+from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import context, preemption
 from hpc_llm.job import preflight as health
-from hpc_llm.job.env import DistEnv, JobEnv
 from hpc_llm.job.context import JobContext
+from hpc_llm.job.env import DistEnv, JobEnv
 from hpc_llm.job.measure import progress_figures, training_figures
+from hpc_llm.rundir import provenance
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import RunRecord, run_info
-from hpc_llm.config.train_config import build_train_config
 
 log = logging.getLogger(__name__)
 

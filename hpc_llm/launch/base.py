@@ -1,18 +1,24 @@
-"""What hpc_llm's launchers share: Hydra setup and per-job config composition."""
+"""What hpc_llm's launchers share: Hydra setup, the start of a sweep, per-job config
+composition, the hooks the sweeper calls, and what a person sees of each job."""
 
 from __future__ import annotations
 
 import copy
 import pickle
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+from rich.console import Console
 
-from hpc_llm.errors import Failed
+from hpc_llm.errors import Failed, warn_once
+from hpc_llm.results import console
+from hpc_llm.rundir import provenance
+from hpc_llm.rundir.record import read_results
 
 
 def copy_config(cfg: DictConfig) -> DictConfig:
@@ -48,7 +54,27 @@ class JobFailed(Failed):
     """A launched job ended badly; the message is one line naming where to look."""
 
 
+def shown(overrides: Sequence[str]) -> str:
+    """A job's overrides as a person reads them in one line."""
+    return " ".join(filter_overrides(overrides)) or "(defaults)"
+
+
+def resource_key(resources_key: str, old_key: str | None, old_name: str, field: str) -> str:
+    """The config key of one resource field; ``nodes_key`` / ``tasks_key`` (the local launcher's
+    names before ``resources_key``) still work, with a deprecation warning."""
+    if old_key:
+        warn_once(
+            f"hydra.launcher.{old_name} is deprecated; use hydra.launcher.resources_key "
+            f"(the config node holding nodes and tasks_per_node, default 'resources')"
+        )
+        return old_key
+    return f"{resources_key}.{field}"
+
+
 class BaseLauncher(Launcher):
+    """A Hydra launcher of hpc_llm: the sweeper (hpc_llm.launch.sweeper) calls
+    :meth:`check_job` on every job before anything is created, then :meth:`launch`."""
+
     #: prefix of hydra.job.id ("local_3", "slurm_3")
     kind = "base"
 
@@ -58,6 +84,36 @@ class BaseLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         #: job configs the sweeper already composed and validated, by overrides
         self.precomposed: dict[tuple[str, ...], DictConfig] = {}
+        #: provenance of this invocation (collected once per sweep: git is not free)
+        self.provenance: tuple[dict[str, Any], str] = ({}, "")
+
+    # -- hooks the sweeper calls ---------------------------------------------
+    def check_job(self, cfg: DictConfig) -> None:
+        """Raise a one-line ConfigError if this launcher cannot run job ``cfg``; nothing exists yet."""
+
+    # -- shared steps of launch() ----------------------------------------------
+    def begin_sweep(self) -> Path:
+        """What every launch starts with: Hydra's globals and logging, the sweep dir, provenance."""
+        if self.config is None or self.hydra_context is None:
+            raise RuntimeError("launcher used before Hydra called setup()")
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self.provenance = provenance.collect()
+        return sweep_dir
+
+    def print_summary(self, run_dir: str | Path, title: str) -> dict[str, Any] | None:
+        """The summary table of a finished job (from its results.json), if it wrote one."""
+        results = read_results(run_dir)
+        if results is not None:
+            Console(width=max(100, Console().width)).print(console.summary(results, title=title))
+        return results
+
+    @staticmethod
+    def experiment(cfg: DictConfig) -> str | None:
+        value = OmegaConf.select(cfg, "experiment", default=None)
+        return str(value) if value is not None else None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config

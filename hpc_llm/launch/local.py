@@ -20,17 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, configure_log, run_job
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 
+from hpc_llm.errors import ConfigError
+from hpc_llm.launch.base import BaseLauncher, JobFailed, resource_key, shown
 from hpc_llm.results import console, ledger
 from hpc_llm.rundir import provenance
-from hpc_llm.errors import ConfigError
-from hpc_llm.launch.base import BaseLauncher, JobFailed
-from hpc_llm.rundir.payload import read_return, shared_part, write_payload
 from hpc_llm.rundir.layout import RunDir
-from hpc_llm.rundir.record import read_results
+from hpc_llm.rundir.payload import read_return, shared_part, write_payload
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +78,19 @@ def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
 class LocalLauncher(BaseLauncher):
     kind = "local"
 
-    def __init__(self, nodes_key: str, tasks_key: str, timeout_s: int = 0, stream: bool | None = None) -> None:
+    def __init__(
+        self,
+        resources_key: str = "resources",
+        timeout_s: int = 0,
+        stream: bool | None = None,
+        nodes_key: str | None = None,
+        tasks_key: str | None = None,
+    ) -> None:
         super().__init__()
-        self.nodes_key = nodes_key
-        self.tasks_key = tasks_key
+        self.nodes_key = resource_key(resources_key, nodes_key, "nodes_key", "nodes")
+        self.tasks_key = resource_key(resources_key, tasks_key, "tasks_key", "tasks_per_node")
         self.timeout_s = timeout_s
         self.stream = console.verbose() if stream is None else stream
-        self._provenance: tuple[dict[str, Any], str] = ({}, "")
 
     # -- called by the sweeper on every job before anything is created -----
     def check_job(self, cfg: DictConfig) -> None:
@@ -102,18 +106,13 @@ class LocalLauncher(BaseLauncher):
 
     # -- Hydra Launcher API ------------------------------------------------
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        if self.config is None or self.hydra_context is None:
-            raise RuntimeError("launcher used before Hydra called setup()")
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self.begin_sweep()
+        assert self.config is not None and self.hydra_context is not None
         returns: list[JobReturn] = []
-        self._provenance = provenance.collect()  # once per invocation: git is not free
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             sweep_config = self.job_config(overrides, idx)
-            log.info("job %d: %s", idx, " ".join(filter_overrides(overrides)) or "(defaults)")
+            log.info("job %d: %s", idx, shown(overrides))
 
             def run_ranks(_cfg: DictConfig, sc: DictConfig = sweep_config) -> Any:
                 return self._run_ranks(sc)
@@ -138,7 +137,7 @@ class LocalLauncher(BaseLauncher):
             str(run_dir),
             str(sweep_config.hydra.sweep.dir),
             int(sweep_config.hydra.job.num),
-            OmegaConf.select(sweep_config, "experiment", default=None),
+            self.experiment(sweep_config),
             "local",
             list(sweep_config.hydra.overrides.task),
             [],
@@ -154,7 +153,7 @@ class LocalLauncher(BaseLauncher):
 
     def _spawn_ranks(self, sweep_config: DictConfig, run_dir: Path) -> Any:
         ranks = self.ranks(sweep_config)
-        provenance.write(run_dir, *self._provenance)
+        provenance.write(run_dir, *self.provenance)
         payload = write_payload(run_dir, sweep_config, shared_part(self.task_function))
         rd = RunDir(run_dir)
         rd.logs.mkdir(exist_ok=True)
@@ -192,10 +191,8 @@ class LocalLauncher(BaseLauncher):
                 t.join(timeout=10)
             for f in files:
                 f.close()
-        results = read_results(run_dir)
         num = sweep_config.hydra.job.num
-        if results is not None:
-            Console(width=max(100, Console().width)).print(console.summary(results, title=f"job {num}"))
+        results = self.print_summary(run_dir, title=f"job {num}")
         if failed is not None:
             rank, code = failed
             raise JobFailed(f"job {num} failed: rank {rank} exited with {code}; log: {rd.rank_log(rank)}")

@@ -11,10 +11,12 @@ from hydra.core.config_store import ConfigStore
 @dataclass
 class LocalLauncherConf:
     _target_: str = "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins.LocalLauncher"
-    # Config keys holding each job's node and rank counts; a Hydra app without
-    # them runs one rank per job.
-    nodes_key: str = "resources.nodes"
-    tasks_key: str = "resources.tasks_per_node"
+    # Config node holding each job's resources (nodes, tasks_per_node), as for
+    # the Slurm launcher; a Hydra app without it runs one rank per job.
+    resources_key: str = "resources"
+    # Deprecated: the node and rank count keys before resources_key (still read, with a warning).
+    nodes_key: Optional[str] = None
+    tasks_key: Optional[str] = None
     # Seconds to wait for one job's ranks before killing them (0: no limit).
     timeout_s: int = 0
     # Copy rank 0's whole output to the console while it runs; null: only with -v

@@ -27,19 +27,17 @@ from typing import Any
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf._utils import OmegaConfDumper
-from rich.console import Console
 
+from hpc_llm.errors import ConfigError
+from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, shown
+from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
 from hpc_llm.rundir import provenance, snapshot
-from hpc_llm.errors import ConfigError
-from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config
-from hpc_llm.rundir.payload import read_return, shared_part, write_payload
-from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.rundir.layout import PRIVATE, RunDir
-from hpc_llm.rundir.record import read_results
+from hpc_llm.rundir.payload import read_return, shared_part, write_payload
 from hpc_llm.slurm import accounting, query, submit
 from hpc_llm.slurm.render import render
 from hpc_llm.slurm.spec import build_spec, job_resources
@@ -151,20 +149,14 @@ class SlurmLauncher(BaseLauncher):
 
     # -- Hydra Launcher API ------------------------------------------------
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        if self.config is None or self.hydra_context is None:
-            raise RuntimeError("launcher used before Hydra called setup()")
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = str(self.config.hydra.sweep.dir)
-        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+        sweep_dir = str(self.begin_sweep())
         points: list[tuple[DictConfig, list[str], submit.Point]] = []
-        prov = provenance.collect()  # once per invocation: git is not free
         code_dir = str(snapshot.take(RunDir(sweep_dir).code_snapshot)) if self.opts.snapshot else None
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             cfg = self.job_config(overrides, idx)
             run_dir = self._prepare_run_dir(cfg)
-            provenance.write(run_dir, *prov)
+            provenance.write(run_dir, *self.provenance)
             spec = build_spec(cfg, self.opts, run_dir, code_dir=code_dir)
             script = render(spec)
             RunDir(run_dir).sbatch_script.write_text(script)
@@ -173,9 +165,10 @@ class SlurmLauncher(BaseLauncher):
         if self.opts.dry_run:
             for cfg, overrides, p in points:
                 print(
-                    f"job {p.num}: dry run, batch script {RunDir(p.run_dir).sbatch_script}  [{_shown(overrides)}]", flush=True
+                    f"job {p.num}: dry run, batch script {RunDir(p.run_dir).sbatch_script}  [{shown(overrides)}]",
+                    flush=True,
                 )
-                ledger.record(p.run_dir, sweep_dir, p.num, _experiment(cfg), "slurm", overrides, [], "DRY_RUN")
+                ledger.record(p.run_dir, sweep_dir, p.num, self.experiment(cfg), "slurm", overrides, [], "DRY_RUN")
             return [self._job_return(cfg, p.run_dir, {"run_dir": p.run_dir, "job_id": None}) for cfg, _o, p in points]
         try:
             submit.submit_all(
@@ -202,7 +195,7 @@ class SlurmLauncher(BaseLauncher):
                     p.run_dir,
                     sweep_dir,
                     p.num,
-                    _experiment(cfg),
+                    self.experiment(cfg),
                     "slurm",
                     overrides,
                     [str(p.job_id)],
@@ -210,7 +203,7 @@ class SlurmLauncher(BaseLauncher):
                     conn=conn,
                 )
                 print(
-                    f"job {p.num}: submitted Slurm job {p.job_id}, run dir {p.run_dir}  [{_shown(overrides)}]",
+                    f"job {p.num}: submitted Slurm job {p.job_id}, run dir {p.run_dir}  [{shown(overrides)}]",
                     flush=True,
                 )
                 submitted.append((cfg, p.run_dir, str(p.job_id), run))
@@ -229,7 +222,14 @@ class SlurmLauncher(BaseLauncher):
             for cfg, overrides, p in points:
                 if p.num in done:
                     ledger.record(
-                        p.run_dir, sweep_dir, p.num, _experiment(cfg), "slurm", overrides, [str(p.job_id)], "SUBMITTED"
+                        p.run_dir,
+                        sweep_dir,
+                        p.num,
+                        self.experiment(cfg),
+                        "slurm",
+                        overrides,
+                        [str(p.job_id)],
+                        "SUBMITTED",
                     )
             what = f"kept the {len(done)} point(s) already submitted (Slurm job(s) {', '.join(refs)})"
         else:
@@ -244,7 +244,7 @@ class SlurmLauncher(BaseLauncher):
         if leftovers <= {"multirun.yaml", PRIVATE}:
             shutil.rmtree(sweep_dir, ignore_errors=True)
         point = next(o for _c, o, p in points if p.num == rejected.point.num)
-        raise ConfigError(f"Slurm refused job {rejected.point.num} [{_shown(point)}]: {rejected.reason}; {what}")
+        raise ConfigError(f"Slurm refused job {rejected.point.num} [{shown(point)}]: {rejected.reason}; {what}")
 
     # -- helpers -------------------------------------------------------------
     def _prepare_run_dir(self, cfg: DictConfig) -> str:
@@ -331,11 +331,8 @@ class SlurmLauncher(BaseLauncher):
         returns = [
             self._finished(cfg, d, job, runs[jid]) for (cfg, d, job, _r), jid in zip(submitted, ids, strict=True)
         ]
-        out = Console(width=max(100, Console().width))
         for (cfg, d, _j, _r), jid in zip(submitted, ids, strict=True):
-            results = read_results(d)
-            if results is not None:
-                out.print(console.summary(results, title=f"job {cfg.hydra.job.num} (Slurm job {jid})"))
+            self.print_summary(d, title=f"job {cfg.hydra.job.num} (Slurm job {jid})")
         return returns
 
     def _finished(self, cfg: DictConfig, run_dir: str, job_id: str, run: ledger.Run | None) -> JobReturn:
@@ -352,15 +349,6 @@ class SlurmLauncher(BaseLauncher):
             f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {RunDir(run_dir).logs}"
         )
         return self._job_return(cfg, run_dir, err, JobStatus.FAILED)
-
-
-def _shown(overrides: Sequence[str]) -> str:
-    return " ".join(filter_overrides(overrides)) or "(defaults)"
-
-
-def _experiment(cfg: DictConfig) -> str | None:
-    value = OmegaConf.select(cfg, "experiment", default=None)
-    return str(value) if value is not None else None
 
 
 class _YamlDumper(yaml.CDumper):

@@ -3,14 +3,13 @@
 Hydra's BasicSweeper creates the sweep directory and writes multirun.yaml
 before a single job config is checked; a bad value in job 3 of 4 then leaves
 a half-made sweep behind. This sweeper composes every job first and runs the
-launcher's ``check_job`` (if it has one) and the configured ``validate``
+launcher's ``check_job`` (hpc_llm's launchers declare it) and the configured ``validate``
 callable on each; only then does it hand over to BasicSweeper.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
@@ -21,7 +20,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.launch.base import copy_config
+from hpc_llm.launch.base import BaseLauncher, copy_config
 
 
 def job_run_dir(job_cfg: DictConfig) -> str:
@@ -94,7 +93,9 @@ class ValidatingSweeper(BasicSweeper):
                 cfg.hydra.sweep.subdir = "."
 
     def sweep(self, arguments: list[str]) -> Any:
-        check_job: Callable[[DictConfig], None] | None = getattr(self.launcher, "check_job", None)
+        # hpc_llm's launchers declare check_job and take precomposed configs; any other
+        # Hydra launcher (basic, joblib, submitit) runs what this sweeper composed as usual
+        ours = self.launcher if isinstance(self.launcher, BaseLauncher) else None
         validate = get_method(self.validate) if self.validate else None
         if self.config is None:
             raise RuntimeError("sweeper used before Hydra called setup()")
@@ -106,13 +107,13 @@ class ValidatingSweeper(BasicSweeper):
         for cfg in jobs.values():
             if validate:
                 validate(cfg, job_run_dir(cfg))
-            if check_job:
-                check_job(cfg)
+            if ours is not None:
+                ours.check_job(cfg)
         self._validated = True
-        if hasattr(self.launcher, "precomposed"):
+        if ours is not None:
             # Composing costs ~0.2 s a job; the launcher reuses these instead of
             # composing every job a second time (the login node should answer fast).
-            self.launcher.precomposed = jobs  # type: ignore[union-attr]
+            ours.precomposed = jobs
         return super().sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Any) -> None:

@@ -172,8 +172,8 @@ class Attempt:
     train_s: float = 0.0
     #: when the first batch of this attempt was done (training again after a stop)
     first_batch_at: float | None = None
-    #: running | completed | stopped | failed | lost
-    ended: str = "running"
+    #: running (not ended yet, or died unrecorded) | completed | stopped | failed | lost
+    state: str = "running"
     ended_at: float | None = None
     #: why it ended (BUDGET_OF_CAUSE, FINAL_CAUSES) and what was done about it
     cause: str | None = None
@@ -196,6 +196,8 @@ class Attempt:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         known = {f.name for f in fields(cls)}
+        if "ended" in data and "state" not in data:  # attempts.json written before the rename
+            data = {**data, "state": data["ended"]}
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @property
@@ -209,7 +211,7 @@ ATTEMPT_SUMMARY = (
     "restart",
     "step",
     "nodes",
-    "ended",
+    "state",
     "cause",
     "action",
     "error",
@@ -253,7 +255,7 @@ class Attempts:
         for prev, nxt in zip(self.items, self.items[1:], strict=False):
             lost = max(0, prev.last_batch - nxt.resumed_at_batch)
             if lost:
-                key = prev.cause or prev.ended
+                key = prev.cause or prev.state
                 out[key] = out.get(key, 0) + lost
         return out
 
@@ -293,7 +295,7 @@ class Attempts:
                 productive_node_s += a.train_s * kept / trained * n
         allocated_node_s = sum((end - begin) * nodes_of[key] for key, (begin, end) in allocations.items())
         causes: dict[str, int] = {}
-        for a in items[:-1] if items and items[-1].ended == "running" else items:
+        for a in items[:-1] if items and items[-1].state == "running" else items:
             if a.cause and a.cause != "completed":
                 causes[a.cause] = causes.get(a.cause, 0) + 1
         requeues = [a.signal_to_requeue_s for a in items if a.signal_to_requeue_s is not None]
@@ -420,10 +422,10 @@ class RunRecord:
         return self._close(status, "stopped", {**figures, "error": error}, batch=batch, cause=cause)
 
     def _close(
-        self, status: str, ended: str, figures: dict[str, Any], *, batch: int | None, cause: str | None
+        self, status: str, state: str, figures: dict[str, Any], *, batch: int | None, cause: str | None
     ) -> dict[str, Any]:
         a = self.current
-        a.ended, a.ended_at = ended, time.time()
+        a.state, a.ended_at = state, time.time()
         if cause is not None:
             a.cause = cause
         if figures.get("error"):

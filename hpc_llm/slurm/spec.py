@@ -12,13 +12,12 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm.errors import ConfigError
 from hpc_llm.config.plan import parse_time_limit
+from hpc_llm.errors import ConfigError
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.slurm.render import SbatchSpec
 
@@ -241,4 +240,3 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         supervisor=supervisor_command(cfg, opts, run_dir, res, sig),
         code_dir=code_dir,
     )
-

@@ -23,10 +23,9 @@ import contextlib
 import io
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from hpc_llm.config.plan import parse_time_limit
