@@ -41,37 +41,37 @@ def compose(overrides: Sequence[str]) -> DictConfig:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
     from hpc_llm.plugins.base import KINDS
     from hpc_llm.plugins.manager import get_plugins
+    from hpc_llm.results.format import add_row, literal, table, wide_console
 
     plugins = get_plugins(args.block or ())
     collisions = plugins.collisions()
-    table = Table(title="hpc_llm plugins", show_lines=False)
-    for col in ("kind", "name", "package", "plugin", "description"):
-        table.add_column(col)
+    t = table(("kind", "name", "package", "plugin", "description"), title="hpc_llm plugins", overflow="ellipsis")
     for entry in plugins.entries():
-        name = entry.name
+        name = Text(entry.name)
         if (entry.kind, entry.name) in collisions:
-            name = f"{name} [bold red](COLLISION)[/]"
-        table.add_row(KINDS[entry.kind].kind, name, entry.package, entry.plugin, entry.component.description)
-    console = Console(width=max(120, Console().width))
-    console.print(table)
-    for (kind, name), entries in sorted(collisions.items()):
+            name.append(" (COLLISION)", style="bold red")
+        add_row(t, (KINDS[entry.kind].kind, name, entry.package, entry.plugin, entry.component.description))
+    console = wide_console(120)
+    console.print(t)
+    for (kind, name_), entries in sorted(collisions.items()):
         who = ", ".join(f"{e.package} [{e.plugin}]" for e in entries)
-        console.print(f"[red]collision:[/] {KINDS[kind].kind} '{name}' is registered by {who}")
+        line = Text("collision:", style="red")
+        line.append_text(literal(f" {KINDS[kind].kind} '{name_}' is registered by {who}"))
+        console.print(line)
     for blocked in plugins.blocked:
-        console.print(f"blocked: {blocked}")
+        console.print(literal(f"blocked: {blocked}"))
     return 1 if collisions else 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from hpc_llm.config.validate import resolve_job
     from hpc_llm.config.train_config import build_train_config
+    from hpc_llm.config.validate import resolve_job
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
@@ -111,73 +111,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import time as _time
+    from hpc_llm.results.status_table import show
 
-    from rich.console import Console
-    from rich.table import Table
-
-    from hpc_llm.results.status import attempts_of, counts, refresh, runs_of
-
-    runs = refresh(limit=args.limit)
-    if args.run:
-        return _status_of_runs(runs_of(args.run), attempts_of)
-    table = Table(title="hpc_llm runs")
-    for col in ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir"):
-        table.add_column(col, overflow="fold")
-    by_sweep: dict[str, list] = {}
-    for r in runs:
-        by_sweep.setdefault(r.sweep_dir, []).append(r)
-    for r in runs:
-        sweep = by_sweep[r.sweep_dir]
-        if len(sweep) > 1 and not args.all:
-            if r is not sweep[0]:
-                continue  # a sweep is one line: its counts
-            table.add_row(
-                f"{sweep[0].id}-{sweep[-1].id}",
-                counts(sweep),
-                r.experiment or "-",
-                f"{len(sweep)} runs",
-                str(sum(x.restarts for x in sweep)),
-                _time.strftime("%Y-%m-%d %H:%M", _time.localtime(r.submitted_at)),
-                "(a sweep)",
-                r.sweep_dir,
-            )
-            continue
-        table.add_row(
-            str(r.id),
-            r.state,
-            r.experiment or "-",
-            ",".join(r.job_ids) or "-",
-            str(r.restarts),
-            _time.strftime("%Y-%m-%d %H:%M", _time.localtime(r.submitted_at)),
-            " ".join(r.overrides) or "-",
-            r.run_dir,
-        )
-    Console(width=max(160, Console().width)).print(table)
-    return 0
-
-
-def _status_of_runs(runs: list, attempts_of) -> int:
-    """``hpc-llm status <run>``: each run's state and every attempt Slurm accounting knows."""
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Console(width=max(160, Console().width))
-    for run in runs:
-        out.print(f"run {run.id}: {run.state}, {run.restarts} restart(s), job(s) {', '.join(run.job_ids) or '-'}")
-        out.print(f"  run dir {run.run_dir}")
-        if run.error:
-            out.print(f"  error: {run.error}", markup=False)
-        rows = attempts_of(run)
-        if not rows:
-            continue
-        table = Table(title=f"attempts of run {run.id}")
-        for col in rows[0]:
-            table.add_column(col, overflow="fold")
-        for row in rows:
-            table.add_row(*("-" if v is None else str(v) for v in row.values()))
-        out.print(table)
-    return 0
+    return show(limit=args.limit, ref=args.run, every_run=args.all)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -190,8 +126,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _find_run(ref: str):
-    from hpc_llm.results import ledger
     from hpc_llm.errors import ConfigError
+    from hpc_llm.results import ledger
 
     run = ledger.find(ref)
     if run is None:
@@ -208,11 +144,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from hpc_llm.results import ledger
-    from hpc_llm.slurm import query
+    from hpc_llm.slurm import submit
 
     run = _find_run(args.run)
     if run.launcher == "slurm" and run.job_ids:
-        query.cancel(run.job_ids)
+        submit.cancel(run.job_ids)
     ledger.update(run, state="CANCELLED")
     print(f"cancelled run {run.id} (Slurm job(s) {', '.join(run.job_ids) or '-'}): {run.run_dir}")
     return 0
@@ -294,8 +230,8 @@ def cmd_container(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from hpc_llm.launch import images
     from hpc_llm.errors import Failed
+    from hpc_llm.launch import images
 
     if args.action == "build":
         if len(args.args) != 2:

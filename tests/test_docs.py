@@ -1,6 +1,13 @@
-"""Every hookspec is documented, with its signature, in the plugin guide."""
+"""The docs agree with the code.
 
+Every hookspec is documented, with its signature, in the plugin guide; the
+upstream fixes are one numbered list in docs/design.md that the code and the
+README cite by number; every module and file the docs name exists.
+"""
+
+import ast
 import inspect
+import re
 from pathlib import Path
 
 from hpc_llm.plugins import hookspecs
@@ -51,3 +58,241 @@ def test_docs_cite_no_file_outside_the_repository():
     ]
     assert cited == [], cited
     assert (ROOT / "docs" / "design.md").is_file()
+
+
+# -- the upstream fixes: one numbered list, in docs/design.md ---------------------
+
+DESIGN = ROOT / "docs" / "design.md"
+COMPAT = ROOT / "hpc_llm" / "job" / "compat.py"
+FIXES_HEADING = "Upstream fixes"
+#: "upstream fix 3", "upstream fixes 3 and 4", "upstream fixes 8 to 12" (line breaks allowed);
+#: "upstream hazard N" is the same citation in older wording
+CITATION = re.compile(r"upstream\s+(?:fix|hazard)(?:e?s)?\s+(\d+)(?:\s*(,|and|to|-)\s*(\d+))?")
+#: "`hpc_llm/job/task.py: node_local_dir`": a name defined in that file
+LOCATION = re.compile(r"(hpc_llm/[\w/]+\.py): (\w+)")
+#: what a list entry says the upstream version is: "(Composer 0.32)", "(torch 2.7)", ...
+VERSION = re.compile(r"\(([A-Za-z][\w. -]*? \d+\.\d+)")
+
+
+def _section(doc: str, heading: str) -> str:
+    m = re.search(rf"^## (?:\d+\. )?{re.escape(heading)}\n(.*?)(?=^## |\Z)", doc, re.M | re.S)
+    assert m, f"docs/design.md has no section {heading!r}"
+    return m.group(1)
+
+
+def upstream_fixes(doc: str) -> dict[int, str]:
+    """The numbered list of docs/design.md's "Upstream fixes": number -> the entry's text."""
+    section = _section(doc, FIXES_HEADING)
+    starts = list(re.finditer(r"^(\d+)\. \*\*", section, re.M))
+    entries: dict[int, str] = {}
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(section)
+        number = int(m.group(1))
+        assert number not in entries, f"upstream fix {number} is numbered twice"
+        entries[number] = section[m.start() : end]
+    return entries
+
+
+def cited_fixes(text: str) -> set[int]:
+    """The fix numbers a text cites."""
+    cited: set[int] = set()
+    for m in CITATION.finditer(text):
+        first, joiner, last = int(m.group(1)), m.group(2), m.group(3)
+        if last is None:
+            cited.add(first)
+        elif joiner in ("to", "-"):
+            cited.update(range(first, int(last) + 1))
+        else:
+            cited.update({first, int(last)})
+    return cited
+
+
+def applied_patches() -> list[ast.FunctionDef]:
+    """The patch functions compat.apply() calls, in order."""
+    tree = ast.parse(COMPAT.read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    calls = [
+        n.func.id
+        for n in ast.walk(functions["apply"])
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions
+    ]
+    patches = [name for name in functions if name.startswith("_patch_")]
+    assert sorted(calls) == sorted(patches), f"compat.apply() calls {calls}, compat.py defines {patches}"
+    return [functions[name] for name in calls]
+
+
+def _citing_files() -> list[Path]:
+    this = Path(__file__).resolve()
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for folder in ("hpc_llm", "hydra_plugins", "tests", "benchmarks", "sbatch_templates", "conf"):
+        files += sorted(p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".j2", ".yaml"))
+    return [p for p in files if p.resolve() != this]
+
+
+def test_upstream_fixes_are_numbered_1_to_n_and_each_says_what_version_and_where():
+    fixes = upstream_fixes(DESIGN.read_text())
+    assert list(fixes) == list(range(1, len(fixes) + 1)), f"docs/design.md numbers its upstream fixes {list(fixes)}"
+    for number, entry in fixes.items():
+        assert VERSION.search(entry), f"upstream fix {number} names no upstream version: {entry[:80]!r}"
+        where = LOCATION.findall(entry)
+        assert where, f"upstream fix {number} does not say where the code handles it (`hpc_llm/...py: name`)"
+
+
+def test_every_cited_upstream_fix_exists():
+    fixes = upstream_fixes(DESIGN.read_text())
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(cited_fixes(p.read_text(errors="replace")) - set(fixes))
+        for p in _citing_files()
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}, f"cited, but docs/design.md has fixes 1-{len(fixes)}"
+    for text in (COMPAT.read_text(), (ROOT / "README.md").read_text()):
+        assert cited_fixes(text), "compat.py and the README cite the fixes by number"
+
+
+def test_every_patch_compat_applies_is_cited_by_number_and_the_entry_names_it():
+    fixes = upstream_fixes(DESIGN.read_text())
+    patches = applied_patches()
+    assert len(patches) >= 6
+    covered: set[int] = set()
+    for fn in patches:
+        numbers = cited_fixes(ast.get_docstring(fn) or "")
+        assert numbers, f"compat.{fn.name}'s docstring cites no 'docs/design.md, upstream fix N'"
+        for n in numbers:
+            assert n in fixes, f"compat.{fn.name} cites upstream fix {n}, which docs/design.md lacks"
+            assert f"hpc_llm/job/compat.py: {fn.name}" in fixes[n], f"upstream fix {n} does not name compat.{fn.name}"
+        covered |= numbers
+    in_compat = {n for n, entry in fixes.items() if "hpc_llm/job/compat.py: " in entry}
+    assert in_compat == covered, f"entries naming compat.py {sorted(in_compat)}, patches citing {sorted(covered)}"
+    assert not re.search(r"^\s*\d+\. ", ast.get_docstring(ast.parse(COMPAT.read_text())) or "", re.M), (
+        "compat.py keeps no numbered list of its own"
+    )
+
+
+def test_citation_parsing():
+    assert cited_fixes("docs/design.md, upstream\n   fix 1; upstream fixes 3 and 4") == {1, 3, 4}
+    assert cited_fixes("upstream fixes 8 to 10, upstream hazard 2") == {2, 8, 9, 10}
+    assert cited_fixes("the upstream version; fixes 3") == set()
+
+
+# -- every module or file the docs name exists -------------------------------------
+
+#: paths in the docs that are upstream's, not this repository's
+UPSTREAM_PATHS = {"scripts/train/yamls/pretrain/mpt-*.yaml"}  # LLM Foundry's pretraining yamls
+_NOT_IN_A_NAME = r"(?<![\w./~$<>-])"
+FILE_PATH = re.compile(
+    _NOT_IN_A_NAME
+    + r"(?:hpc_llm|tests|benchmarks|scripts|sbatch_templates|containers|conf|docs|plugins|hydra_plugins)/[\w./*-]*"
+)
+MODULE = re.compile(_NOT_IN_A_NAME + r"hpc_llm(?:\.[A-Za-z_]\w*)+")
+#: a module named from its folder in the package, as flow pictures do: "job/task.py"
+SHORT_PATH = re.compile(_NOT_IN_A_NAME + r"(?:config|plugins|launch|slurm|rundir|job|builtin|data|results)/\w+\.py")
+
+
+def _wheel_paths() -> dict[str, str]:
+    """Paths a wheel has that the repository keeps elsewhere (hpc_llm/_data/conf -> conf)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    table = re.search(r"^\[tool\.hatch\.build\.targets\.wheel\.force-include\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    pairs = re.findall(r'^"([^"]+)" = "([^"]+)"', table.group(1) if table else "", re.M)
+    return {dest: src for src, dest in pairs}
+
+
+def _path_exists(name: str) -> bool:
+    name = name.rstrip(".")
+    for dest, src in _wheel_paths().items():
+        if dest.startswith(name.rstrip("/") + "/"):
+            return True  # a folder only the wheel has
+        if name == dest or name.startswith(dest + "/"):
+            name = src + name[len(dest) :]
+    if "*" in name:
+        return any(ROOT.glob(name.rstrip("/")))
+    return (ROOT / name).exists()
+
+
+def _top_level_names(module: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _module_exists(dotted: str) -> bool:
+    """``hpc_llm.x.y`` is a module or package, or ``hpc_llm.x.y.Name`` one of its top-level names."""
+    path = ROOT / "hpc_llm"
+    parts = dotted.split(".")[1:]
+    while parts and (path / parts[0]).is_dir():
+        path = path / parts.pop(0)
+    if parts and (path / f"{parts[0]}.py").is_file():
+        path = path / f"{parts.pop(0)}.py"
+    if not parts:
+        return True
+    module = path if path.suffix == ".py" else path / "__init__.py"
+    return module.is_file() and parts[0] in _top_level_names(module)
+
+
+def missing_names(text: str) -> list[str]:
+    """The module and file paths a text names that the repository does not have."""
+    missing = [p for p in FILE_PATH.findall(text) if p not in UPSTREAM_PATHS and not _path_exists(p)]
+    missing += [
+        p for p in SHORT_PATH.findall(text) if not (ROOT / "hpc_llm" / p).is_file() and not (ROOT / p).is_file()
+    ]
+    missing += [m for m in MODULE.findall(text) if not _module_exists(m)]
+    for path, name in LOCATION.findall(text):
+        if not (ROOT / path).is_file() or name not in _top_level_names(ROOT / path):
+            missing.append(f"{path}: {name}")
+    return missing
+
+
+def test_every_module_and_file_the_docs_name_exists():
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = {str(p.relative_to(ROOT)): missing_names(p.read_text()) for p in docs}
+    assert {k: v for k, v in missing.items() if v} == {}
+
+
+def test_a_stale_name_is_caught():
+    stale = (
+        "`hpc_llm/launchers/payload.py`, hpc_llm/trainconfig.py and `hpc_llm/job/distenv.py`; "
+        "`hpc_llm.launchers.payload`, hpc_llm.rundir.payload.RankEntry, hpc_llm.job.health; "
+        "`hpc_llm/job/task.py: no_such_function`, tests/test_nothing.py, (job/health.py)"
+    )
+    assert missing_names(stale) == [
+        "hpc_llm/launchers/payload.py",
+        "hpc_llm/trainconfig.py",
+        "hpc_llm/job/distenv.py",
+        "tests/test_nothing.py",
+        "job/health.py",
+        "hpc_llm.launchers.payload",
+        "hpc_llm.rundir.payload.RankEntry",
+        "hpc_llm.job.health",
+        "hpc_llm/job/task.py: no_such_function",
+    ]
+    fresh = (
+        "`hpc_llm/rundir/payload.py`, hpc_llm/job/, hpc_llm.launch.slurm.RankEntry, hpc_llm.job, "
+        "hpc_llm.hookimpl, `hpc_llm/job/task.py: node_local_dir`, `.hpc_llm/job.pkl`, "
+        "`~/.hpc_llm/dev-cluster`, hpc_llm/_data/conf, containers/*.def, sbatch_templates/default.sh.j2, "
+        "(job/preflight.py)"
+    )
+    assert missing_names(fresh) == []
+
+
+# -- section citations ----------------------------------------------------------------
+
+#: docs/design.md, "Long runs"   /   docs/design.md ("Long runs and failures")
+SECTION_CITATION = re.compile(r'design\.md(?:,\s*|\s*\()"([^"]+)"')
+
+
+def test_every_cited_section_of_the_design_doc_exists():
+    headings = [re.sub(r"^\d+[a-z]?\. ", "", h) for h in re.findall(r"^#+ (.+)$", DESIGN.read_text(), re.M)]
+    wrong = {}
+    for p in _citing_files():
+        for title in SECTION_CITATION.findall(p.read_text(errors="replace")):
+            title = " ".join(title.split())
+            if not any(h.startswith(title) for h in headings):
+                wrong.setdefault(str(p.relative_to(ROOT)), []).append(title)
+    assert wrong == {}, f"sections of docs/design.md: {headings}"

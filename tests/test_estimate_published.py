@@ -19,8 +19,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from hpc_llm.cli import compose
-from hpc_llm.results.estimate import estimate
 from hpc_llm.config.flops import model_flops_per_token
+from hpc_llm.results.estimate import estimate
 
 
 def train_of(overrides: list[str]) -> dict:

@@ -25,12 +25,12 @@ from tests.conftest import ROOT
 NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data")
 TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets")
 #: the two places where the login side hands over to the job: the Hydra task
-#: function and the callable submitit runs in each srun task (the Slurm
-#: launcher's RankEntry). Both import the in-job side when called, which
+#: function and the callable submitit runs in each srun task (RankEntry in
+#: hpc_llm.launch.handover). Both import the in-job side when called, which
 #: happens inside the job.
 IN_JOB_HANDOVERS = {
     ("hpc_llm.app", "hpc_llm.job.task"),
-    ("hpc_llm.launch.slurm", "hpc_llm.job.entry"),
+    ("hpc_llm.launch.handover", "hpc_llm.job.entry"),
 }
 
 

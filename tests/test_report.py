@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.results import report
-from hpc_llm.errors import ConfigError
-from hpc_llm.results.estimate import DEFAULT_EFFICIENCY, estimate
 from hpc_llm.config.flops import model_flops_per_token
+from hpc_llm.errors import ConfigError
+from hpc_llm.results import report
+from hpc_llm.results.estimate import DEFAULT_EFFICIENCY, estimate
 from tests.conftest import ROOT, explain, run_cli
 
 GOLDEN = ROOT / "tests" / "golden" / "report.md"

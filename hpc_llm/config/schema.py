@@ -37,7 +37,7 @@ class ClusterConfig:
     # "cpu" or "gpu": picks Composer's device, the dist backend and FSDP defaults.
     device: str = "cpu"
     # Node-local scratch directory for each rank's working directory; None uses
-    # $TMPDIR or /tmp. Must not be a shared filesystem (docs/design.md, upstream hazard 1).
+    # $TMPDIR or /tmp. Must not be a shared filesystem (docs/design.md, upstream fix 1).
     scratch: Optional[str] = None
     # Environment exported into every rank (NCCL / network knobs as settings).
     env: dict[str, str] = field(default_factory=dict)

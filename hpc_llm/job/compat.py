@@ -1,55 +1,14 @@
-"""Fixes for upstream bugs that a real multi-node cluster hits (in-job only).
+"""Patches for upstream bugs that a real multi-node cluster hits (in-job only).
 
-Each patch names the upstream version it was written against and is applied
-once, explicitly, by the task before training (never at import).
+docs/design.md ("Upstream fixes") keeps the one numbered list of them: what
+breaks, the upstream version each patch was written against, and how it is
+fixed. Each patch below cites its entry there as "upstream fix N" and says
+why it is written the way it is; this module keeps no numbering of its own.
 
-1. Composer 0.32 ``dist.get_node_signal_file_name()`` broadcasts rank 0's
-   file name (``._signal_file_node0_<rand>``) to every rank, so when the file
-   lands in a shared directory (save_folder on autoresume / checkpoint load)
-   the local rank 0 of every node writes and deletes the *same* file:
-   ``FileNotFoundError``. We keep the broadcast random part (all ranks must
-   agree on it) and put the real node rank in the name (docs/design.md, hazard 1).
-2. Composer 0.32 ``FSDP2Config.from_compatible_attrs`` drops
-   ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree`` with a
-   warning, so HSDP under FSDP2 silently trains as FULL_SHARD. We return a
-   subclass that carries the degrees, so Composer builds the 2-D
-   (replicate, shard) device mesh and ``fully_shard`` does HSDP.
-3. torch 2.7 FSDP2 averages gradients with ``ReduceOp.AVG`` for fp32/bf16,
-   which Gloo does not implement; FULL_SHARD gets away with it but HSDP's
-   replica all-reduce fails on CPU ("Cannot use ReduceOp.AVG with Gloo").
-   On Gloo process groups only, we make FSDP2 sum and divide afterwards (the
-   path torch itself takes for fp16). NCCL runs are untouched.
-4. torch 2.7 ``torch.cpu.Stream.record_event()`` (a stub "to facilitate
-   device-agnostic code") returns None, and FSDP2's HSDP path asserts that the
-   all-reduce event is not None. CPU work is synchronous, so an always-complete
-   ``torch.cpu.Event`` is the faithful answer. Affects CPU devices only.
-5. Composer 0.32 cannot autoresume from a sharded (torch.distributed.checkpoint)
-   checkpoint of an MPT model with a Hugging Face tokenizer: the checkpoint's
-   ``state/integrations`` holds the tokenizer's files as they were when saved
-   (``tokenizer.json`` with truncation/padding as training set them), the
-   fresh trainer's as they are now, and DCP's strict load plan fails on the
-   difference ("Missing key in checkpoint state_dict:
-   state.integrations.huggingface.tokenizer.tokenizer.json.content.truncation").
-   Autoresume also drops ``load_ignore_keys``. The integrations are metadata
-   for exporting the model, not training state, so a sharded load leaves them
-   out of the state it asks for (found by tests/test_faults.py, FSDP and HSDP).
-6. Composer 0.32 autoresume asks every logger destination for the latest
-   checkpoint before the loggers are initialised; ``WandBLogger.download_file``
-   then raises ``RuntimeError("get_file_artifact can only be called after
-   running init()")`` (only FileNotFoundError / NotImplementedError are
-   caught), and otherwise calls ``wandb.Api()``, which needs the network. hpc_llm
-   keeps checkpoints in its checkpoint backend, never in W&B (no
-   ``log_artifacts``), so W&B answers "not here" (found by tests/test_trackers.py).
-7. mosaicml-streaming 0.12 ``StreamingDataset.state_dict`` at an epoch
-   boundary: Composer saves the end-of-epoch checkpoint after the epoch's
-   iteration finished and before the next one starts, asking for the state
-   at sample 0 of the epoch; Streaming answers with the epoch just *finished*
-   (``next_epoch - 1``) at sample 0, so a run resumed from it replays that
-   epoch's sample order and every later epoch is one behind the
-   uninterrupted run (found by tests/test_faults.py: a preemption killed a
-   run unsaved just after ``ep1-ba78``, and its final loss was 1.83 where the
-   uninterrupted run reached 1.43). At sample 0 we name the epoch that comes
-   next, which is what the uninterrupted run iterates.
+The task applies them once, explicitly, in every rank before training
+(:func:`apply`), never at import and never on the login node. A patch that
+wraps an upstream function marks its wrapper (``_hpc_llm``), so applying it
+twice never wraps the wrapper.
 """
 
 from __future__ import annotations
@@ -63,6 +22,11 @@ _APPLIED = False
 
 
 def _patch_signal_file_name() -> None:
+    """Put the real node rank in Composer's node signal-file name (docs/design.md, upstream fix 1).
+
+    The random part stays broadcast from rank 0: every rank of a node must agree on the
+    name; only the node rank, which Composer took from rank 0 too, must differ per node.
+    """
     from composer.utils import dist
 
     def get_node_signal_file_name(rng: random.Random | None = None) -> str:
@@ -75,6 +39,13 @@ def _patch_signal_file_name() -> None:
 
 
 def _patch_fsdp2_hsdp() -> None:
+    """Keep the HSDP degrees through Composer's FSDP2 config (docs/design.md, upstream fix 2).
+
+    A subclass carries ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree``
+    (which ``FSDP2Config`` drops), so Composer builds the 2-D (replicate, shard) device
+    mesh and ``fully_shard`` does HSDP. Without a replicate degree (FULL_SHARD) the
+    original config is returned unchanged.
+    """
     from composer.utils import parallelism
 
     base = parallelism.FSDP2Config
@@ -111,6 +82,14 @@ def _patch_fsdp2_hsdp() -> None:
 
 
 def _patch_fsdp2_gloo_average() -> None:
+    """FSDP2 HSDP on Gloo: sum then divide instead of ``ReduceOp.AVG`` (docs/design.md,
+    upstream fix 3), and a CPU stream event that exists (docs/design.md, upstream fix 4).
+
+    Both are needed for HSDP on CPU, so they are applied together. Summing and dividing
+    afterwards is the path torch itself takes for fp16; only Gloo process groups take it,
+    NCCL runs keep torch's own factors. CPU work is synchronous, so an always-complete
+    ``torch.cpu.Event`` is the faithful answer where ``record_event()`` returns None.
+    """
     import torch.distributed as tdist
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
 
@@ -135,6 +114,14 @@ def _patch_fsdp2_gloo_average() -> None:
 
 
 def _patch_sharded_load_integrations() -> None:
+    """Leave ``state/integrations`` out of a sharded load (docs/design.md, upstream fix 5).
+
+    The integrations (the tokenizer's files) are metadata for exporting the model, not
+    training state, and they legitimately differ between the save and the resume. The
+    sharded loader itself is wrapped because autoresume drops ``load_ignore_keys``, so no
+    config could ask for this; the ``ignore_keys`` a caller does pass (a glob list or a
+    callable) still apply.
+    """
     from composer.utils import checkpoint
 
     original = checkpoint.load_sharded_checkpoint
@@ -158,6 +145,13 @@ def _patch_sharded_load_integrations() -> None:
 
 
 def _patch_wandb_download() -> None:
+    """W&B holds no checkpoints: downloads answer "not here" (docs/design.md, upstream fix 6).
+
+    hpc_llm keeps checkpoints in its checkpoint backend, never in W&B (no
+    ``log_artifacts``), so there is nothing to ask W&B for, and asking would need W&B
+    initialised (autoresume asks before it is) and the network. FileNotFoundError is
+    what autoresume takes for "not here".
+    """
     from composer.loggers import wandb_logger
 
     cls = wandb_logger.WandBLogger
@@ -172,6 +166,11 @@ def _patch_wandb_download() -> None:
 
 
 def _patch_streaming_epoch_boundary() -> None:
+    """At an epoch boundary, save the epoch that comes next (docs/design.md, upstream fix 7).
+
+    Composer asks for the state at sample 0 after an epoch's iteration finished; the
+    resumed run must iterate the next epoch's order, as the uninterrupted run does.
+    """
     from streaming.base.dataset import StreamingDataset
 
     original = StreamingDataset.state_dict

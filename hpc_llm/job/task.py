@@ -26,8 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.config import trackers
 from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import context, preemption
-from hpc_llm.job import preflight as health
+from hpc_llm.job import context, preemption, preflight
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.env import DistEnv, JobEnv
 from hpc_llm.job.measure import progress_figures, training_figures
@@ -44,7 +43,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         if cfg.preflight.enabled:
             # before anything else touches the allocation: a bad node stops the job here
-            health.run_preflight(cfg, job.health_checks, ctx)
+            preflight.run_preflight(cfg, job.health_checks, ctx)
             if cfg.preflight.only:
                 return _record(
                     ctx, lambda r: r.completed({"preflight": ctx.preflight, "wallclock_s": _since(started)}, batch=0)
@@ -62,7 +61,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except preemption.Preempted as stop:
         after_stop(cfg, job, ctx, stop)
         raise SystemExit(0) from None
-    except health.CheckFailed as failed:
+    except preflight.CheckFailed as failed:
         after_failed_preflight(cfg, job, ctx, failed)
         raise SystemExit(1) from None  # the reason is logged and in results.json
     except BaseException as exc:
@@ -111,7 +110,7 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
 
 
 def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
-    """Per-node working directory outside the shared run dir (docs/design.md, upstream hazard 1)."""
+    """Per-node working directory outside the shared run dir (docs/design.md, upstream fix 1)."""
     base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
     job = JobEnv.current().job_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
     path = Path(base) / f"hpc_llm-{job}" / f"node{dist.node_rank}"
@@ -249,7 +248,7 @@ def after_stop(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preempt
         raise SystemExit(1)
 
 
-def after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: health.CheckFailed) -> None:
+def after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, failed: preflight.CheckFailed) -> None:
     """Record why (rank 0); with preflight.exclude_bad_nodes, the supervisor requeues away from the named nodes.
 
     Every rank reaches the same decision from the same figures. Rank 0 writes
@@ -273,4 +272,4 @@ def after_failed_preflight(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, f
             status="interrupted" if requeue else "failed",
         )
         log.error("%s; %s", reason, "requeueing without them" if requeue else "not training")
-    health.barrier()
+    preflight.barrier()

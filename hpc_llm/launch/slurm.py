@@ -33,6 +33,7 @@ from omegaconf._utils import OmegaConfDumper
 
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, shown
+from hpc_llm.launch.handover import RankEntry
 from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
 from hpc_llm.rundir import provenance, snapshot
@@ -43,21 +44,6 @@ from hpc_llm.slurm.render import render
 from hpc_llm.slurm.spec import build_spec, job_resources
 
 log = logging.getLogger(__name__)
-
-
-class RankEntry:
-    """The picklable callable submitit runs in every srun task: the job's entry point on the
-    payload the launcher wrote. This is where the login side hands over to the job: the in-job
-    side is imported only when a task on a compute node calls it."""
-
-    def __init__(self, payload: str) -> None:
-        self.payload = payload
-
-    def __call__(self) -> Any:
-        from hpc_llm.job import entry
-
-        entry.configure_logging()
-        return entry.run_payload(Path(self.payload))
 
 
 class SlurmLauncher(BaseLauncher):
@@ -234,7 +220,7 @@ class SlurmLauncher(BaseLauncher):
             what = f"kept the {len(done)} point(s) already submitted (Slurm job(s) {', '.join(refs)})"
         else:
             if refs:
-                query.cancel(refs)
+                submit.cancel(refs)
             done = set()
             what = f"cancelled the {len(refs)} job(s) it had submitted" if refs else "nothing had been submitted"
         for _cfg, _o, p in points:

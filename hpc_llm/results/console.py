@@ -20,9 +20,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
+from hpc_llm.results.format import duration, table
 from hpc_llm.rundir.record import read_progress
 
 LOG_LEVEL_ENV = "HPC_LLM_LOG_LEVEL"
@@ -33,18 +34,10 @@ def verbose() -> bool:
     return os.environ.get(LOG_LEVEL_ENV, "").upper() in ("INFO", "DEBUG")
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}"
-
-
 def progress_line(label: str, progress: dict[str, Any], started: float, state: str | None = None) -> Text:
-    """``job 0 [train] batch 12/40  loss 5.21  1,234 tok/s  ETA 0:00:18``."""
+    """``job 0 [train] batch 12/40  loss 5.21  1,234 tok/s  ETA 0m18s``."""
     if not progress:
-        return Text(f"{label}: {state or 'starting'} ({_duration(time.time() - started)})", style="dim")
+        return Text(f"{label}: {state or 'starting'} ({duration(time.time() - started)})", style="dim")
     batch, total = progress.get("batch") or 0, progress.get("total_batches")
     parts = [f"{label} [{progress.get('phase', '?')}]", f"batch {batch}" + (f"/{total}" if total else "")]
     if progress.get("loss") is not None:
@@ -53,7 +46,7 @@ def progress_line(label: str, progress: dict[str, Any], started: float, state: s
         parts.append(f"{progress['tokens_per_sec']:,.0f} tok/s")
     elapsed = (progress.get("time") or time.time()) - started
     if total and batch and progress.get("phase") == "train":
-        parts.append(f"ETA {_duration(elapsed / batch * (total - batch))}")
+        parts.append(f"ETA {duration(elapsed / batch * (total - batch))}")
     if state:
         parts.append(state)
     return Text("  ".join(parts))
@@ -69,10 +62,10 @@ def live_progress(
     stop = threading.Event()
 
     def render() -> Table:
-        table = Table.grid()
+        grid = Table.grid()
         for label, run_dir, state in runs():
-            table.add_row(progress_line(label, read_progress(run_dir), started, state))
-        return table
+            grid.add_row(progress_line(label, read_progress(run_dir), started, state))
+        return grid
 
     with Live(render(), console=console, refresh_per_second=2, transient=True) as live:
 
@@ -96,35 +89,43 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def summary(results: dict[str, Any], title: str | None = None) -> Table:
-    """The end of a run in a few rows: loss, held-out metrics, throughput, where things are."""
+    """The end of a run in a few rows: loss, held-out metrics, throughput, where things are.
+    Every value is literal text (an error, a path, a sample may hold brackets)."""
     ev = results.get("eval") or {}
-    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
     error = results.get("error")
-    table.add_row("status", str(results.get("status")) + (f": {error}" if error else ""))
     first, last = results.get("train_loss_first"), results.get("train_loss")
-    table.add_row(
-        "train loss", f"{_fmt(first, '.4g')} -> {_fmt(last, '.4g')} ({_fmt(results.get('batches_done'))} batches)"
-    )
-    if ev:
-        table.add_row(
-            "held-out", f"loss {_fmt(ev.get('loss'), '.4g')}, token accuracy {_fmt(ev.get('token_accuracy'), '.3f')}"
-        )
     mfu = results.get("mfu")
-    table.add_row(
-        "throughput",
-        f"{_fmt(results.get('tokens_per_sec'), ',.0f')} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""),
-    )
     wall = results.get("total_wallclock_s") or results.get("wallclock_s")
     restarts = results.get("restarts") or 0
-    table.add_row("wall clock", _duration(wall) + (f", {restarts} restart(s)" if restarts else ""))
+    rows = [
+        ("status", str(results.get("status")) + (f": {error}" if error else "")),
+        ("train loss", f"{_fmt(first, '.4g')} -> {_fmt(last, '.4g')} ({_fmt(results.get('batches_done'))} batches)"),
+    ]
+    if ev:
+        rows.append(
+            ("held-out", f"loss {_fmt(ev.get('loss'), '.4g')}, token accuracy {_fmt(ev.get('token_accuracy'), '.3f')}")
+        )
+    rows.append(
+        (
+            "throughput",
+            f"{_fmt(results.get('tokens_per_sec'), ',.0f')} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""),
+        )
+    )
+    rows.append(("wall clock", duration(wall) + (f", {restarts} restart(s)" if restarts else "")))
     if results.get("checkpoint"):
-        table.add_row("checkpoint", str(results["checkpoint"]))
+        rows.append(("checkpoint", str(results["checkpoint"])))
     if results.get("hf_model_dir"):
-        table.add_row("HF model", str(results["hf_model_dir"]))
+        rows.append(("HF model", str(results["hf_model_dir"])))
     if ev.get("inference_sample") is not None:
-        table.add_row("inference", repr(ev["inference_sample"]))
+        rows.append(("inference", repr(ev["inference_sample"])))
     if results.get("run_dir"):
-        table.add_row("run dir", str(results["run_dir"]))
-    return table
+        rows.append(("run dir", str(results["run_dir"])))
+    return table(
+        (Column(style="bold"), Column()),
+        rows,
+        title=title,
+        show_header=False,
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+    )

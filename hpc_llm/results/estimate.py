@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.errors import ConfigError
 from hpc_llm.config.flops import human_params, model_flops_per_token
+from hpc_llm.errors import ConfigError
+from hpc_llm.results.format import GB, duration, human_bytes
 
 #: MFU by model size on H100 80GB, bf16, seq 2048, FULL_SHARD, from LLM Foundry's
 #: published benchmarks (scripts/train/benchmarking/README.md, "H100 80GB BF16"):
@@ -117,7 +118,7 @@ def checkpoint_plan(e: Estimate, tokens_per_batch: float) -> CheckpointPlan:
     optimum checkpoint interval", CACM 1974): the save time and the failure rate of
     ``e.nodes`` nodes decide it, not the epoch."""
     size = e.n_params * CHECKPOINT_BYTES_PER_PARAM
-    save = size / (e.nodes * WRITE_GBPS_PER_NODE * 1e9)
+    save = size / (e.nodes * WRITE_GBPS_PER_NODE * GB)
     mtbf = NODE_MTBF_DAYS * 86400 / e.nodes
     interval = (2 * save * mtbf) ** 0.5
     batches = max(1, round(interval * e.tokens_per_sec / tokens_per_batch))
@@ -255,15 +256,6 @@ def money(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
 
 
-def duration(seconds: float) -> str:
-    days = seconds / 86400
-    if days >= 14:
-        return f"{days / 7:.1f} weeks ({days:.1f} days)"
-    if days >= 1:
-        return f"{days:.1f} days"
-    return f"{seconds / 3600:.1f} hours"
-
-
 def render(estimates: list[Estimate]) -> str:
     e0 = estimates[0]
     lines = [
@@ -302,17 +294,10 @@ def render(estimates: list[Estimate]) -> str:
         for e in estimates:
             plan = checkpoint_plan(e, e.tokens_per_batch or 1.0)
             lines.append(
-                f"| {e.nodes} | {plan.save_s:.0f} s | {duration(plan.mtbf_s)} | {duration(plan.interval_s)} | "
+                f"| {e.nodes} | {duration(plan.save_s)} | {duration(plan.mtbf_s)} | {duration(plan.interval_s)} | "
                 f"{plan.interval_batches:,} |"
             )
     return "\n".join(lines) + "\n"
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def compare(sweep_dir: Path, *, mfu: float | None, peak_flops_per_gpu: float | None, efficiency: float | None) -> str:
@@ -349,7 +334,7 @@ def compare(sweep_dir: Path, *, mfu: float | None, peak_flops_per_gpu: float | N
         est_h = est_s * gpus / 3600 if est_s else None
         lines.append(
             f"| {r.run_dir.name} | {res.get('nodes')} | {gpus} | {tokens or '-'} | {f'{m:.1%}' if m else '-'} | "
-            f"{f'{est_s:.1f} s' if est_s else '-'} | {f'{actual:.1f} s' if actual else '-'} | "
+            f"{duration(est_s, decimals=1) if est_s else '-'} | {duration(actual, decimals=1) if actual else '-'} | "
             f"{f'{actual / est_s:.2f}' if actual and est_s else '-'} | {f'{est_h:.3g}' if est_h else '-'} | "
             f"{f'{used:.3g} {unit}' if used is not None else '-'} | "
             f"{f'{used / est_h:.2f}' if used and est_h else '-'} |"

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hpc_llm.errors import ConfigError
+from hpc_llm.results.format import BYTES_UNIT, GB
 
 MIN_BYTES = 8
 DEFAULT_MAX_BYTES = {"gpu": 256 << 20, "cpu": 1 << 20}
@@ -38,7 +39,7 @@ def bus_factor(n_ranks: int) -> float:
 
 
 def algbw_gbps(size_bytes: int, seconds: float) -> float:
-    return size_bytes / seconds / 1e9 if seconds > 0 else 0.0
+    return size_bytes / seconds / GB if seconds > 0 else 0.0
 
 
 def busbw_gbps(size_bytes: int, seconds: float, n_ranks: int) -> float:
@@ -58,12 +59,14 @@ def row(size_bytes: int, seconds: float, n_ranks: int, dtype: str = "float") -> 
 
 
 def format_table(rows: Iterable[Mapping[str, Any]], n_ranks: int, nodes: int | None = None) -> str:
+    """nccl-tests' layout: sizes in bytes, bandwidths in decimal GB/s (as every byte figure here)."""
     rows = list(rows)
+    rate = f"({BYTES_UNIT}/s)"
     where = f"{n_ranks} ranks" + (f" on {nodes} node(s)" if nodes else "")
     lines = [
         f"# all_reduce over {where} (hpc_llm preflight; busbw = algbw x 2(n-1)/n)",
         f"#{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>8} {'busbw':>8}",
-        f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}",
+        f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {rate:>8} {rate:>8}",
     ]
     for r in rows:
         lines.append(
@@ -71,7 +74,7 @@ def format_table(rows: Iterable[Mapping[str, Any]], n_ranks: int, nodes: int | N
             f"{r['algbw_gbps']:>8.2f} {r['busbw_gbps']:>8.2f}"
         )
     peak = max((r["busbw_gbps"] for r in rows), default=0.0)
-    lines.append(f"# peak busbw: {peak:.2f} GB/s")
+    lines.append(f"# peak busbw: {peak:.2f} {BYTES_UNIT}/s")
     return "\n".join(lines) + "\n"
 
 

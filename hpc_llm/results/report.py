@@ -19,8 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.errors import ConfigError
+from hpc_llm.results.format import bytes_header, bytes_in, duration
 from hpc_llm.rundir.layout import RESULTS, RunDir
 from hpc_llm.rundir.record import SETTLED
+
+#: columns of bytes say their (decimal) unit: "Peak memory / rank (GB)", "Checkpoint (GB)"
+PEAK_MEMORY = bytes_header("Peak memory / rank")
+CHECKPOINT = bytes_header("Checkpoint")
 
 COLUMNS = [
     "Model",
@@ -36,8 +41,8 @@ COLUMNS = [
     "Efficiency",
     "Tokens/s",
     "MFU",
-    "Peak memory / rank (GB)",
-    "Checkpoint",
+    PEAK_MEMORY,
+    CHECKPOINT,
     "Conversion, inference & eval OK?",
     "Eval accuracy",
     "Goodput",
@@ -119,23 +124,6 @@ def find_runs(sweep_dir: Path) -> list[Run]:
         results = json.loads(res.read_text()) if res.is_file() else {}
         runs.append(Run(d, results, [str(j) for j in results.get("slurm_job_ids") or []]))
     return runs
-
-
-def hms(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    m, s = divmod(float(seconds), 60)
-    h, m = divmod(int(m), 60)
-    return f"{h}h{m}m{s:06.3f}s" if h else f"{m}m{s:06.3f}s"
-
-
-def human_bytes(n: float | None) -> str:
-    if not n:
-        return "-"
-    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return f"{int(n)}B"
 
 
 def _yn(value: Any) -> str:
@@ -264,15 +252,15 @@ def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, poi
         "Eval interval": res.get("eval_interval") or "-",
         "Nodes": r.nodes if r.nodes is not None else "-",
         "GPUs / ranks": res.get("world_size") or (r.nodes * tasks if r.nodes and tasks else "-"),
-        "Wallclock": hms(wall),
+        "Wallclock": duration(wall, decimals=3),
         "Wallclock (s)": round(float(wall), 1) if wall else None,
         "Speedup": round(speedup, 2) if speedup is not None else None,
         "Ideal": round(ideal, 2) if ideal is not None else None,
         "Efficiency": round(eff, 3) if eff is not None else None,
         "Tokens/s": round(float(res["tokens_per_sec"])) if res.get("tokens_per_sec") else None,
         "MFU": round(float(res["mfu"]), 3) if res.get("mfu") is not None else None,
-        "Peak memory / rank (GB)": round(res["peak_memory_bytes"] / 1e9, 2) if res.get("peak_memory_bytes") else None,
-        "Checkpoint": human_bytes(res.get("checkpoint_bytes")),
+        PEAK_MEMORY: bytes_in(res.get("peak_memory_bytes") or None),
+        CHECKPOINT: bytes_in(res.get("checkpoint_bytes") or None),
         "Conversion, inference & eval OK?": "/".join(
             (
                 _yn(res.get("conversion_ok")),
@@ -284,7 +272,7 @@ def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, poi
         "Goodput": round(float(res["goodput"]), 3) if res.get("goodput") is not None else None,
         "Restarts": restarts_text(res) if res else "-",
         "Resource-hours": f"{hours:.3g} {unit}" if hours is not None else None,
-        "Queue wait": hms(sum(waits)) if waits else None,
+        "Queue wait": duration(sum(waits), decimals=3) if waits else None,
         "Attempts (Slurm)": " > ".join(a.state for a in attempts) or None,
         "Code": short(res.get("provenance")) if res else "-",
         "Point": point or None,

@@ -105,8 +105,3 @@ def test_only(flags: dict[str, object]) -> str | None:
     errors = [ln.strip() for ln in out.stderr.splitlines() if "error" in ln.lower()]
     reason = (errors or [out.stderr.strip() or f"sbatch --test-only exited with {out.returncode}"])[-1]
     return reason.removeprefix("sbatch: error: ").removeprefix("Batch job submission failed: ")
-
-
-def cancel(job_ids: list[str]) -> None:
-    if job_ids:
-        _run(["scancel", *job_ids])

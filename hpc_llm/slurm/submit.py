@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -162,3 +163,9 @@ def submit_all(points: list[Point], *, sweep_dir: str, parallelism: int, python:
             raise Rejected(group[0], _reason(exc), done) from None
         done.extend(group)
     return done
+
+
+def cancel(job_ids: list[str]) -> None:
+    """``scancel`` the jobs (or arrays) this toolkit submitted: the inverse of :func:`submit_all`."""
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60, check=False)

@@ -1,0 +1,88 @@
+"""What ``hpc-llm status`` prints: the ledger as a table (a sweep is one line), or one run's
+attempts. Every cell is literal text (:mod:`hpc_llm.results.format`): overrides, run dirs,
+experiment names and errors are shown as they are, never read as console markup."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+from hpc_llm.results import ledger
+from hpc_llm.results.format import add_row, literal, table, wide_console
+from hpc_llm.results.status import attempts_of, counts, refresh, runs_of
+
+COLUMNS = ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
+
+AttemptsOf = Callable[[ledger.Run], list[dict[str, object]]]
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def runs_table(runs: list[ledger.Run], every_run: bool = False) -> Table:
+    """One line per run; a sweep of several runs is one line of its counts unless ``every_run``."""
+    t = table(COLUMNS, title="hpc_llm runs")
+    by_sweep: dict[str, list[ledger.Run]] = {}
+    for r in runs:
+        by_sweep.setdefault(r.sweep_dir, []).append(r)
+    for r in runs:
+        sweep = by_sweep[r.sweep_dir]
+        if len(sweep) > 1 and not every_run:
+            if r is not sweep[0]:
+                continue  # a sweep is one line: its counts
+            add_row(
+                t,
+                (
+                    f"{sweep[0].id}-{sweep[-1].id}",
+                    counts(sweep),
+                    r.experiment or "-",
+                    f"{len(sweep)} runs",
+                    str(sum(x.restarts for x in sweep)),
+                    _when(r.submitted_at),
+                    "(a sweep)",
+                    r.sweep_dir,
+                ),
+            )
+            continue
+        add_row(
+            t,
+            (
+                str(r.id),
+                r.state,
+                r.experiment or "-",
+                ",".join(r.job_ids) or "-",
+                str(r.restarts),
+                _when(r.submitted_at),
+                " ".join(r.overrides) or "-",
+                r.run_dir,
+            ),
+        )
+    return t
+
+
+def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> Iterator[RenderableType]:
+    """``hpc-llm status <run>``: each run's state and every attempt Slurm accounting knows."""
+    for run in runs:
+        yield literal(f"run {run.id}: {run.state}, {run.restarts} restart(s), job(s) {', '.join(run.job_ids) or '-'}")
+        yield literal(f"  run dir {run.run_dir}")
+        if run.error:
+            yield literal(f"  error: {run.error}")
+        rows = attempts(run)
+        if rows:
+            yield table(list(rows[0]), (tuple(row.values()) for row in rows), title=f"attempts of run {run.id}")
+
+
+def show(limit: int | None = None, ref: str | None = None, every_run: bool = False, out: Console | None = None) -> int:
+    """Refresh the ledger from Slurm and print it (or, with ``ref``, that run's attempts)."""
+    out = out or wide_console()
+    runs = refresh(limit=limit)
+    if ref:
+        for renderable in run_details(runs_of(ref)):
+            out.print(renderable)
+        return 0
+    out.print(runs_table(runs, every_run=every_run))
+    return 0
