@@ -1,15 +1,20 @@
-"""The one exception type for bad user input.
+"""The exceptions hpc_llm and its plugins raise.
 
-A ``ConfigError`` is raised before anything is started or submitted. Its
-message is a single line that names what is wrong and what is allowed; the
-entry points print it as ``hpc_llm: error: <message>`` and exit with status 2,
-without a traceback.
+A ``ConfigError`` is bad user input, raised before anything is started or
+submitted. Its message is a single line that names what is wrong and what is
+allowed; the entry points print it as ``hpc_llm: error: <message>`` and exit
+with status 2, without a traceback.
+
+Plugin authors raise ``ConfigError`` (from ``validate`` and the other
+login-side methods) and ``CheckFailed`` (from a health check's ``run``, in the
+job). This module is import-light: both sides import it.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -22,6 +27,22 @@ class ConfigError(ValueError):
 class Failed(RuntimeError):
     """Something hpc_llm ran (a job, apptainer build) failed; the message is one
     line naming where to look. Entry points exit with status 1."""
+
+
+class CheckFailed(Exception):
+    """A health check found the allocation unfit; ``nodes`` names the culprits if known.
+
+    Raised from :meth:`hpc_llm.plugins.base.HealthCheck.run` inside the job: the
+    job stops before its first batch, and the reason, the nodes and ``details``
+    are recorded in results.json.
+    """
+
+    def __init__(self, reason: str, nodes: list[str] | tuple[str, ...] = (), details: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.nodes = sorted(set(nodes))
+        #: the check's figures up to the failure (kept in results.json)
+        self.details = details
 
 
 def allowed(values: Iterable[str]) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
-from hpc_llm.errors import ConfigError
 from hpc_llm.config.plan import JobPlan
+from hpc_llm.errors import ConfigError
 from hpc_llm.plugins.base import HealthCheck
 
 

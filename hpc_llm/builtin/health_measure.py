@@ -8,8 +8,9 @@ import subprocess
 import time
 from typing import Any
 
+from hpc_llm.errors import CheckFailed
+from hpc_llm.job.preflight import gather, node_name
 from hpc_llm.results import preflight
-from hpc_llm.job.preflight import CheckFailed, gather, node_name
 
 
 def _sync(device: Any) -> None:

@@ -14,18 +14,11 @@ import os
 import socket
 from typing import Any
 
+# CheckFailed lives with the other exceptions plugin authors raise
+# (hpc_llm.errors); it stays importable from here, as before
+from hpc_llm.errors import CheckFailed
+
 log = logging.getLogger(__name__)
-
-
-class CheckFailed(Exception):
-    """A health check found the allocation unfit; ``nodes`` names the culprits if known."""
-
-    def __init__(self, reason: str, nodes: list[str] | tuple[str, ...] = (), details: Any = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.nodes = sorted(set(nodes))
-        #: the check's figures up to the failure (kept in results.json)
-        self.details = details
 
 
 def node_name() -> str:

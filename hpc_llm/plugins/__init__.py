@@ -1,4 +1,6 @@
 """The plugin system, on both sides: every plugin kind declared once
-(:mod:`hpc_llm.plugins.kinds`), the hookspecs, the pluggy manager that loads the
-built-ins and third-party packages alike, and the typed bases plugins implement.
+(:mod:`hpc_llm.plugins.kinds`), the hookspecs derived from it, the pluggy
+manager that loads the built-ins and third-party packages alike, the registry
+each plugin registers its components through, and the typed bases plugins
+implement.
 """

@@ -4,7 +4,13 @@ A plugin module registers *components* through the hooks in
 :mod:`hpc_llm.plugins.hookspecs`. Each component is a small object with a
 ``name`` (what users select in the config), a one-line ``description`` and
 an optional ``Options`` dataclass that types its ``<section>.options``
-mapping (unknown option keys are then an error naming the key).
+mapping (unknown option keys are then an error naming the key). Which base
+class belongs to which kind, hook and config key is declared once, in
+:mod:`hpc_llm.plugins.kinds`; :data:`KINDS` here is derived from it.
+
+The exceptions a component raises are in :mod:`hpc_llm.errors`:
+:class:`~hpc_llm.errors.ConfigError` for bad input (login node) and
+:class:`~hpc_llm.errors.CheckFailed` from a health check (in the job).
 
 Methods split by where they run:
 
@@ -26,10 +32,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpc_llm.errors import ConfigError
+from hpc_llm.plugins import kinds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hpc_llm.job.context import JobContext
     from hpc_llm.config.plan import JobPlan
+    from hpc_llm.job.context import JobContext
 
 
 def local_path(value: Any) -> str | None:
@@ -40,8 +47,13 @@ def local_path(value: Any) -> str | None:
 
 
 class Component:
-    """Base of every plugin component."""
+    """Base of every plugin component.
 
+    ``kind`` and ``selector`` of each base class below come from its entry in
+    :mod:`hpc_llm.plugins.kinds`.
+    """
+
+    #: what the kind is called in messages ("data source")
     kind: ClassVar[str] = "component"
     #: the config key that selects the component, used in error messages
     selector: ClassVar[str] = ""
@@ -85,9 +97,6 @@ class Component:
 class DataSource(Component):
     """Provides training and held-out data (``data.name``)."""
 
-    kind = "data source"
-    selector = "data.name"
-
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         """LLM Foundry keys: ``train_loader``, ``eval_loader`` (held-out split)
         and optionally ``tokenizer``."""
@@ -109,9 +118,6 @@ class DataSource(Component):
 class ParallelismStrategy(Component):
     """Maps ``parallelism.*`` to Composer's parallelism config (``parallelism.name``)."""
 
-    kind = "parallelism"
-    selector = "parallelism.name"
-
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -122,9 +128,6 @@ class ParallelismStrategy(Component):
 
 class CheckpointBackend(Component):
     """Where and how often checkpoints are written (``checkpoint.name``)."""
-
-    kind = "checkpoint backend"
-    selector = "checkpoint.name"
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         raise NotImplementedError
@@ -146,8 +149,6 @@ class CheckpointBackend(Component):
 class Evaluator(Component):
     """Measures the trained model (listed in ``eval.evaluators``)."""
 
-    kind = "evaluator"
-    selector = "eval.evaluators"
     #: keys of ``after_train``'s result that go to the top level of results.json
     #: (verdicts such as ``conversion_ok`` the report reads); the rest go under ``eval``
     top_level_keys: ClassVar[tuple[str, ...]] = ()
@@ -173,9 +174,6 @@ class ContainerRuntime(Component):
     task command into the command srun starts, and adds shell lines to the
     batch script (image staging, a per-node check, variables passed by name).
     """
-
-    kind = "container runtime"
-    selector = "container.name"
 
     def wrap(self, section: DictConfig, mounts: Mounts, command: list[str]) -> list[str]:
         """The command srun runs for every task; ``command[0]`` is the image's Python."""
@@ -234,22 +232,27 @@ class Mounts:
 class HealthCheck(Component):
     """A check run inside the job before training (``preflight.checks``)."""
 
-    kind = "health check"
-    selector = "preflight.checks"
-
     def run(self, section: DictConfig, ctx: JobContext) -> dict[str, Any]:
         """Run on every rank; return figures for results.json (rank 0's are kept).
 
-        Raise :class:`hpc_llm.job.preflight.CheckFailed` to stop the job before training.
+        Raise :class:`hpc_llm.errors.CheckFailed` to stop the job before training.
         """
         return {}
 
 
-KINDS: dict[str, type[Component]] = {
-    "data": DataSource,
-    "parallelism": ParallelismStrategy,
-    "checkpoint": CheckpointBackend,
-    "evaluator": Evaluator,
-    "container": ContainerRuntime,
-    "health_check": HealthCheck,
-}
+def _bases() -> dict[str, type[Component]]:
+    """Kind name -> base class, from :data:`hpc_llm.plugins.kinds.KINDS`; gives
+    each base class its kind's label and selector."""
+    defined = {cls.__name__: cls for cls in Component.__subclasses__() if cls.__module__ == __name__}
+    out: dict[str, type[Component]] = {}
+    for spec in kinds.KINDS:
+        base = defined.get(spec.base)
+        if base is None:
+            raise TypeError(f"plugin kind {spec.name!r}: no base class {spec.base!r} in {__name__}")
+        base.kind, base.selector = spec.label, spec.selector
+        out[spec.name] = base
+    return out
+
+
+#: kind name -> the base class its components are instances of
+KINDS: dict[str, type[Component]] = _bases()

@@ -1,10 +1,14 @@
-"""Every hook hpc_llm calls, in one place.
+"""Every hook hpc_llm calls: one register hook per plugin kind.
 
-Each hook receives a ``register`` callback and returns nothing. A plugin calls
-``register(component)`` once per component it provides; the component's
-``name`` is what users write in the config (``data.name=jsonl``). The core owns
-the registries, attributes each component to the package it came from, reports
-name collisions, and produces the "allowed values" in error messages.
+The hooks are made from :data:`hpc_llm.plugins.kinds.KINDS` (name and
+documentation), so a kind declared there has its hook here. Each is
+``hpc_llm_register_<kinds>(register)`` and returns nothing: ``register`` is a
+:class:`~hpc_llm.plugins.registry.Registry` of the calling plugin's own, and the
+plugin calls ``register(component)`` once per component it provides. The
+component's ``name`` is what users write in the config (``data.name=jsonl``).
+The core owns the registries, attributes each component to the plugin and
+distribution whose registry took it, reports name collisions, and produces the
+"allowed values" in error messages.
 
 Call semantics (all hooks): every implementation is called, once per process,
 when the plugin manager first loads (lazily, on first use, never at import).
@@ -18,80 +22,30 @@ see ``docs/plugins.md``.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hpc_llm.plugins.kinds import KINDS, Kind
 from hpc_llm.plugins.markers import hookspec
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from collections.abc import Callable
-
-    from hpc_llm.plugins.base import (
-        CheckpointBackend,
-        ContainerRuntime,
-        DataSource,
-        Evaluator,
-        HealthCheck,
-        ParallelismStrategy,
-    )
+    from hpc_llm.plugins.registry import Registry
 
 
-@hookspec
-def hpc_llm_register_data_sources(register: Callable[[DataSource], None]) -> None:
-    """Register data sources (selected by ``data.name``).
+def register_hook(kind: Kind) -> Callable[[Registry], None]:
+    """The hookspec of ``kind``'s register hook."""
 
-    A data source validates its options on the login node, contributes the
-    ``train_loader`` / ``eval_loader`` (and optionally ``tokenizer``) sections
-    of the LLM Foundry train config, and may prepare data inside the job.
-    """
+    def spec(register: Registry) -> None:
+        pass
 
-
-@hookspec
-def hpc_llm_register_parallelism(register: Callable[[ParallelismStrategy], None]) -> None:
-    """Register parallelism strategies (selected by ``parallelism.name``).
-
-    A strategy checks its degrees against the world size and turns
-    ``parallelism.*`` into Composer's ``parallelism_config`` plus any
-    environment variables the ranks need.
-    """
+    spec.__name__ = spec.__qualname__ = kind.hook
+    spec.__module__ = __name__
+    spec.__doc__ = inspect.cleandoc(kind.doc) + f"\n\nBase class: ``hpc_llm.plugins.base.{kind.base}``."
+    return hookspec(spec)
 
 
-@hookspec
-def hpc_llm_register_checkpoint_backends(register: Callable[[CheckpointBackend], None]) -> None:
-    """Register checkpoint backends (selected by ``checkpoint.name``).
-
-    A backend turns ``checkpoint.*`` into Composer's ``save_folder`` /
-    ``save_interval`` / ``autoresume`` keys and says where the latest
-    checkpoint is after training.
-    """
-
-
-@hookspec
-def hpc_llm_register_evaluators(register: Callable[[Evaluator], None]) -> None:
-    """Register evaluators (listed in ``eval.evaluators``).
-
-    An evaluator may add keys to the train config (eval loaders, intervals)
-    and returns metrics after training; they land in ``results.json`` under
-    ``eval``.
-    """
-
-
-@hookspec
-def hpc_llm_register_container_runtimes(register: Callable[[ContainerRuntime], None]) -> None:
-    """Register container runtimes (selected by ``container.name``).
-
-    A runtime wraps each Slurm task's command (``apptainer exec ... IMAGE
-    python -m ...``) and may add batch-script lines (image staging, a per-node
-    check). Built-ins: ``none`` and ``apptainer``; a site package can add
-    enroot/pyxis or podman-hpc.
-    """
-
-
-@hookspec
-def hpc_llm_register_health_checks(register: Callable[[HealthCheck], None]) -> None:
-    """Register health checks (listed in ``preflight.checks``).
-
-    Checks run inside the job on every rank before training when
-    ``preflight.enabled=true`` (and alone under ``hpc-llm preflight``); their
-    figures land in ``results.json`` under ``preflight``, and a check below its
-    threshold stops the job before the first batch.
-    """
+#: hook name -> hookspec, one per kind
+HOOKS: dict[str, Callable[[Registry], None]] = {kind.hook: register_hook(kind) for kind in KINDS}
+# module attributes, where pluggy's add_hookspecs(module) looks for them
+globals().update(HOOKS)

@@ -18,6 +18,7 @@ from hpc_llm.data.loaders import text_loader
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import cache_dir
 from hpc_llm.plugins.base import DataSource
+from hpc_llm.plugins.registry import Registry
 
 
 class JsonlSource(DataSource):
@@ -92,5 +93,6 @@ class JsonlSource(DataSource):
 
 
 @hookimpl
-def hpc_llm_register_data_sources(register) -> None:
+def hpc_llm_register_data_sources(register: Registry) -> None:
+    # this plugin's own registry: `hpc-llm plugins` lists what it takes under hpc-llm-jsonl
     register(JsonlSource())

@@ -15,6 +15,7 @@ from typing import Any
 
 from hpc_llm import hookimpl
 from hpc_llm.plugins.base import Evaluator
+from hpc_llm.plugins.registry import Registry
 
 CALLBACK = "hpc_llm_test_crash"
 
@@ -56,5 +57,5 @@ class CrashAt(Evaluator):
 
 
 @hookimpl
-def hpc_llm_register_evaluators(register: Any) -> None:
+def hpc_llm_register_evaluators(register: Registry) -> None:
     register(CrashAt())
