@@ -6,11 +6,12 @@ tests/test_faults.py; these pin the arithmetic and the rules.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
-from hpc_llm.job import failures, heartbeat, supervisor
+from hpc_llm.job import failures, heartbeat, policy, supervisor
 from hpc_llm.rundir.record import Attempt, Attempts
 
 
@@ -34,53 +35,56 @@ def test_srun_stderr_names_the_task_that_died_first():
     assert not exited.killed_by_signal
 
 
+def classify(fs, tasks=(), nodes=(), resumed_at_batch=0, earlier=()):
+    stop = policy.Stop(
+        returncode=1, now=time.time(), failures=tuple(fs), task_errors=tuple(tasks), failed_nodes=tuple(nodes)
+    )
+    current = Attempt("1", 0, 0.0, resumed_at_batch=resumed_at_batch)
+    return policy.classify_failure(stop, current, list(earlier))
+
+
 def test_a_killed_rank_is_an_infrastructure_failure_blaming_its_node():
     tasks, nodes = failures.parse_srun_errors(SRUN_KILLED)
-    # the survivors saw their peer vanish: gloo/NCCL errors, not a user error
+    # the survivors saw their peer vanish: gloo/NCCL errors, not a user error, and not their node
     peers = [failure(rank=0, message="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer", node="n1")]
-    v = failures.classify(peers, tasks, nodes, resumed_at_batch=0, earlier=[])
-    assert (v.cause, v.nodes) == ("failure", ("n2",))
-    assert "task 1 on n2: Killed" in v.reason
+    cause, reason, node = classify(peers, tasks, nodes)
+    assert (cause, node) == ("failure", "n2")
+    assert "task 1 on n2: Killed" in reason
 
 
 @pytest.mark.parametrize(
     "message",
     [
         "NCCL error in: ProcessGroupNCCL.cpp:1553, unhandled system error",
-        "CUDA error: an illegal memory access was encountered",
         "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv",
     ],
 )
-def test_nccl_cuda_and_collective_timeouts_are_the_machines_fault(message):
+def test_nccl_and_collective_timeouts_are_the_machines_fault(message):
     f = failure(type_="DistBackendError", message=message)
     assert f.infrastructure
-    v = failures.classify([f], [], [], resumed_at_batch=0, earlier=[])
-    assert v.cause == "failure" and v.nodes == ()
+    cause, _reason, node = classify([f])
+    assert cause == "failure" and node == "n1"
 
 
 def test_an_exception_before_the_first_batch_is_a_user_error():
-    v = failures.classify(
-        [failure(type_="KeyError", message="'optimizer'", batch=-1)], [], [], resumed_at_batch=0, earlier=[]
-    )
-    assert v.cause == "user_error" and "before the first batch" in v.reason and "KeyError" in v.reason
+    cause, reason, _ = classify([failure(type_="KeyError", message="'optimizer'", batch=-1)])
+    assert cause == "user_error" and "before the first batch" in reason and "KeyError" in reason
     # after a resume from batch 40, failing before training one more batch is the same thing
-    v = failures.classify([failure(batch=40)], [], [], resumed_at_batch=40, earlier=[])
-    assert v.cause == "user_error"
+    assert classify([failure(batch=40)], resumed_at_batch=40)[0] == "user_error"
 
 
 def test_the_same_exception_at_the_same_batch_twice_is_a_user_error():
-    first = failures.classify([failure(batch=7)], [], [], resumed_at_batch=0, earlier=[])
-    assert first.cause == "failure" and "retrying once" in first.reason
-    again = failures.classify([failure(batch=7)], [], [], resumed_at_batch=5, earlier=[failure(batch=7)])
-    assert again.cause == "user_error" and "during batch 8 again" in again.reason
-    other_batch = failures.classify([failure(batch=9)], [], [], resumed_at_batch=5, earlier=[failure(batch=7)])
-    assert other_batch.cause == "failure"
+    cause, reason, _ = classify([failure(batch=7)])
+    assert cause == "failure" and "retrying once" in reason
+    cause, reason, _ = classify([failure(batch=7)], resumed_at_batch=5, earlier=[failure(batch=7)])
+    assert cause == "user_error" and "during batch 8 again" in reason
+    assert classify([failure(batch=9)], resumed_at_batch=5, earlier=[failure(batch=7, node="n2")])[0] == "failure"
 
 
 def test_a_node_failure_reported_by_slurm_blames_that_node():
     tasks, nodes = failures.parse_srun_errors(["srun: error: Node failure on n3"])
-    v = failures.classify([], tasks, nodes, resumed_at_batch=0, earlier=[])
-    assert (v.cause, v.nodes) == ("node_failure", ("n3",))
+    cause, _reason, node = classify([], tasks, nodes)
+    assert (cause, node) == ("node_failure", "n3")
 
 
 def test_failure_reports_round_trip(tmp_path, monkeypatch):
@@ -274,3 +278,79 @@ def test_a_save_the_attempt_did_not_finish_is_set_aside_and_composer_resumes_bes
     (sharded / "ep0-ba10" / "__0_0.distcp").write_bytes(b"s")
     assert [p.name for p in set_aside_unfinished(sharded)] == ["ep0-ba10"]
     assert (sharded / "unfinished" / "ep0-ba10" / "__0_0.distcp").is_file()
+
+
+def _save(path, batch, complete=True):
+    """A checkpoint file as torch.save writes it (a zip); a cut-off one lacks the zip's end record."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", b"x" * 100 + str(batch).encode())
+    data = buf.getvalue()
+    path.write_bytes(data if complete else data[: len(data) // 2])
+
+
+def test_keep_last_k_holds_over_the_runs_life_and_unfinished_keeps_its_newest(tmp_path):
+    from hpc_llm.builtin.checkpoint import prune, set_aside_unfinished
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    # three attempts with keep=2, each leaving its own two saves (Composer forgets earlier processes')
+    for b in (10, 20, 30, 40, 50, 60):
+        _save(folder / f"ep0-ba{b}-rank0.pt", b)
+    (folder / "latest-rank0.pt").symlink_to("ep0-ba60-rank0.pt")
+    for n in range(3):
+        (folder / "unfinished").mkdir(exist_ok=True)
+        old = folder / "unfinished" / f"ep0-ba{n}-rank0.pt"
+        old.write_bytes(b"partial")
+        os.utime(old, (1000 + n, 1000 + n))
+    removed = prune(folder, keep=2)
+    assert sorted(p.name for p in folder.glob("ep*")) == ["ep0-ba50-rank0.pt", "ep0-ba60-rank0.pt"]
+    assert [p.name for p in (folder / "unfinished").iterdir()] == ["ep0-ba2-rank0.pt"]
+    assert len(removed) == 6
+    _save(folder / "ep0-ba70-rank0.pt", 70, complete=False)  # the next attempt died mid-save
+    assert [p.name for p in set_aside_unfinished(folder)] == ["ep0-ba70-rank0.pt"]
+    assert [p.name for p in prune(folder, keep=2)] == ["ep0-ba2-rank0.pt"]  # unfinished/: the newest stays
+    assert [p.name for p in (folder / "unfinished").iterdir()] == ["ep0-ba70-rank0.pt"]
+    assert os.readlink(folder / "latest-rank0.pt") == "ep0-ba60-rank0.pt"
+
+
+def test_a_missing_latest_link_resumes_from_the_newest_finished_save_and_moves_nothing(tmp_path):
+    from hpc_llm.builtin.checkpoint import restore_latest, set_aside_unfinished
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for b in (10, 20):
+        _save(folder / f"ep0-ba{b}-rank0.pt", b)
+    _save(folder / "ep0-ba30-rank0.pt", 30, complete=False)  # cut off by the death
+    # Composer removed the link and died before linking ep0-ba20 anew
+    link = restore_latest(folder)
+    assert link is not None and os.readlink(link) == "ep0-ba20-rank0.pt"
+    assert [p.name for p in set_aside_unfinished(folder)] == ["ep0-ba30-rank0.pt"]  # only the cut-off one
+    assert sorted(p.name for p in folder.glob("ep*")) == ["ep0-ba10-rank0.pt", "ep0-ba20-rank0.pt"]
+    # sharded saves: a folder is finished once it has .metadata
+    sharded = tmp_path / "sharded"
+    for b, done in ((10, True), (20, False)):
+        (sharded / f"ep0-ba{b}").mkdir(parents=True)
+        (sharded / f"ep0-ba{b}" / "__0_0.distcp").write_bytes(b"s")
+        if done:
+            (sharded / f"ep0-ba{b}" / ".metadata").write_bytes(b"m")
+    link = restore_latest(sharded)
+    assert link is not None and link.name == "latest-sharded-rank0" and os.readlink(link) == "ep0-ba10"
+
+
+def test_a_start_up_that_never_reaches_training_is_named_by_its_phase():
+    watch = supervisor.HangWatch(timeout_s=1800)
+
+    def beat(rank, phase, node="n1"):
+        return heartbeat.Beat(rank=rank, seq=1, batch=-1, node=node, pid=1, phase=phase)
+
+    assert watch.startup_stuck({}, 10, 2, 60) is None  # within the deadline
+    assert watch.startup_stuck({0: beat(0, "data")}, 61, 2, 60) == "the container or srun (1 of 2 ranks never started)"
+    stuck = watch.startup_stuck({0: beat(0, "build"), 1: beat(1, "start", "n2")}, 61, 2, 60)
+    assert stuck == "imports (rank 1 on n2)"
+    assert watch.startup_stuck({0: beat(0, "build")}, 61, 1, None) is None  # no limit
+    watch.check({0: heartbeat.Beat(0, 2, 0, "n1", 1, heartbeat.TRAINING)}, 62)
+    assert watch.startup_stuck({0: beat(0, "build")}, 10_000, 1, 60) is None  # it trained: not start-up

@@ -240,6 +240,7 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, py
         "resources.time=1",
         "hydra.launcher.signal_lead_s=45",
         "fault.stop_lead_s=20",
+        "checkpoint.keep=2",  # a checkpoint every epoch (78 batches) and at every stop
     ]
     ref = reference([*ALONE, "train.max_duration=1000ba"], slurm_env, pytestconfig)
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
@@ -270,6 +271,11 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, py
     assert r["batches_lost"] == 0 or unsaved, r["batches_lost"]
     assert r["total_wallclock_s"] > sum(a["train_s"] for a in r["attempts"])
     assert 0 < r["goodput"] < 1 and r["slurm_job_ids"] == [job_id]
+    # keep-last-2 over the run's life, not per attempt: at most one unfinished save beside them
+    folder = Path(run_dir) / "checkpoints"
+    saves = sorted(p.name for p in folder.glob("ep*"))
+    aside = sorted(p.name for p in (folder / "unfinished").glob("*")) if (folder / "unfinished").is_dir() else []
+    assert len(saves) <= 2 and len(aside) <= 1, (saves, aside)
 
 
 @pytest.mark.parametrize(

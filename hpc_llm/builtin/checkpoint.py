@@ -8,9 +8,11 @@ only validates and passes the location through.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +60,10 @@ class Folder(CheckpointBackend):
 
     def prepare(self, section: DictConfig, ctx: JobContext) -> None:
         if section.autoresume:
-            set_aside_unfinished(_folder(section, ctx.run_dir))
+            folder = _folder(section, ctx.run_dir)
+            restore_latest(folder)
+            set_aside_unfinished(folder)
+            prune(folder, int(section.keep))
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         super().validate(section, plan)
@@ -113,6 +118,87 @@ def _batch(path: Path) -> int | None:
     return int(m.group(2)) if m else None
 
 
+def _complete(path: Path) -> bool:
+    """A save that was finished: a sharded one's folder has torch.distributed.checkpoint's
+    ``.metadata`` (written last); a ``.pt`` file is a zip (torch.save) that ends with its
+    end-of-central-directory record (Composer writes it in place, so a cut-off file lacks it)."""
+    if path.is_dir():
+        return (path / ".metadata").is_file()
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            f.seek(max(0, size - 65_558))
+            return b"PK\x05\x06" in f.read()
+    except OSError:
+        return False
+
+
+def _saves(folder: Path) -> dict[int, list[Path]]:
+    """batch -> the entries of that save at the folder's top level (a file per rank, or a folder)."""
+    out: dict[int, list[Path]] = {}
+    for entry in folder.iterdir() if folder.is_dir() else []:
+        batch = _batch(entry) if not entry.is_symlink() else None
+        if batch is not None:
+            out.setdefault(batch, []).append(entry)
+    return out
+
+
+def _latest_batch(folder: Path) -> int | None:
+    for name in (LATEST, LATEST_SHARDED):
+        if (folder / name).exists():
+            return _batch(Path(os.path.realpath(folder / name))) or 0
+    return None
+
+
+def restore_latest(folder: Path) -> Path | None:
+    """No ``latest`` link although finished saves are there: Composer replaces the link by
+    removing it, then linking anew, and a death in between leaves none (autoresume would then
+    train from batch 0). Link the newest finished save again; move nothing."""
+    if not folder.is_dir() or _latest_batch(folder) is not None:
+        return None
+    for batch, entries in sorted(_saves(folder).items(), reverse=True):
+        rank0 = next((e for e in entries if e.is_dir() or e.name.endswith("-rank0.pt")), None)
+        if rank0 is None or not all(_complete(e) for e in entries):
+            continue
+        link = folder / (LATEST_SHARDED if rank0.is_dir() else LATEST)
+        with contextlib.suppress(FileExistsError):  # another rank linked it
+            link.symlink_to(rank0.name)
+        log.warning("hpc_llm: no latest checkpoint link in %s; resuming from %s (batch %d)", folder, rank0, batch)
+        return link
+    return None
+
+
+def prune(folder: Path, keep: int) -> list[Path]:
+    """Keep-last-K over the run's life: Composer's ``save_num_checkpoints_to_keep`` counts only what
+    the current process saved (Composer issue #2087), so every attempt would leave up to K behind.
+    At each start, finished saves beyond the ``keep`` newest (never the one ``latest`` names) are
+    deleted, and ``unfinished/`` keeps only its newest entry."""
+    removed: list[Path] = []
+    if keep <= 0 or not folder.is_dir():
+        return removed
+    latest = _latest_batch(folder)
+    saves = sorted(_saves(folder).items(), reverse=True)
+    kept = 0
+    for batch, entries in saves:
+        if latest is not None and batch > latest:
+            continue  # set aside, not pruned
+        if kept < keep or batch == latest:
+            kept += 1
+            continue
+        removed.extend(entries)
+    aside = unfinished_checkpoints(folder)
+    if aside.is_dir():
+        removed.extend(sorted(aside.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)[1:])
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if removed:
+        log.info("hpc_llm: pruned %d old checkpoint file(s) from %s (keep %d)", len(removed), folder, keep)
+    return removed
+
+
 def set_aside_unfinished(folder: Path) -> list[Path]:
     """Move checkpoints newer than the one ``latest`` points at into ``<folder>/unfinished/``.
 
@@ -125,11 +211,8 @@ def set_aside_unfinished(folder: Path) -> list[Path]:
     """
     if not folder.is_dir():
         return []
-    latest = -1  # no link: no save was ever finished
-    for name in (LATEST, LATEST_SHARDED):
-        if (folder / name).exists():
-            latest = _batch(Path(os.path.realpath(folder / name))) or 0
-            break
+    found = _latest_batch(folder)
+    latest = -1 if found is None else found  # no link (restore_latest found none): no save was finished
     moved = []
     for entry in sorted(folder.iterdir()):
         batch = _batch(entry) if not entry.is_symlink() else None

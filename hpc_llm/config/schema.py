@@ -131,15 +131,26 @@ class FaultConfig:
     # the Slurm stop signal (hydra.launcher.signal) and requeue; restart after an
     # infrastructure failure or a hang. false: one attempt, no signal, no restart.
     enabled: bool = True
-    # Requeue budgets, one per cause. Time-limit requeues: unlimited (null) as long
-    # as each attempt trains at least one batch (one that does not is a failure).
-    max_timeouts: Optional[int] = None
-    # Preemptions by higher-priority jobs.
-    max_preemptions: int = 100
-    # Infrastructure failures: a rank killed by a signal, an NCCL/CUDA/network
-    # error, a hang, a node that died. A user error (an exception before the first
-    # batch, or the same exception at the same batch twice) fails the run at once.
+    # Budgets (hpc_llm/job/policy.py; docs/design.md, "The decision table"). A long run
+    # lives with failures: what ends it is failing again and again without progress.
+    # Infrastructure failures in a row without a new checkpoint (a rank killed by a
+    # signal, an NCCL/CUDA/network error, a hang, a node that died): a new checkpoint
+    # resets the count. A user error (the same exception at the same batch on another
+    # node, or before the first batch) fails the run at once.
     max_failures: int = 5
+    # Failures in any 24 h of wall clock (null: no cap): a cluster failing this often is
+    # burning the allocation, whatever the checkpoints.
+    max_failures_per_day: Optional[float] = 24.0
+    # Attempts in a row without a new checkpoint, whatever each was (preemptions and time
+    # limits included): a start-up that never reaches a save ends here, not in endless requeues.
+    max_attempts_without_progress: int = 10
+    # A node blamed for a failure is left out when blamed twice (or at once after a node
+    # failure or a failed health check), until it has been this many hours without one.
+    forgive_after_h: float = 24.0
+    # Lifetime limits per cause (null: none). Time-limit requeues are unlimited by default.
+    max_timeouts: Optional[int] = None
+    # Preemptions by higher-priority jobs (and stop signals sent by hand).
+    max_preemptions: Optional[int] = 100
     # Seconds before the time limit the ranks stop and save. null: twice the longest
     # checkpoint save measured so far plus 30 s, at most hydra.launcher.signal_lead_s
     # (the --signal lead, which is all there is before the first save is measured).
@@ -152,6 +163,10 @@ class FaultConfig:
     # ...and a rank silent for longer, or no batch trained for longer, is a hang:
     # the rank is named, the step is killed and recovered as a failure.
     hang_timeout_s: float = 1800.0
+    # From a step's start until every rank trains its first batch (imports, container,
+    # set-up, data, model build and rendezvous); past it the step is killed and the stop is
+    # a failure naming the phase it was stuck in. null: no limit.
+    startup_timeout_s: Optional[float] = 3600.0
     # torch.distributed process-group timeout (LLM Foundry dist_timeout): a
     # collective stuck longer raises on every rank instead of holding the allocation.
     # null: 600 s, or half the time limit when that is shorter.

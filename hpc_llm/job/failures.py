@@ -5,11 +5,8 @@ Every rank that dies of an exception writes
 one-line message, the batch it had finished, node) before it exits
 (:func:`report`, called by :mod:`hpc_llm.job.entry`). A rank killed by a
 signal writes nothing; ``srun`` names it on stderr instead
-(:func:`parse_srun_errors`). The supervisor reads both and classifies the
-step's end (:func:`classify`): an infrastructure failure (a rank killed by a
-signal, an NCCL/CUDA/network error, a peer that vanished, a node failure) is
-recovered; a user error (an exception before the first batch of the attempt,
-or the same exception at the same batch twice) fails the run with the reason.
+(:func:`parse_srun_errors`). The supervisor reads both; the fault policy
+(:func:`hpc_llm.job.policy.decide`) says whose fault the step's end was.
 Stdlib only.
 """
 
@@ -140,52 +137,3 @@ def parse_srun_errors(lines: list[str]) -> tuple[list[TaskError], list[str]]:
         if n:
             nodes.append(n["node"])
     return tasks, nodes
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """How a failed step ended, as the supervisor sees it."""
-
-    #: failure | hang | node_failure | user_error
-    cause: str
-    #: one line for results.json
-    reason: str
-    #: nodes to blame (may be empty)
-    nodes: tuple[str, ...] = ()
-
-
-def classify(
-    failures: list[RankFailure],
-    task_errors: list[TaskError],
-    failed_nodes: list[str],
-    *,
-    resumed_at_batch: int,
-    earlier: list[RankFailure],
-) -> Verdict:
-    """Blame the user or the machine for a step that ended abnormally (no hang, no stop signal)."""
-    if failed_nodes:
-        return Verdict(
-            "node_failure",
-            f"Slurm reported node failure on {', '.join(failed_nodes)}",
-            tuple(sorted(set(failed_nodes))),
-        )
-    user = [f for f in failures if not f.infrastructure]
-    if user:
-        first = user[0]
-        what = f"{first.type}: {first.message} (rank {first.rank} on {first.node}"
-        if first.batch <= resumed_at_batch:
-            return Verdict("user_error", f"{what}, before the first batch of the attempt)")
-        if any(e.signature == first.signature for e in earlier):
-            return Verdict("user_error", f"{what}, during batch {first.batch + 1} again)")
-        return Verdict("failure", f"{what}, during batch {first.batch + 1}; retrying once)", ())
-    killed = [t for t in task_errors if t.killed_by_signal]
-    if killed:
-        t = killed[0]
-        return Verdict("failure", f"task {t.tasks} on {t.node}: {t.what}", (t.node,))
-    if failures:
-        first = failures[0]
-        return Verdict("failure", f"{first.type}: {first.message} (rank {first.rank} on {first.node})", ())
-    if task_errors:
-        t = task_errors[0]
-        return Verdict("failure", f"task {t.tasks} on {t.node}: {t.what}", ())
-    return Verdict("failure", "the training step ended abnormally and no rank said why", ())

@@ -27,6 +27,13 @@ from hpc_llm.rundir.layout import RunDir
 _state: dict[str, int | str] = {"batch": -1, "phase": "start"}
 #: phases in which a rank is expected to finish batches (a stall is a hang only then)
 TRAINING = "train"
+#: the phases before training, in order (a rank's phase names where a start-up is stuck)
+STARTUP_PHASES = {
+    "start": "imports",
+    "setup": "set-up (preflight, the run's record)",
+    "data": "data preparation",
+    "build": "model build and rendezvous",
+}
 _thread: threading.Thread | None = None
 
 

@@ -5,15 +5,41 @@ See hpc_llm.job.preemption for the whole sequence.
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import torch
 from composer.callbacks import CheckpointSaver
 from composer.core import Callback, State
 from composer.loggers import Logger
-from composer.utils import dist
+from composer.utils import dist, format_name_with_dist
 
 from hpc_llm.job import context, heartbeat, preemption
+
+_SAVE_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank(\d+)\.pt)?$")
+
+
+def _remember_earlier_saves(state: State) -> None:
+    """Keep-last-K over the run's life: Composer's saver starts each process with an empty
+    ``saved_checkpoints`` and so rotates only what this attempt saved (Composer issue #2087).
+    Hand it the earlier attempts' saves this rank owns, oldest first, up to the one resumed
+    from, so its own rotation deletes them in turn (docs/design.md, "Long runs and failures")."""
+    saver = next((cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)), None)
+    if saver is None or saver.num_checkpoints_to_keep < 0 or saver.saved_checkpoints:
+        return
+    folder = Path(format_name_with_dist(saver.folder, state.run_name))
+    rank, resumed = dist.get_global_rank(), int(state.timestamp.batch)
+    earlier: list[tuple[int, str]] = []
+    for entry in folder.iterdir() if folder.is_dir() else []:
+        m = _SAVE_NAME.match(entry.name)
+        if m is None or entry.is_symlink() or int(m.group(2)) > resumed:
+            continue
+        if entry.is_dir():  # a sharded save: Composer removes the folder of the path it is given (rank 0)
+            earlier.append((int(m.group(2)), str(entry / f"__{rank}_0.distcp")))
+        elif m.group(3) is not None and int(m.group(3)) == rank:
+            earlier.append((int(m.group(2)), str(entry)))
+    saver.saved_checkpoints.extend(path for _batch, path in sorted(earlier))
 
 
 class PreemptionCallback(Callback):
@@ -36,6 +62,7 @@ class PreemptionCallback(Callback):
         heartbeat.phase(heartbeat.TRAINING)
         if self.ctx.record is not None:
             self.ctx.record.note(resumed_at_batch=int(state.timestamp.batch), last_batch=int(state.timestamp.batch))
+        _remember_earlier_saves(state)
 
     def eval_start(self, state: State, logger: Logger) -> None:
         heartbeat.phase("eval")
@@ -47,6 +74,9 @@ class PreemptionCallback(Callback):
         heartbeat.phase("post")
         if self.ctx.record is not None:
             self.ctx.record.note(last_batch=int(state.timestamp.batch), train_s=round(time.time() - self._fit_start, 3))
+            saver = next((cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)), None)
+            if saver is not None and saver.last_checkpoint_batch is not None:
+                self.ctx.record.note(checkpoint_batch=int(saver.last_checkpoint_batch))
 
     def batch_start(self, state: State, logger: Logger) -> None:
         # A periodic checkpoint is written between one batch's end and the next one's start:
@@ -57,9 +87,13 @@ class PreemptionCallback(Callback):
         saver = next((cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)), None)
         if saver is not None and saver.last_checkpoint_batch is not None and int(saver.last_checkpoint_batch) == batch:
             took = time.time() - ended
-            if took > self._longest_save and self.ctx.record is not None:
-                self._longest_save = took
-                self.ctx.record.note(checkpoint_save_s=round(took, 3))
+            if self.ctx.record is not None:
+                # a new checkpoint is progress: the fault policy's failure count starts again
+                changes: dict[str, float | int] = {"checkpoint_batch": batch}
+                if took > self._longest_save:
+                    self._longest_save = took
+                    changes["checkpoint_save_s"] = round(took, 3)
+                self.ctx.record.note(**changes)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)

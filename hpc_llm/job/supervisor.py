@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -42,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import failures, heartbeat
+from hpc_llm.job import failures, heartbeat, policy
 from hpc_llm.job.env import JobEnv
 from hpc_llm.rundir.layout import RunDir
-from hpc_llm.rundir.record import BUDGET_OF_CAUSE, Attempt, Attempts, update_results
+from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
 
@@ -59,6 +60,8 @@ LEAD_SAVES = 2.0
 #: a SIGTERM this close to the end time is Slurm's time limit, not a cancellation
 TERM_AT_END_S = 5.0
 LEAD_MARGIN_S = 30.0
+#: seconds between re-reads of the job's end time while a step runs
+END_REFRESH_S = 60.0
 
 
 @dataclass
@@ -71,17 +74,19 @@ class Policy:
     signal_lead_s: float
     recover: bool = True
     max_timeouts: int | None = None
-    max_preemptions: int = 100
+    max_preemptions: int | None = 100
+    #: failures in a row without a new checkpoint (hpc_llm.job.policy)
     max_failures: int = 5
+    max_failures_per_day: float | None = 24.0
+    max_attempts_without_progress: int = 10
+    forgive_after_s: float = 86400.0
     restart_in_place: bool = True
     #: fixed seconds before the time limit to stop; None: derived from measured saves
     stop_lead_s: float | None = None
     heartbeat_s: float = 30.0
     hang_timeout_s: float = 1800.0
-
-    def budget(self, key: str) -> int | None:
-        value: int | None = getattr(self, key)
-        return value
+    #: seconds from a step's start until every rank trains; longer is a start-up hang (None: no limit)
+    startup_timeout_s: float | None = None
 
 
 @dataclass
@@ -112,8 +117,9 @@ class SlurmJob:
         return job
 
 
-def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(args: list[str], timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **env} if env else None
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=full)
 
 
 def _preempting(info: dict[str, str]) -> bool:
@@ -123,7 +129,9 @@ def _preempting(info: dict[str, str]) -> bool:
 
 def _scontrol_show_job(job_id: str) -> dict[str, str]:
     try:
-        out = _run(["scontrol", "show", "job", "-o", job_id])
+        # epoch seconds, not local time (an hour off in the DST fall-back hour); a short timeout:
+        # a slow slurmctld must not hold the signal path (verified: 22.05's scontrol honours it)
+        out = _run(["scontrol", "show", "job", "-o", job_id], timeout=10, env={"SLURM_TIME_FORMAT": "%s"})
     except (OSError, subprocess.SubprocessError):
         return {}
     info: dict[str, str] = {}
@@ -158,6 +166,8 @@ def _requeued_by_slurm(job_id: str, restart: int, tries: int = 5, pause_s: float
 def _slurm_time(text: str | None) -> float | None:
     if not text or text in ("Unknown", "None", "(null)"):
         return None
+    if text.isdigit():  # SLURM_TIME_FORMAT=%s
+        return float(text) or None
     try:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
@@ -176,14 +186,24 @@ def _hostnames(nodelist: str | None) -> list[str]:
     return [n for n in nodelist.split(",") if n]
 
 
-def _partition_nodes(partition: str | None) -> list[str]:
+#: sinfo's short states of a node that cannot take a job (down, drained or draining, failing)
+_NOT_UP = ("down", "drain", "drng", "fail", "maint", "unk", "boot", "npc", "inval", "futr", "pow")
+
+
+def _nodes_up(partition: str | None) -> list[str]:
+    """Nodes of ``partition`` that can run a job now ([] when sinfo cannot be asked)."""
     if not partition:
         return []
     try:
-        out = _run(["sinfo", "-h", "-p", partition, "-N", "-o", "%N"])
+        out = _run(["sinfo", "-h", "-p", partition, "-N", "-o", "%N %t"], timeout=10)
     except (OSError, subprocess.SubprocessError):
         return []
-    return sorted({n for n in out.stdout.split() if n})
+    up = set()
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not parts[1].rstrip("*~#!%$@^-").startswith(_NOT_UP):
+            up.add(parts[0])
+    return sorted(up)
 
 
 def ready_count(run_dir: Path, tag: str) -> int:
@@ -204,6 +224,8 @@ class StepEnd:
     #: named hang: (reason, nodes)
     hang: tuple[str, tuple[str, ...]] | None = None
     terminated: bool = False
+    #: the start-up phase that outlived fault.startup_timeout_s
+    startup: str | None = None
     #: the highest batch any rank's heartbeat reported, and seconds from its first to its last batch
     top_batch: int = -1
     heartbeat_train_s: float = 0.0
@@ -223,9 +245,10 @@ class Supervisor:
         self.lead_s = policy.signal_lead_s
 
     def _lead(self, attempts: Attempts) -> float:
-        """How long before the time limit to stop: twice the longest save measured so far plus
-        30 s to exit, capped by the sbatch lead (Slurm's signal comes no later than that).
-        A lead shorter than that need is recorded as a warning."""
+        """How long before the time limit to stop: twice the longest save measured so far (a
+        periodic save's time includes any eval at that batch) plus 30 s to exit. Not capped by
+        the sbatch --signal lead: when the need is longer, the supervisor stops the ranks itself
+        at the lead (:meth:`_time_is_up`) and records a warning to raise signal_lead_s."""
         if self.policy.stop_lead_s is not None:
             return self.policy.stop_lead_s
         saves = [s for a in attempts.items for s in (a.save_s, a.checkpoint_save_s) if s is not None]
@@ -234,12 +257,11 @@ class Supervisor:
         need = LEAD_SAVES * max(saves) + LEAD_MARGIN_S
         if need > self.policy.signal_lead_s:
             warning = (
-                f"hydra.launcher.signal_lead_s={self.policy.signal_lead_s:g} may be too short: checkpoints took "
-                f"up to {max(saves):.0f}s; allow at least {need:.0f}s"
+                f"hydra.launcher.signal_lead_s={self.policy.signal_lead_s:g} is shorter than a stop needs: "
+                f"checkpoints took up to {max(saves):.0f}s; stopping {need:.0f}s before the limit instead"
             )
             log.warning("hpc_llm supervisor: %s", warning)
             update_results(self.run_dir, attempts, _read_status(self.run_dir) or "running", {"warnings": [warning]})
-            return self.policy.signal_lead_s
         return need
 
     # -- the loop ------------------------------------------------------------
@@ -282,7 +304,7 @@ class Supervisor:
         state, ended = _previous_state(a.job_id) if a.job_id else (None, None)
         a.state, a.ended_at = "lost", ended or (a.started_at + a.train_s)
         a.decided_at = time.time()
-        a.cause = "node_failure" if state == "NODE_FAIL" else "lost"
+        a.cause = policy.lost_cause(state)
         a.error = (
             f"the allocation ended while training (Slurm state {state})"
             if state
@@ -296,16 +318,11 @@ class Supervisor:
         log.warning("hpc_llm supervisor: previous attempt %s", a.error)
 
     def _check_budgets(self, attempts: Attempts) -> int | None:
-        results = _read_status(self.run_dir)
-        if results in ("completed",):
+        """A run that already completed has nothing to do. Budgets are the policy's, counted
+        per stop (failures in a row without progress), so a resubmitted failed run goes on."""
+        if _read_status(self.run_dir) == "completed":
             log.warning("hpc_llm supervisor: the run already completed; nothing to do")
             return 0
-        for key in ("max_failures", "max_preemptions", "max_timeouts"):
-            limit = self.policy.budget(key)
-            if limit is not None and attempts.count(key) > limit:
-                reason = f"fault.{key}={limit} reached ({attempts.count(key)} so far)"
-                self._fail(attempts, None, "budget", reason)
-                return 1
         return None
 
     # -- one step ----------------------------------------------------------------
@@ -325,6 +342,11 @@ class Supervisor:
         pump.start()
         end = StepEnd(returncode=0, srun_errors=errors)
         watch = HangWatch(self.policy.hang_timeout_s)
+        ntasks = JobEnv.current(env).ntasks
+        # heartbeats change once a period: reading them more often only loads the shared filesystem
+        read_every = max(POLL_S, self.policy.heartbeat_s / 2)
+        last_read = float("-inf")
+        refreshed = time.monotonic()
         pending: tuple[str, float] | None = None
         forward_at = 0.0
         while proc.poll() is None:
@@ -333,6 +355,12 @@ class Supervisor:
                 pending = self._signals.popleft()
                 end.stop_cause = self._signal_cause(pending[1])
                 forward_at = self._forward_at(pending[1], end.stop_cause)
+            if self.job.job_id and time.monotonic() - refreshed >= END_REFRESH_S:
+                # `scontrol update TimeLimit=` moves the end: the stop lead counts from the new one
+                refreshed = time.monotonic()
+                self.job.end = _slurm_time(self._job_info().get("EndTime")) or self.job.end
+                if pending is not None and end.stop is None and end.stop_cause == "time_limit":
+                    forward_at = self._forward_at(pending[1], "time_limit")
             if pending is None and self._time_is_up():
                 log.warning("hpc_llm supervisor: no time-limit signal from Slurm, %.0f s left: stopping", self.lead_s)
                 pending = (f"SIG{self.policy.stop_signal}", time.time())
@@ -343,11 +371,18 @@ class Supervisor:
                 _send(proc, signal.Signals[pending[0]])
             if self._terminated and not end.terminated:
                 end.terminated = True
-            if self.policy.recover:
-                hang = watch.check(heartbeat.read_all(self.run_dir), time.monotonic() - started)
+            if self.policy.recover and time.monotonic() - last_read >= read_every:
+                last_read = time.monotonic()
+                beats = heartbeat.read_all(self.run_dir)
+                hang = watch.check(beats, last_read - started)
+                stuck = watch.startup_stuck(beats, last_read - started, ntasks, self.policy.startup_timeout_s)
                 if hang is not None and end.hang is None and end.stop is None:
                     end.hang = hang
                     log.error("hpc_llm supervisor: %s; killing the step", hang[0])
+                    _kill_step(proc)
+                elif stuck is not None and end.startup is None and end.stop is None:
+                    end.startup = stuck
+                    log.error("hpc_llm supervisor: start-up stuck in %s; killing the step", stuck)
                     _kill_step(proc)
         pump.join(timeout=10)
         end.returncode = proc.returncode
@@ -359,77 +394,97 @@ class Supervisor:
 
     # -- what the end of a step means ---------------------------------------------
     def decide(self, end: StepEnd) -> int | None:
-        """Record what happened and act: an exit code, or None to run the next step."""
+        """Record what happened and act: an exit code, or None to run the next step. The
+        decision is the fault policy's (:func:`hpc_llm.job.policy.decide`); this gathers its
+        facts and carries it out."""
         attempts = Attempts.load(self.run_dir)
         if end.returncode == 0 and not self.policy.recover and not attempts.items:
             # a Hydra app other than hpc_llm's task keeps no attempts: its step's exit code is all
             return 0
         a = self._this_attempt(attempts)
-        if a.state == "completed" and end.returncode == 0:
-            return 0
-        if end.terminated and end.stop is None:
-            a.state, a.ended_at = "failed", a.ended_at or time.time()
-            if self.job.end is not None and self._terminated_at >= self.job.end - TERM_AT_END_S:
-                # the time limit itself (the ranks did not save in time): go on from the last checkpoint
-                a.error = "SIGTERM at the time limit before the ranks saved; resuming from the last checkpoint"
-                return self._requeue(attempts, a, "time_limit", [])
-            requeued = _requeued_by_slurm(self.job.job_id, self.job.restart) if self.job.job_id else None
-            if requeued is not None:
-                # a node of the job died (NODE_FAIL) and Slurm requeues it (--requeue): its SIGTERM
-                # reaches the surviving batch host. Not a cancellation: the attempt stays "running"
-                # and the next start closes it from accounting (_close_lost).
-                a.state, a.ended_at = "running", None
-                attempts.save()
-                log.warning("hpc_llm supervisor: Slurm is requeueing the job (%s); not recording a failure", requeued)
-                return 0
-            self._fail(attempts, a, "cancelled", "the job was cancelled or killed by Slurm (SIGTERM)")
-            return 1
-        if not self.policy.recover:
-            if a.state == "running":
-                a.state, a.ended_at = "failed", time.time()
-            reason = a.error or _last_words(end) or f"the training step exited with {end.returncode}"
-            self._fail(attempts, a, a.cause or "failure", reason)
-            return 1
-        if a.state == "stopped" and end.returncode == 0:
-            cause = a.cause or self._stop_cause(end)
-            if cause == "time_limit" and a.last_batch <= a.resumed_at_batch:
-                cause, a.error = "failure", "no batch was trained before the time limit"
-            return self._requeue(attempts, a, cause, a.suspects)
-        if a.state == "failed" and a.cause == "preflight":
-            return self._requeue(attempts, a, "preflight", a.suspects)
-        if a.state == "failed" and a.cause in ("user_error", "preflight_failed"):
-            self._fail(attempts, a, a.cause, a.error or "the run failed")
-            return 1
         # rank 0 notes progress every few seconds; the heartbeats saw the step's last batches
         if end.top_batch > a.last_batch:
             a.last_batch, a.train_s = end.top_batch, max(a.train_s, round(end.heartbeat_train_s, 3))
-        if end.returncode != 0 and end.stop is None and end.hang is None and self._being_preempted():
-            # A preemption after the time-limit warning went out: Slurm sends each job its
-            # --signal once, so the preemption SIGTERMs the steps instead (seen on 22.05), and
-            # the ranks die before saving. Not a failure: requeue, resume from the last checkpoint.
-            a.state = "failed" if a.state == "running" else a.state
-            a.ended_at = a.ended_at or time.time()
-            a.error = (
-                "preempted after Slurm's warning signal was spent: the steps got SIGTERM before the "
-                "ranks saved; resuming from the last checkpoint"
-            )
-            return self._requeue(attempts, a, "preemption", [])
-        verdict = self._verdict(end, a, attempts)
-        a.state = "failed" if a.state == "running" else a.state
-        a.ended_at = a.ended_at or time.time()
-        a.error = verdict.reason
-        a.suspects = sorted(set(verdict.nodes))
-        if verdict.cause == "user_error":
-            self._fail(attempts, a, "user_error", verdict.reason)
-            return 1
-        exclude = self._suspects(attempts, a, verdict)
-        if not exclude and self.policy.restart_in_place and self._budget_left(attempts, a, verdict.cause):
-            a.cause, a.action, a.decided_at = verdict.cause, "restart", time.time()
+        facts = self._facts(end)
+        earlier = [f for f in failures.read_all(self.run_dir) if f not in facts.failures]
+        history = [x for x in attempts.items if x is not a]
+        decision = policy.decide(history, a, facts, self.settings, earlier)
+        return self._act(attempts, a, decision)
+
+    def _facts(self, end: StepEnd) -> policy.Stop:
+        """The facts of this stop the policy decides on: Slurm is asked again (the end time moves
+        with ``scontrol update TimeLimit``; a PreemptTime says a preemption's grace time runs)."""
+        info = self._job_info() if (end.returncode != 0 or end.terminated) else {}
+        end_time = _slurm_time(info.get("EndTime")) or self.job.end
+        preempting = _preempting(info)
+        sigterm_at = self._terminated_at if end.terminated else None
+        requeueing = None
+        at_end = sigterm_at is not None and end_time is not None and sigterm_at >= end_time - TERM_AT_END_S
+        if sigterm_at is not None and end.stop is None and not at_end and not preempting and self.job.job_id:
+            # a node of the job died (NODE_FAIL) and Slurm requeues it (--requeue): its SIGTERM
+            # reaches the surviving batch host. Not a cancellation.
+            requeueing = _requeued_by_slurm(self.job.job_id, self.job.restart)
+        tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
+        tasks, nodes = failures.parse_srun_errors(end.srun_errors)
+        return policy.Stop(
+            returncode=end.returncode,
+            now=time.time(),
+            stop_cause=end.stop_cause if end.stop else None,
+            sigterm_at=sigterm_at,
+            end_time=end_time,
+            preempting=preempting,
+            slurm_requeueing=requeueing,
+            hang=end.hang,
+            startup=end.startup,
+            failures=tuple(failures.read(self.run_dir, tag)),
+            task_errors=tuple(tasks),
+            failed_nodes=tuple(nodes),
+            on_slurm=self.job.ref is not None,
+        )
+
+    @property
+    def settings(self) -> policy.Settings:
+        p = self.policy
+        return policy.Settings(
+            nodes=p.nodes,
+            recover=p.recover,
+            restart_in_place=p.restart_in_place,
+            max_failures=p.max_failures,
+            max_failures_per_day=p.max_failures_per_day,
+            max_attempts_without_progress=p.max_attempts_without_progress,
+            max_preemptions=p.max_preemptions,
+            max_timeouts=p.max_timeouts,
+            forgive_after_s=p.forgive_after_s,
+            term_at_end_s=TERM_AT_END_S,
+        )
+
+    def _act(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
+        """Record the decision, then carry it out (records first: a requeue SIGTERMs this job)."""
+        if d.action == "done":
+            return 0
+        if d.action == "slurm_requeues":
+            # the attempt stays "running"; the next start closes it from accounting (_close_lost)
+            a.state, a.ended_at = "running", None
             attempts.save()
-            update_results(self.run_dir, attempts, "restarting", {"error": verdict.reason})
-            log.warning("hpc_llm supervisor: %s; restarting the step in this allocation", verdict.reason)
+            log.warning("hpc_llm supervisor: %s; not recording a failure", d.reason)
+            return 0
+        a.state = d.state
+        a.ended_at = a.ended_at or time.time()
+        a.decided_at = a.decided_at or time.time()
+        a.cause = d.cause
+        if a.state != "stopped" or d.action == "fail":
+            a.error = d.reason  # a stop that saved keeps what rank 0 said (usually nothing)
+        a.suspects = sorted(set(d.suspects))
+        if d.action == "fail":
+            self._fail(attempts, a, d.cause, d.reason)
+            return 1
+        if d.action == "restart":
+            a.action = "restart"
+            attempts.save()
+            update_results(self.run_dir, attempts, "restarting", {"error": d.reason})
+            log.warning("hpc_llm supervisor: %s; restarting the step in this allocation", d.reason)
             return None
-        return self._requeue(attempts, a, verdict.cause, exclude)
+        return self._requeue(attempts, a, d)
 
     def _forward_at(self, received: float, cause: str) -> float:
         """When to pass a stop signal on: a preemption at once; the time-limit signal once the
@@ -455,42 +510,14 @@ class Supervisor:
         info = self._job_info()
         if _preempting(info):
             return "preemption"
-        end_time = _slurm_time(info.get("EndTime")) or self.job.end
+        end_time = self.job.end = _slurm_time(info.get("EndTime")) or self.job.end
         if end_time is not None and when >= end_time - self.policy.signal_lead_s - TIME_LIMIT_SLACK_S:
             return "time_limit"
         return "signal"
 
-    def _being_preempted(self) -> bool:
-        return _preempting(self._job_info())
-
     def _job_info(self) -> dict[str, str]:
         """``scontrol show job`` of this allocation now ({} off Slurm)."""
         return _scontrol_show_job(self.job.job_id) if self.job.job_id else {}
-
-    def _stop_cause(self, end: StepEnd) -> str:
-        return end.stop_cause or "preemption"
-
-    def _verdict(self, end: StepEnd, a: Attempt, attempts: Attempts) -> failures.Verdict:
-        if end.hang is not None:
-            return failures.Verdict("hang", end.hang[0], end.hang[1])
-        tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
-        now = failures.read(self.run_dir, tag)
-        earlier = [f for f in failures.read_all(self.run_dir) if f not in now]
-        tasks, nodes = failures.parse_srun_errors(end.srun_errors)
-        return failures.classify(now, tasks, nodes, resumed_at_batch=a.resumed_at_batch, earlier=earlier)
-
-    def _suspects(self, attempts: Attempts, a: Attempt, verdict: failures.Verdict) -> list[str]:
-        """Nodes to leave out: a failed node at once, any other blamed node the second time."""
-        if verdict.cause == "node_failure":
-            return sorted(set(verdict.nodes))
-        before = {n for x in attempts.items[:-1] for n in x.suspects}
-        return sorted(n for n in set(verdict.nodes) if n in before)
-
-    def _budget_left(self, attempts: Attempts, a: Attempt, cause: str) -> bool:
-        key = BUDGET_OF_CAUSE.get(cause, "max_failures")
-        limit = self.policy.budget(key)
-        used = attempts.count(key) + (0 if a.cause and BUDGET_OF_CAUSE.get(a.cause) == key else 1)
-        return limit is None or used <= limit
 
     # -- acting -------------------------------------------------------------------
     def _this_attempt(self, attempts: Attempts) -> Attempt:
@@ -513,7 +540,7 @@ class Supervisor:
 
     def _fail(self, attempts: Attempts, a: Attempt | None, cause: str, reason: str) -> None:
         if a is not None:
-            a.cause, a.action, a.error = a.cause if cause == "budget" else cause, "fail", reason
+            a.cause, a.action, a.error = cause, "fail", reason
             a.decided_at = a.decided_at or time.time()
             a.ended_at = a.ended_at or time.time()
             if a.state == "running":
@@ -522,61 +549,55 @@ class Supervisor:
         update_results(self.run_dir, attempts, "failed", {"error": reason})
         log.error("hpc_llm supervisor: the run failed: %s", reason)
 
-    def _requeue(self, attempts: Attempts, a: Attempt, cause: str, suspects: list[str]) -> int:
-        a.cause = cause
-        a.ended_at = a.ended_at or time.time()
-        if not self._budget_left(attempts, a, cause):
-            key = BUDGET_OF_CAUSE.get(cause, "max_failures")
-            self._fail(
-                attempts, a, "budget", f"fault.{key}={self.policy.budget(key)} reached; last stop: {a.error or cause}"
-            )
-            return 1
-        if self.job.ref is None:
-            self._fail(attempts, a, cause, f"{a.error or cause}; not running under Slurm, so not requeued")
-            return 1
-        exclude = self._exclusions(suspects)
-        a.action, a.requeued, a.suspects = "requeue", True, sorted(set(a.suspects) | set(suspects))
+    def _requeue(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int:
+        exclude, warning = self._exclusions(attempts, d)
+        a.action, a.requeued = "requeue", True
         a.decided_at = a.decided_at or time.time()
+        if warning:
+            a.error = f"{a.error or d.cause}; {warning}"
         attempts.save()
         update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         # records first; the requeue sends this very job SIGTERM, which we must outlive
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        out = _requeue_job(self.job.ref)
+        out = _requeue_job(str(self.job.ref))
         if out is not None:
             a.requeued, a.action = False, "fail"
             self._fail(
-                attempts, a, cause, f"scontrol requeue {self.job.ref} failed: {out}; last stop: {a.error or cause}"
+                attempts, a, d.cause, f"scontrol requeue {self.job.ref} failed: {out}; last stop: {a.error or d.cause}"
             )
             return 1
         if a.signal_time:
             a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
-        if exclude:
-            err = _exclude(self.job.ref, exclude)
+        if sorted(exclude) != sorted(self.job.excluded):
+            err = _exclude(str(self.job.ref), exclude)
             if err:
-                a.error = f"{a.error or cause}; could not exclude {','.join(exclude)}: {err}"
+                a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"
         attempts.save()
         update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         log.warning(
             "hpc_llm supervisor: %s; requeued%s",
-            a.error or cause,
+            a.error or d.cause,
             f", excluding {','.join(exclude)}" if exclude else "",
         )
         return 0
 
-    def _exclusions(self, suspects: list[str]) -> list[str]:
-        """Earlier and user exclusions plus the new suspects, never leaving fewer nodes than the run needs."""
-        if not suspects:
-            return []
-        merged = sorted(set(self.job.excluded) | set(suspects))
-        pool = _partition_nodes(self.job.partition)
-        if pool and len([n for n in pool if n not in merged]) < self.policy.nodes:
-            log.warning(
-                "hpc_llm supervisor: excluding %s would leave fewer than %d nodes; not excluding them",
-                ",".join(suspects),
-                self.policy.nodes,
+    def _exclusions(self, attempts: Attempts, d: policy.Decision) -> tuple[list[str], str | None]:
+        """The next allocation's ExcNodeList: the user's own exclusions plus the nodes whose blame
+        is in force (d.exclude; forgiven nodes come back), never so many that the nodes up in the
+        partition cannot hold the run. Returns it and, when it had to stop excluding, why."""
+        ours = {n for x in attempts.items for n in x.suspects}
+        users = {n for n in self.job.excluded if n not in ours}
+        wanted = sorted(users | set(d.exclude))
+        up = _nodes_up(self.job.partition)
+        if up and len([n for n in up if n not in wanted]) < self.policy.nodes:
+            dropped = sorted(set(wanted) - users)
+            warning = (
+                f"not excluding {','.join(dropped)}: only {len([n for n in up if n not in users])} node(s) of "
+                f"partition {self.job.partition} are up and the run needs {self.policy.nodes}"
             )
-            return []
-        return merged
+            log.warning("hpc_llm supervisor: %s", warning)
+            return sorted(users), warning
+        return wanted, None
 
 
 class HangWatch:
@@ -587,6 +608,22 @@ class HangWatch:
         self.seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, when it last changed)
         self.progress: tuple[int, float] | None = None  # (max batch, when it last changed)
         self.first_progress: float | None = None
+
+    def startup_stuck(
+        self, beats: dict[int, heartbeat.Beat], elapsed: float, ntasks: int, timeout_s: float | None
+    ) -> str | None:
+        """The phase a step is stuck in when not every rank trains ``timeout_s`` after its start:
+        no heartbeat from some rank (srun or the container), or the least advanced rank's phase
+        (imports, set-up, data, build: model and rendezvous)."""
+        if timeout_s is None or elapsed <= timeout_s or self.progress is not None:
+            return None
+        if len(beats) < ntasks:
+            return f"the container or srun ({ntasks - len(beats)} of {ntasks} ranks never started)"
+        waiting = [b for b in beats.values() if b.phase in heartbeat.STARTUP_PHASES]
+        if not waiting:
+            return None
+        slowest = min(waiting, key=lambda b: list(heartbeat.STARTUP_PHASES).index(b.phase))
+        return f"{heartbeat.STARTUP_PHASES[slowest.phase]} (rank {slowest.rank} on {slowest.node})"
 
     @property
     def top_batch(self) -> int:
@@ -692,10 +729,6 @@ def _read_status(run_dir: Path) -> str | None:
     return str(results.get("status")) if results else None
 
 
-def _last_words(end: StepEnd) -> str | None:
-    return end.srun_errors[0] if end.srun_errors else None
-
-
 def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     if "--" not in argv:
         raise SystemExit("usage: python -m hpc_llm.job.supervisor --run-dir DIR [options] -- srun ...")
@@ -709,10 +742,14 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     p.add_argument("--max-timeouts", type=int, default=None)
     p.add_argument("--max-preemptions", type=int, default=100)
     p.add_argument("--max-failures", type=int, default=5)
+    p.add_argument("--max-failures-per-day", type=float, default=None)
+    p.add_argument("--max-attempts-without-progress", type=int, default=10)
+    p.add_argument("--forgive-after-s", type=float, default=86400.0)
     p.add_argument("--no-restart-in-place", action="store_true")
     p.add_argument("--stop-lead-s", type=float, default=None)
     p.add_argument("--heartbeat-s", type=float, default=30.0)
     p.add_argument("--hang-timeout-s", type=float, default=1800.0)
+    p.add_argument("--startup-timeout-s", type=float, default=None)
     a = p.parse_args(argv[:cut])
     policy = Policy(
         run_dir=Path(a.run_dir),
@@ -723,10 +760,14 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
         max_timeouts=a.max_timeouts,
         max_preemptions=a.max_preemptions,
         max_failures=a.max_failures,
+        max_failures_per_day=a.max_failures_per_day,
+        max_attempts_without_progress=a.max_attempts_without_progress,
+        forgive_after_s=a.forgive_after_s,
         restart_in_place=not a.no_restart_in_place,
         stop_lead_s=a.stop_lead_s,
         heartbeat_s=a.heartbeat_s,
         hang_timeout_s=a.hang_timeout_s,
+        startup_timeout_s=a.startup_timeout_s,
     )
     return policy, argv[cut + 1 :]
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.config import trackers
 from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import context, preemption, preflight
+from hpc_llm.job import context, heartbeat, preemption, preflight
 from hpc_llm.job.context import JobContext
 from hpc_llm.job.env import DistEnv, JobEnv
 from hpc_llm.job.measure import progress_figures, training_figures
@@ -80,6 +80,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
     """This rank's distributed environment, its node-local working dir and (rank 0) the run's record."""
+    heartbeat.phase("setup")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     env = JobEnv.current()
     dist = env.dist()
@@ -144,6 +145,7 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
         )
     if ctx.dist.rank == 0:
         RunDir(ctx.run_dir).train_config.write_text(yaml.safe_dump(train_cfg, sort_keys=False))
+    heartbeat.phase("data")
     job.data.prepare(cfg.data, ctx)
     job.parallelism.prepare(cfg.parallelism, ctx)
     job.checkpoint.prepare(cfg.checkpoint, ctx)
@@ -163,6 +165,7 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
     clean_stale_shared_memory()
     from llmfoundry.command_utils import train as foundry_train
 
+    heartbeat.phase("build")
     t0 = time.time()
     trainer = foundry_train(OmegaConf.create(train_cfg))
     return trainer, time.time() - t0

@@ -188,6 +188,8 @@ class Attempt:
     signal_time: float | None = None
     stopped_at_batch: int | None = None
     save_s: float | None = None
+    #: the batch of the newest checkpoint this attempt saved (progress: it resets the failure count)
+    checkpoint_batch: int | None = None
     #: the longest periodic checkpoint save seen (upper bound: save plus any eval at that batch)
     checkpoint_save_s: float | None = None
     signal_to_requeue_s: float | None = None

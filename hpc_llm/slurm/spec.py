@@ -109,11 +109,19 @@ def supervisor_command(
         str(fault.max_preemptions),
         "--max-failures",
         str(fault.max_failures),
+        "--max-attempts-without-progress",
+        str(fault.max_attempts_without_progress),
+        "--forgive-after-s",
+        f"{float(fault.forgive_after_h) * 3600:g}",
         "--heartbeat-s",
         f"{float(fault.heartbeat_s):g}",
         "--hang-timeout-s",
         f"{float(fault.hang_timeout_s):g}",
     ]
+    if fault.startup_timeout_s is not None:
+        args += ["--startup-timeout-s", f"{float(fault.startup_timeout_s):g}"]
+    if fault.max_failures_per_day is not None:
+        args += ["--max-failures-per-day", f"{float(fault.max_failures_per_day):g}"]
     if fault.max_timeouts is not None:
         args += ["--max-timeouts", str(fault.max_timeouts)]
     if fault.stop_lead_s is not None:

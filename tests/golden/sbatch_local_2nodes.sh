@@ -31,6 +31,6 @@ export SUBMITIT_EXECUTOR=slurm
 # node's ranks in node-local scratch). It forwards Slurm's stop signal to the
 # ranks, watches their heartbeats, and restarts, requeues or fails the run by
 # the cause of a stop (docs/design.md, "Long runs").
-exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 2 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --heartbeat-s 30 --hang-timeout-s 1800 -- \
+exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 2 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 30 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 -- \
   srun --unbuffered --export=ALL --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
   /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit

@@ -1,0 +1,425 @@
+"""The fault policy's decision table (hpc_llm.job.policy.decide), one row per rule and per
+scenario of a long run; docs/design.md, "The decision table", lists the same rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_llm.job.failures import RankFailure, TaskError
+from hpc_llm.job.policy import Settings, Stop, active_blame, blamed_node, decide, excluded_by_history, lost_cause
+from hpc_llm.rundir.record import Attempt
+
+H = 3600.0
+T0 = 1_000_000.0
+
+
+def att(i: int, cause=None, state="failed", resumed=0, ckpt=None, stopped=None, suspects=(), action=None, at=None):
+    """Attempt ``i`` of a run, one hour each unless ``at`` says when it ended."""
+    end = at if at is not None else T0 + (i + 1) * H
+    return Attempt(
+        job_id="7",
+        restart=i,
+        started_at=end - H,
+        state=state,
+        ended_at=end,
+        cause=cause,
+        resumed_at_batch=resumed,
+        last_batch=resumed + 10,
+        checkpoint_batch=ckpt,
+        stopped_at_batch=stopped,
+        suspects=list(suspects),
+        action=action,
+    )
+
+
+def cur(history, **kw):
+    """The current attempt, resumed where the history left off."""
+    resumed = max((a.checkpoint_batch or a.stopped_at_batch or a.resumed_at_batch for a in history), default=0)
+    kw.setdefault("resumed", resumed)
+    kw.setdefault("state", "running")
+    kw.setdefault("at", None)
+    a = att(len(history), **kw)
+    a.ended_at = None
+    return a
+
+
+def fail(rank=0, node="n1", type_="RuntimeError", message="boom", batch=5, time=0.0):
+    return RankFailure(rank, node, type_, message, batch, time)
+
+
+NOW = T0 + 100 * H
+S = Settings(nodes=2)
+
+# Messages copied verbatim from the sources that raise them (no GPU needed for the strings):
+#: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.7)
+NCCL_TIMEOUT = (
+    "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=71, OpType=ALLREDUCE, "
+    "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out."
+)
+#: c10/cuda/CUDAException.cpp: a device-side assert (an index out of range in the data)
+DEVICE_ASSERT = (
+    "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported at some other "
+    "API call, so the stacktrace below might be incorrect."
+)
+#: c10/cuda/CUDAException.h on an ECC error
+ECC = "CUDA error: uncorrectable ECC error encountered"
+#: botocore/exceptions.py ClientError, as S3 throttles
+S3_SLOWDOWN = (
+    "An error occurred (SlowDown) when calling the GetObject operation (reached max retries: 4): "
+    "Please reduce your request rate."
+)
+
+
+ROWS = [
+    # (id, history, current kwargs, stop kwargs, settings, expected (action, cause), extra checks)
+    ("completed", [], {"state": "completed"}, {"returncode": 0}, S, ("done", "completed")),
+    ("no recovery: the exit code is all", [], {}, {"returncode": 3}, Settings(recover=False), ("fail", "failure")),
+    (
+        "time limit, saved",
+        [],
+        {"state": "stopped", "stopped": 50},
+        {"returncode": 0, "stop_cause": "time_limit"},
+        S,
+        ("requeue", "time_limit"),
+    ),
+    (
+        "preemption, saved",
+        [],
+        {"state": "stopped", "stopped": 50},
+        {"returncode": 0, "stop_cause": "preemption"},
+        S,
+        ("requeue", "preemption"),
+    ),
+    (
+        "2: the time limit overtakes the save: a time limit, nobody blamed",
+        [],
+        {},
+        {
+            "returncode": 143,
+            "stop_cause": "time_limit",
+            "sigterm_at": NOW,
+            "end_time": NOW,
+            "task_errors": (TaskError("n1", "0-7", "Terminated"), TaskError("n2", "8-15", "Terminated")),
+        },
+        S,
+        ("requeue", "time_limit"),
+    ),
+    (
+        "2 before: the same stop was a failure of a healthy node",
+        [],
+        {},
+        {
+            "returncode": 143,
+            "stop_cause": "time_limit",
+            "sigterm_at": NOW,
+            "end_time": NOW,
+            "task_errors": (TaskError("n1", "0-7", "Terminated"),),
+        },
+        Settings(nodes=2, legacy_time=True),
+        ("restart", "failure"),
+    ),
+    (
+        "3: SIGTERM at a shortened time limit, no signal forwarded: a time limit, not a cancel",
+        [],
+        {},
+        {"returncode": 143, "sigterm_at": NOW - 2, "end_time": NOW},
+        S,
+        ("requeue", "time_limit"),
+    ),
+    (
+        "a SIGTERM long before the end: cancelled",
+        [],
+        {},
+        {"returncode": 143, "sigterm_at": NOW - 600, "end_time": NOW},
+        S,
+        ("fail", "cancelled"),
+    ),
+    (
+        "Slurm requeues after NODE_FAIL: leave the attempt to the next start",
+        [],
+        {},
+        {"returncode": 143, "sigterm_at": NOW, "slurm_requeueing": "NODE_FAIL"},
+        S,
+        ("slurm_requeues", "lost"),
+    ),
+    (
+        "preempted after the warning was spent (SIGTERM to the steps)",
+        [],
+        {},
+        {"returncode": 137, "preempting": True},
+        S,
+        ("requeue", "preemption"),
+    ),
+    (
+        "10: a preemption in the post-train stage is a preemption",
+        [],
+        {"ckpt": 60},
+        {"returncode": 1, "stop_cause": "preemption", "task_errors": (TaskError("n1", "0", "Killed"),)},
+        S,
+        ("requeue", "preemption"),
+    ),
+    (
+        "user error before the first batch",
+        [],
+        {},
+        {"returncode": 1, "failures": (fail(type_="KeyError", message="'text'", batch=0),)},
+        S,
+        ("fail", "user_error"),
+    ),
+    (
+        "recorded user error / preflight_failed",
+        [],
+        {"state": "failed", "cause": "preflight_failed"},
+        {"returncode": 1},
+        S,
+        ("fail", "preflight_failed"),
+    ),
+    (
+        "a failed preflight check on a node: requeued without it at once",
+        [],
+        {"state": "failed", "cause": "preflight", "suspects": ("n2",)},
+        {"returncode": 1},
+        S,
+        ("requeue", "preflight"),
+    ),
+    (
+        "4: a rank exits 1 with an ECC error on n1; n2's ranks are bystanders: n1 blamed",
+        [],
+        {},
+        {
+            "returncode": 1,
+            "failures": (fail(node="n1", message=ECC, batch=40),),
+            "task_errors": (TaskError("n1", "3", "Exited with exit code 1"), TaskError("n2", "8-15", "Terminated")),
+        },
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "4: the same node fails again at another batch: excluded, requeued",
+        [att(0, "failure", suspects=("n1",), ckpt=30, at=NOW - 2 * H)],
+        {},
+        {
+            "returncode": 1,
+            "failures": (fail(node="n1", message=ECC, batch=70),),
+            "task_errors": (TaskError("n2", "8-15", "Terminated"),),
+        },
+        S,
+        ("requeue", "failure"),
+    ),
+    (
+        "a rank killed by a signal, bystanders terminated: the killed one's node",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "task_errors": (TaskError("n2", "9", "Killed"), TaskError("n1", "0-7", "Terminated")),
+        },
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "9: a device-side assert is ambiguous the first time: restart once",
+        [],
+        {"resumed": 10},
+        {"returncode": 1, "failures": (fail(node="n1", message=DEVICE_ASSERT, batch=40),)},
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "9: the same assert at the same batch on another node: the user's",
+        [att(0, "failure", suspects=("n1",))],
+        {},
+        {
+            "returncode": 1,
+            "failures": (fail(node="n2", message=DEVICE_ASSERT, batch=40),),
+            "earlier": (fail(node="n1", message=DEVICE_ASSERT, batch=40),),
+        },
+        S,
+        ("fail", "user_error"),
+    ),
+    (
+        "9: a transient object-store error at the first batch: retried in place, nobody blamed",
+        [],
+        {},
+        {"returncode": 1, "failures": (fail(type_="ClientError", message=S3_SLOWDOWN, batch=0),)},
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "an NCCL watchdog timeout: the machine's",
+        [],
+        {},
+        {"returncode": 1, "failures": (fail(node="n2", type_="DistBackendError", message=NCCL_TIMEOUT),)},
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "the throughput watchdog stopped and saved: requeued as its own cause",
+        [],
+        {"state": "stopped", "stopped": 30, "cause": "watchdog"},
+        {"returncode": 0},
+        S,
+        ("requeue", "watchdog"),
+    ),
+    (
+        "a manual stop signal counts against the preemption budget",
+        [],
+        {"state": "stopped", "stopped": 3},
+        {"returncode": 0, "stop_cause": "signal"},
+        Settings(nodes=2, max_preemptions=0),
+        ("fail", "signal"),
+    ),
+    (
+        "a hang names the silent rank's node",
+        [],
+        {},
+        {"returncode": 137, "hang": ("rank 5 on n2 silent", ("n2",))},
+        S,
+        ("restart", "hang"),
+    ),
+    (
+        "6: a start-up hang is a failure with its phase, requeued",
+        [],
+        {},
+        {"returncode": 137, "startup": "imports"},
+        S,
+        ("requeue", "startup"),
+    ),
+    (
+        "a node failure excludes the node at once",
+        [],
+        {},
+        {"returncode": 1, "failed_nodes": ("n3",)},
+        S,
+        ("requeue", "node_failure"),
+    ),
+    (
+        "off Slurm a requeue is not possible",
+        [],
+        {"state": "stopped", "stopped": 5},
+        {"returncode": 0, "stop_cause": "preemption", "on_slurm": False},
+        S,
+        ("fail", "preemption"),
+    ),
+    (
+        "1: the 6th failure of a long run, each after a new checkpoint, is recovered",
+        [att(i, "failure", ckpt=100 * (i + 1), resumed=100 * i) for i in range(5)],
+        {},
+        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "1 before: the 6th failure of the run's life ended it",
+        [att(i, "failure", ckpt=100 * (i + 1), resumed=100 * i) for i in range(5)],
+        {},
+        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        Settings(nodes=2, legacy_budgets=True),
+        ("fail", "failure"),
+    ),
+    (
+        "the 6th failure in a row without a new checkpoint ends the run",
+        [att(i, "failure") for i in range(5)],
+        {},
+        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        Settings(nodes=2, max_failures_per_day=None),
+        ("fail", "failure"),
+    ),
+    (
+        "resubmitting a failed run resets the count",
+        [*(att(i, "failure") for i in range(5)), att(5, "failure", action="fail")],
+        {},
+        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        S,
+        ("restart", "failure"),
+    ),
+    (
+        "the rate cap: 4 failures within 24 h, each with progress, cap 3",
+        [att(i, "failure", ckpt=100 * (i + 1), resumed=100 * i, at=NOW - 3 * H + i * H) for i in range(3)],
+        {},
+        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        Settings(nodes=2, max_failures_per_day=3),
+        ("fail", "failure"),
+    ),
+    (
+        "the governor: preemptions that never save end the run after N attempts",
+        [att(i, "preemption") for i in range(9)],
+        {},
+        {"returncode": 137, "preempting": True},
+        S,
+        ("fail", "preemption"),
+    ),
+    (
+        "time limits that save are progress: the governor does not count them",
+        [att(i, "time_limit", state="stopped", stopped=100 * (i + 1), resumed=100 * i) for i in range(20)],
+        {"state": "stopped", "stopped": 2100},
+        {"returncode": 0, "stop_cause": "time_limit"},
+        S,
+        ("requeue", "time_limit"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
+def test_decision_table(row):
+    _name, history, current_kw, stop_kw, settings, (action, cause) = row
+    stop_kw = dict(stop_kw)
+    earlier = stop_kw.pop("earlier", ())
+    d = decide(history, cur(history, **current_kw), Stop(now=NOW, **stop_kw), settings, earlier)
+    assert (d.action, d.cause) == (action, cause), d.reason
+
+
+def test_blame_lands_on_the_rank_that_failed_first_not_the_bystanders():
+    stop = Stop(
+        returncode=1,
+        now=NOW,
+        task_errors=(TaskError("n1", "3", "Exited with exit code 1"), TaskError("n2", "8-15", "Terminated")),
+    )
+    assert blamed_node(stop) == "n1"
+    assert blamed_node(stop, legacy=True) == "n2"  # what classify() did: the first signal-killed line
+    d = decide([], cur([]), stop, S)
+    assert d.suspects == ("n1",) and d.exclude == ()
+    ecc = Stop(returncode=1, now=NOW, failures=(fail(node="n1", message=ECC, batch=70),))
+    again = decide([att(0, "failure", suspects=("n1",), ckpt=30, at=NOW - 2 * H)], cur([], resumed=30), ecc, S)
+    assert again.action == "requeue" and again.exclude == ("n1",)
+
+
+def test_blame_expires_after_clean_hours():
+    history = [att(0, "failure", suspects=("n1",), at=NOW - 30 * H)]
+    assert active_blame(history, NOW, 24 * H) == {}
+    assert active_blame(history, NOW, 48 * H) == {"n1": 1}
+    stop = Stop(returncode=1, now=NOW, failures=(fail(node="n1", message=ECC, batch=90),))
+    d = decide(history, cur(history, resumed=50), stop, S)
+    assert d.action == "restart" and d.exclude == ()  # forgiven: a first blame again
+    twice = [att(0, "failure", suspects=("n1",), at=NOW - 40 * H), att(1, "failure", suspects=("n1",), at=NOW - 30 * H)]
+    assert excluded_by_history(twice, NOW - 29 * H, S) == {"n1"}
+    assert excluded_by_history(twice, NOW, S) == set()  # 30 clean hours: forgiven
+    assert excluded_by_history(twice, NOW, Settings(legacy_blame=True)) == {"n1"}  # before: never
+
+
+def test_a_node_failure_stays_excluded_while_its_blame_lasts():
+    history = [att(0, "node_failure", suspects=("n3",), at=NOW - H)]
+    stop = Stop(returncode=0, now=NOW, stop_cause="time_limit")
+    d = decide(history, cur(history, state="stopped", stopped=40), stop, S)
+    assert d.exclude == ("n3",)
+    later = Stop(returncode=0, now=NOW + 2 * 24 * H, stop_cause="time_limit")
+    assert decide(history, cur(history, state="stopped", stopped=40), later, S).exclude == ()
+
+
+def test_preempted_lost_attempts_stay_preemptions():
+    assert lost_cause("PREEMPTED") == "preemption"
+    assert lost_cause("NODE_FAIL") == "node_failure"
+    assert lost_cause("TIMEOUT") == "time_limit"
+    assert lost_cause(None) == "lost"
+
+
+def test_a_flaky_node_comes_back_on_probation_and_is_left_out_longer_each_time():
+    def blamed(*hours_ago):
+        return [att(i, "failure", suspects=("n7",), at=NOW - h * H) for i, h in enumerate(hours_ago)]
+
+    assert excluded_by_history(blamed(40, 30), NOW - 10 * H, S) == {"n7"}  # 24 h after the second blame
+    assert excluded_by_history(blamed(40, 30), NOW, S) == set()  # back, on probation
+    # one failure on probation leaves it out at once, for 48 h
+    assert excluded_by_history(blamed(40, 30, 1), NOW, S) == {"n7"}
+    assert excluded_by_history(blamed(40, 30, 1), NOW + 40 * H, S) == {"n7"}
+    assert excluded_by_history(blamed(40, 30, 1), NOW + 50 * H, S) == set()
