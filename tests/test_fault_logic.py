@@ -354,3 +354,21 @@ def test_a_start_up_that_never_reaches_training_is_named_by_its_phase():
     assert watch.startup_stuck({0: beat(0, "build")}, 61, 1, None) is None  # no limit
     watch.check({0: heartbeat.Beat(0, 2, 0, "n1", 1, heartbeat.TRAINING)}, 62)
     assert watch.startup_stuck({0: beat(0, "build")}, 10_000, 1, 60) is None  # it trained: not start-up
+
+
+def test_the_supervisor_reads_heartbeats_once_a_period_not_every_poll(tmp_path, monkeypatch):
+    """64 nodes x 8 ranks for weeks: every read opens each rank's file on the shared filesystem."""
+    import sys
+
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    reads = []
+    monkeypatch.setattr(supervisor.heartbeat, "read_all", lambda run_dir: reads.append(time.monotonic()) or {})
+    policy = supervisor.Policy(run_dir=tmp_path, nodes=64, stop_signal=None, signal_lead_s=60, heartbeat_s=2.0)
+    sup = supervisor.Supervisor(policy, [sys.executable, "-c", "import time; time.sleep(4.2)"])
+    started = time.monotonic()
+    sup.run_step()
+    elapsed = time.monotonic() - started
+    # a poll every 0.5 s would read twice a second; once a period is every heartbeat_s / 2 = 1 s
+    assert 1 <= len(reads) <= elapsed / 1.0 + 1, (len(reads), elapsed)
+    assert all(b - a >= 0.95 for a, b in zip(reads, reads[1:], strict=False))
