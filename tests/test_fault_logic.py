@@ -372,3 +372,32 @@ def test_the_supervisor_reads_heartbeats_once_a_period_not_every_poll(tmp_path, 
     # a poll every 0.5 s would read twice a second; once a period is every heartbeat_s / 2 = 1 s
     assert 1 <= len(reads) <= elapsed / 1.0 + 1, (len(reads), elapsed)
     assert all(b - a >= 0.95 for a, b in zip(reads, reads[1:], strict=False))
+
+
+def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
+    """Composer refuses to fit a trainer already at max_duration; a run whose last batch was
+    trained before a preemption hit its post-train stage must not fail on that."""
+    from types import SimpleNamespace
+
+    from composer import Trainer
+    from composer.core import Time, Timestamp
+
+    from hpc_llm.job.task import training_done_goes_on
+
+    original = Trainer.fit
+    calls = []
+    done = SimpleNamespace(state=SimpleNamespace(max_duration=Time(60, "ba"), timestamp=Timestamp(batch=60)))
+    more = SimpleNamespace(state=SimpleNamespace(max_duration=Time(60, "ba"), timestamp=Timestamp(batch=40)))
+
+    def stand_in(self, *a, **kw):  # stands in for training
+        calls.append(self)
+
+    Trainer.fit = stand_in
+    try:
+        with training_done_goes_on():
+            assert Trainer.fit(done) is None and calls == []  # nothing trained again
+            Trainer.fit(more)
+            assert calls == [more]  # 20 batches to go: trained
+        assert Trainer.fit is stand_in  # put back as it was
+    finally:
+        Trainer.fit = original

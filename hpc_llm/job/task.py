@@ -10,12 +10,14 @@ Slurm signal it saves and requeues (:mod:`hpc_llm.job.preemption`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +169,35 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
 
     heartbeat.phase("build")
     t0 = time.time()
-    trainer = foundry_train(OmegaConf.create(train_cfg))
+    with training_done_goes_on():
+        trainer = foundry_train(OmegaConf.create(train_cfg))
     return trainer, time.time() - t0
+
+
+@contextlib.contextmanager
+def training_done_goes_on() -> Iterator[None]:
+    """A run whose training is done never trains again: an attempt that resumes from the
+    checkpoint at max_duration (a preemption or time limit hit the post-train stage) goes on
+    to the post-train stage. Composer's fit would raise "max_duration ... is less than or
+    equal to the elapsed training duration", and the run would fail after every batch was
+    trained (docs/design.md, "Long runs and failures")."""
+    from composer import Trainer
+
+    original = Trainer.fit
+
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        md = self.state.max_duration
+        if not args and not kwargs and md is not None and md <= self.state.timestamp.get(md.unit):
+            log.warning("training already reached max_duration (%s): going on to the post-train stage", md)
+            heartbeat.phase("post")
+            return None
+        return original(self, *args, **kwargs)
+
+    Trainer.fit = fit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trainer.fit = original  # type: ignore[method-assign]
 
 
 # -- evaluate --------------------------------------------------------------------
