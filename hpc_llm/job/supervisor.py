@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -444,19 +444,9 @@ class Supervisor:
 
     @property
     def settings(self) -> policy.Settings:
-        p = self.policy
-        return policy.Settings(
-            nodes=p.nodes,
-            recover=p.recover,
-            restart_in_place=p.restart_in_place,
-            max_failures=p.max_failures,
-            max_failures_per_day=p.max_failures_per_day,
-            max_attempts_without_progress=p.max_attempts_without_progress,
-            max_preemptions=p.max_preemptions,
-            max_timeouts=p.max_timeouts,
-            forgive_after_s=p.forgive_after_s,
-            term_at_end_s=TERM_AT_END_S,
-        )
+        """The policy's settings: the fields of :class:`Policy` it shares by name."""
+        shared = {f.name: getattr(self.policy, f.name) for f in fields(policy.Settings) if hasattr(self.policy, f.name)}
+        return policy.Settings(**shared, term_at_end_s=TERM_AT_END_S)
 
     def _act(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
         """Record the decision, then carry it out (records first: a requeue SIGTERMs this job)."""

@@ -177,17 +177,7 @@ class SlurmLauncher(BaseLauncher):
                         f"{self.opts.array_parallelism} running at once",
                         flush=True,
                     )
-                run = ledger.record(
-                    p.run_dir,
-                    sweep_dir,
-                    p.num,
-                    self.experiment(cfg),
-                    "slurm",
-                    overrides,
-                    [str(p.job_id)],
-                    "SUBMITTED",
-                    conn=conn,
-                )
+                run = self._record_submitted(cfg, overrides, p, sweep_dir, conn=conn)
                 print(
                     f"job {p.num}: submitted Slurm job {p.job_id}, run dir {p.run_dir}  [{shown(overrides)}]",
                     flush=True,
@@ -196,6 +186,21 @@ class SlurmLauncher(BaseLauncher):
         if not self.opts.wait:
             return [self._job_return(cfg, d, {"run_dir": d, "job_id": j}) for cfg, d, j, _ in submitted]
         return self._wait_all(submitted)
+
+    def _record_submitted(
+        self, cfg: DictConfig, overrides: list[str], p: submit.Point, sweep_dir: str, conn: Any = None
+    ) -> ledger.Run:
+        return ledger.record(
+            p.run_dir,
+            sweep_dir,
+            p.num,
+            self.experiment(cfg),
+            "slurm",
+            overrides,
+            [str(p.job_id)],
+            "SUBMITTED",
+            conn=conn,
+        )
 
     def _after_rejection(
         self, rejected: submit.Rejected, points: list[tuple[DictConfig, list[str], submit.Point]], sweep_dir: str
@@ -207,16 +212,7 @@ class SlurmLauncher(BaseLauncher):
         if self.opts.keep_on_reject and refs:
             for cfg, overrides, p in points:
                 if p.num in done:
-                    ledger.record(
-                        p.run_dir,
-                        sweep_dir,
-                        p.num,
-                        self.experiment(cfg),
-                        "slurm",
-                        overrides,
-                        [str(p.job_id)],
-                        "SUBMITTED",
-                    )
+                    self._record_submitted(cfg, overrides, p, sweep_dir)
             what = f"kept the {len(done)} point(s) already submitted (Slurm job(s) {', '.join(refs)})"
         else:
             if refs:
