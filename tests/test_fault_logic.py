@@ -401,3 +401,17 @@ def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
         assert Trainer.fit is stand_in  # put back as it was
     finally:
         Trainer.fit = original
+
+
+def test_a_filesystem_short_of_two_saves_is_a_warning_before_enospc(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hpc_llm.job import disk
+
+    save = tmp_path / "ep0-ba20-rank0.pt"
+    save.write_bytes(b"x" * 1000)
+    monkeypatch.setattr(disk.os, "statvfs", lambda path: SimpleNamespace(f_bavail=1999, f_frsize=1))
+    warning = disk.room_warning(save)
+    assert warning is not None and "less than 2 saves" in warning and "ENOSPC" in warning
+    monkeypatch.setattr(disk.os, "statvfs", lambda path: SimpleNamespace(f_bavail=2000, f_frsize=1))
+    assert disk.room_warning(save) is None

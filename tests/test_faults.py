@@ -312,3 +312,28 @@ def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_pa
     assert ckpt.is_dir() and len(list(ckpt.glob("*.distcp"))) == shards
     if "parallelism=hsdp" in layout:
         assert r["device_mesh"] == {"data_parallel_replicate": 2, "data_parallel_shard": 2}
+
+
+def test_a_node_whose_gpu_fails_every_attempt_is_blamed_left_out_and_the_run_finishes(
+    slurm_env, tmp_path, pytestconfig
+):
+    """A rank on one node raises a CUDA ECC error 7 batches into every attempt; srun then
+    terminates the other node's rank (--kill-on-bad-exit). That node, never the bystander, is
+    blamed; the second time it is left out, and the run completes on the others."""
+    site = tmp_path / "site"
+    pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(site))
+    bad_node_file = tmp_path / "bad_node"
+    ref = reference(SHORT, slurm_env, pytestconfig)
+    args = [*SHORT, "eval.evaluators=[crash]", f"+eval.options.crash.node_file={bad_node_file}"]
+    job_id, run_dir = submit(args, env, tmp_path)
+    nodes = wait_for(lambda: job_nodes(job_id, env), 120, "the job to start")
+    bad, bystander = nodes[1], nodes[0]
+    bad_node_file.write_text(bad)
+    r = finished(run_dir, 420)
+    same_loss(r, ref)
+    first, second, *_rest, done = r["attempts"]
+    assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [bad]), first
+    assert "ECC" in first["error"] and bystander not in first["suspects"]
+    assert (second["cause"], second["action"], second["suspects"]) == ("failure", "requeue", [bad]), second
+    assert bad not in done["nodes"] and len(done["nodes"]) == 2

@@ -5,6 +5,7 @@ See hpc_llm.job.preemption for the whole sequence.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist, format_name_with_dist
 
-from hpc_llm.job import context, heartbeat, preemption
+from hpc_llm.job import context, disk, heartbeat, preemption
+
+log = logging.getLogger(__name__)
 
 _SAVE_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank(\d+)\.pt)?$")
 
@@ -54,6 +57,7 @@ class PreemptionCallback(Callback):
         self._fit_start = time.time()
         self._batch_end: tuple[int, float] | None = None
         self._longest_save = 0.0
+        self._disk_warned: str | None = None
 
     def fit_start(self, state: State, logger: Logger) -> None:
         # Autoresume has already loaded the checkpoint: this is where we resume.
@@ -94,6 +98,12 @@ class PreemptionCallback(Callback):
                     self._longest_save = took
                     changes["checkpoint_save_s"] = round(took, 3)
                 self.ctx.record.note(**changes)
+                if saver.saved_checkpoints:
+                    last = Path(saver.saved_checkpoints[-1])  # a sharded save: this rank's shard in its folder
+                    warning = disk.room_warning(last.parent if state.fsdp_sharded_state_dict_enabled else last)
+                    if warning and warning != self._disk_warned:
+                        self._disk_warned = warning
+                        log.warning("hpc_llm: %s", warning)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)

@@ -3,15 +3,20 @@
 Used by hpc_llm's tests to stand for a bug in user code (a model, a loss, a
 callback) that fails deterministically: ``eval.evaluators=[crash]`` adds a
 Composer callback that raises ``RuntimeError`` at the end of batch
-``eval.options.crash.at_batch`` on rank ``eval.options.crash.rank``. It is a
+``eval.options.crash.at_batch`` on rank ``eval.options.crash.rank``. With
+``eval.options.crash.node_file``, it stands for a bad GPU instead: every rank
+on the node named in that file (read when it is due) raises a CUDA ECC error
+``after`` batches into every attempt, wherever the attempt resumed. It is a
 real third-party package, installed with pip and found through its entry
 point, so the code under test needs no fault-injection hook.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from hpc_llm import hookimpl
 from hpc_llm.plugins.base import Evaluator
@@ -25,11 +30,21 @@ def _callback_class() -> type:
     from composer.utils import dist
 
     class Crash(Callback):
-        def __init__(self, at_batch: int, rank: int) -> None:
-            self.at_batch, self.rank = at_batch, rank
+        def __init__(self, at_batch: int, rank: int, node_file: str | None = None, after: int = 7) -> None:
+            self.at_batch, self.rank, self.node_file, self.after = at_batch, rank, node_file, after
+            self.resumed = 0
+
+        def fit_start(self, state: Any, logger: Any) -> None:
+            self.resumed = int(state.timestamp.batch)
 
         def batch_end(self, state: Any, logger: Any) -> None:
             batch = int(state.timestamp.batch)
+            if self.node_file is not None:
+                path = Path(self.node_file)
+                bad = path.read_text().strip() if path.exists() else None
+                if batch == self.resumed + self.after and bad == os.environ.get("SLURMD_NODENAME"):
+                    raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+                return
             if batch == self.at_batch and dist.get_global_rank() == self.rank:
                 raise RuntimeError(f"user code failed at batch {batch}")
 
@@ -44,10 +59,15 @@ class CrashAt(Evaluator):
     class Options:
         at_batch: int = 7
         rank: int = 0
+        node_file: Optional[str] = None  # noqa: UP045 - OmegaConf structured configs read Optional
+        after: int = 7
 
     def train_config(self, section: Any, plan: Any, data: dict[str, Any]) -> dict[str, Any]:
         opts = self.options(section)
-        return {"callbacks": {CALLBACK: {"at_batch": int(opts.at_batch), "rank": int(opts.rank)}}}
+        args = {"at_batch": int(opts.at_batch), "rank": int(opts.rank), "after": int(opts.after)}
+        if opts.node_file:
+            args["node_file"] = str(opts.node_file)
+        return {"callbacks": {CALLBACK: args}}
 
     def prepare(self, section: Any, ctx: Any) -> None:
         from llmfoundry.registry import callbacks
