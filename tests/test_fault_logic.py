@@ -415,3 +415,31 @@ def test_a_filesystem_short_of_two_saves_is_a_warning_before_enospc(tmp_path, mo
     assert warning is not None and "less than 2 saves" in warning and "ENOSPC" in warning
     monkeypatch.setattr(disk.os, "statvfs", lambda path: SimpleNamespace(f_bavail=2000, f_frsize=1))
     assert disk.room_warning(save) is None
+
+
+def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the_new_lead(tmp_path, monkeypatch):
+    """An admin's ``scontrol update TimeLimit=`` moves the end: the supervisor reads the end time
+    again while the step runs, and stops the ranks the lead before the new end, as a time limit
+    (before: the end read at start was kept, the job was killed unsaved and recorded cancelled)."""
+    import sys
+
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
+    )
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
+    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    sup.lead_s = 10
+    sup.job.job_id = "7"
+    sup.job.end = time.time() + 3600  # what the start saw
+    shortened = time.time() + 13
+    monkeypatch.setattr(supervisor, "END_REFRESH_S", 0.5)
+    monkeypatch.setattr(sup, "_job_info", lambda: {"EndTime": str(int(shortened))})  # scontrol, SLURM_TIME_FORMAT=%s
+    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
+    started = time.monotonic()
+    end = sup.run_step()
+    assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
+    assert time.monotonic() - started < 30  # not at the hour the start saw
+    assert sup.job.end == float(int(shortened))
