@@ -50,20 +50,22 @@ def fail(rank=0, node="n1", type_="RuntimeError", message="boom", batch=5, time=
 NOW = T0 + 100 * H
 S = Settings(nodes=2)
 
-# Messages copied verbatim from the sources that raise them (no GPU needed for the strings):
-#: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.7)
+# Messages as the installed stack writes them (no GPU needed for the strings; checked with
+# `strings` on torch 2.7.0's libtorch_cuda.so / libc10_cuda.so, CUDA 12's libcudart.so and in
+# botocore 1.44's exceptions.py):
+#: ProcessGroupNCCL's watchdog: "Watchdog caught collective operation timeout: " WorkNCCL(...) " ran for "
 NCCL_TIMEOUT = (
     "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=71, OpType=ALLREDUCE, "
     "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out."
 )
-#: c10/cuda/CUDAException.cpp: a device-side assert (an index out of range in the data)
+#: c10's "CUDA error: " + cudaGetErrorString: a device-side assert (an index out of range in the data)
 DEVICE_ASSERT = (
     "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported at some other "
     "API call, so the stacktrace below might be incorrect."
 )
-#: c10/cuda/CUDAException.h on an ECC error
+#: the same on an ECC error (libcudart: "uncorrectable ECC error encountered")
 ECC = "CUDA error: uncorrectable ECC error encountered"
-#: botocore/exceptions.py ClientError, as S3 throttles
+#: botocore's ClientError.MSG_TEMPLATE with retry info, as S3 throttles
 S3_SLOWDOWN = (
     "An error occurred (SlowDown) when calling the GetObject operation (reached max retries: 4): "
     "Please reduce your request rate."
