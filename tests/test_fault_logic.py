@@ -443,3 +443,36 @@ def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the
     assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
     assert time.monotonic() - started < 30  # not at the hour the start saw
     assert sup.job.end == float(int(shortened))
+
+
+def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, monkeypatch):
+    """A slow slurmctld must not hold the signal path: far from the end time the stop goes to the
+    ranks first, and scontrol is asked afterwards only to record why it came."""
+    import signal as sig
+    import sys
+    import threading
+
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
+    )
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
+    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    sup.job.end = time.time() + 3600
+    order = []
+    real_send = supervisor._send
+    monkeypatch.setattr(supervisor, "_send", lambda proc, s: (order.append("forward"), real_send(proc, s)))
+    monkeypatch.setattr(sup, "_job_info", lambda: order.append("ask") or {"PreemptTime": "1795534158"})
+    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
+    saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}
+    sup._install_handlers()
+    threading.Timer(1.0, lambda: sig.raise_signal(sig.SIGUSR2)).start()
+    try:
+        end = sup.run_step()
+    finally:
+        for s, handler in saved.items():
+            sig.signal(s, handler)
+    assert order[:2] == ["forward", "ask"], order
+    assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0

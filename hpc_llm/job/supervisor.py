@@ -348,13 +348,23 @@ class Supervisor:
         last_read = float("-inf")
         refreshed = time.monotonic()
         pending: tuple[str, float] | None = None
+        asked = True
         forward_at = 0.0
         while proc.poll() is None:
             time.sleep(POLL_S)
             while self._signals:
+                # act first, ask after: a signal far from the end time we know is passed on at
+                # once (a preemption's grace time runs); slurmctld is asked only once it is
+                # (or, near the end, to hold it back until the lead), so a slow one cannot hold it
                 pending = self._signals.popleft()
-                end.stop_cause = self._signal_cause(pending[1])
+                end.stop_cause = self._cached_cause(pending[1])
                 forward_at = self._forward_at(pending[1], end.stop_cause)
+                asked = False
+            if pending and not asked and (end.stop is not None or end.stop_cause == "time_limit"):
+                asked = True
+                end.stop_cause = self._signal_cause(pending[1])
+                if end.stop is None:
+                    forward_at = self._forward_at(pending[1], end.stop_cause)
             if self.job.job_id and time.monotonic() - refreshed >= END_REFRESH_S:
                 # `scontrol update TimeLimit=` moves the end: the stop lead counts from the new one
                 refreshed = time.monotonic()
@@ -492,6 +502,14 @@ class Supervisor:
             return False
         self.job.end = _slurm_time(self._job_info().get("EndTime")) or self.job.end
         return time.time() >= self.job.end - self.lead_s
+
+    def _cached_cause(self, when: float) -> str:
+        """Why the signal came, from what is known without asking Slurm: near the end time we
+        have, the time limit; otherwise a preemption (or a signal sent by hand: Slurm says which)."""
+        end_time = self.job.end
+        if end_time is not None and when >= end_time - self.policy.signal_lead_s - TIME_LIMIT_SLACK_S:
+            return "time_limit"
+        return "preemption"
 
     def _signal_cause(self, when: float) -> str:
         """Why Slurm sent the stop signal: while a preemption's grace time runs, ``scontrol show
