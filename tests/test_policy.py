@@ -245,7 +245,7 @@ ROWS = [
         {},
         {"returncode": 1, "failures": (fail(type_="ClientError", message=S3_SLOWDOWN, batch=0),)},
         S,
-        ("restart", "failure"),
+        ("restart", "transient"),
     ),
     (
         "an NCCL watchdog timeout: the machine's",
@@ -425,3 +425,12 @@ def test_a_flaky_node_comes_back_on_probation_and_is_left_out_longer_each_time()
     assert excluded_by_history(blamed(40, 30, 1), NOW, S) == {"n7"}
     assert excluded_by_history(blamed(40, 30, 1), NOW + 40 * H, S) == {"n7"}
     assert excluded_by_history(blamed(40, 30, 1), NOW + 50 * H, S) == set()
+
+
+def test_transient_storage_errors_are_retried_in_place_with_backoff():
+    stop = Stop(returncode=1, now=NOW, failures=(fail(type_="ClientError", message=S3_SLOWDOWN, batch=12),))
+    first = decide([], cur([], resumed=10), stop, S)
+    assert (first.action, first.suspects, first.delay_s) == ("restart", (), 30.0)
+    history = [att(i, "transient", resumed=10, at=NOW - (3 - i) * 60) for i in range(3)]
+    again = decide(history, cur(history, resumed=10), stop, S)
+    assert (again.action, again.delay_s) == ("restart", 240.0)

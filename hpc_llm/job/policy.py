@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hpc_llm.job.failures import INFRA_PATTERNS, RankFailure, TaskError
 from hpc_llm.rundir.record import Attempt
 
 #: causes that are a failure of the machine (counted by fault.max_failures and the rate cap)
-FAILURE_CAUSES = frozenset({"failure", "hang", "node_failure", "lost", "watchdog", "preflight", "startup"})
+FAILURE_CAUSES = frozenset({"failure", "transient", "hang", "node_failure", "lost", "watchdog", "preflight", "startup"})
+#: the first wait before retrying a transient storage error in place, doubled each time in a row
+TRANSIENT_BACKOFF_S = 30.0
+TRANSIENT_BACKOFF_MAX_S = 900.0
 #: causes of a stop the run asked for or Slurm imposed: not failures
 STOP_CAUSES = frozenset({"time_limit", "preemption", "signal"})
 DAY_S = 86400.0
@@ -124,6 +127,8 @@ class Decision:
     exclude: tuple[str, ...] = ()
     #: other things to record on the run (a budget's reason, a warning)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: seconds to wait before a restart in place (backoff after transient storage errors)
+    delay_s: float = 0.0
 
 
 # -- history --------------------------------------------------------------------
@@ -318,7 +323,13 @@ def decide(
     if cause == "user_error":
         return Decision("fail", "user_error", reason, "failed")
     if cause == "transient":
-        return _budgeted(history, current, stop, s, "failure", reason, suspects=(), exclude=None, restart=True)
+        d = _budgeted(history, current, stop, s, "transient", reason, suspects=(), exclude=None, restart=True)
+        in_a_row = 0
+        for a in reversed(_since_reset(history)):
+            if a.cause != "transient":
+                break
+            in_a_row += 1
+        return replace(d, delay_s=min(TRANSIENT_BACKOFF_MAX_S, TRANSIENT_BACKOFF_S * 2**in_a_row))
     suspects = tuple(sorted(set(nodes)))
     exclude = excluded_by_history([*history, _with(current, cause, suspects, stop.now)], stop.now, s)
     new_exclusion = bool(set(suspects) & exclude)
@@ -432,8 +443,6 @@ def _ended(a: Attempt) -> str:
 
 def _with(a: Attempt, cause: str, suspects: tuple[str, ...], now: float) -> Attempt:
     """``a`` as it will be recorded (for counting blame with this stop included)."""
-    from dataclasses import replace
-
     return replace(a, cause=cause, suspects=list(suspects), ended_at=a.ended_at or now)
 
 

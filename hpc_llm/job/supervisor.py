@@ -483,6 +483,8 @@ class Supervisor:
             attempts.save()
             update_results(self.run_dir, attempts, "restarting", {"error": d.reason})
             log.warning("hpc_llm supervisor: %s; restarting the step in this allocation", d.reason)
+            if d.delay_s:
+                time.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next step
             return None
         return self._requeue(attempts, a, d)
 
