@@ -19,6 +19,18 @@ def failure(rank=0, type_="RuntimeError", message="boom", batch=7, node="n1", t=
     return failures.RankFailure(rank, node, type_, message, batch, t or time.time())
 
 
+def usr2_step(tmp_path, monkeypatch):
+    """A training step stand-in, run for real as a child process off Slurm: it exits 0 on the
+    stop signal (USR2), else 3 after a minute."""
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
+    )
+    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    return script
+
+
 SRUN_KILLED = [
     "srun: error: n2: task 1: Killed",
     "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
@@ -201,12 +213,7 @@ def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypat
     import signal as sig
     import sys
 
-    script = tmp_path / "step.py"
-    script.write_text(
-        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
-    )
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
+    script = usr2_step(tmp_path, monkeypatch)
     policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
     sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
     saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}  # the supervisor takes these over
@@ -230,12 +237,7 @@ def test_the_supervisor_stops_the_ranks_at_the_lead_when_slurms_signal_never_com
     import sys
     import time
 
-    script = tmp_path / "step.py"
-    script.write_text(
-        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
-    )
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
+    script = usr2_step(tmp_path, monkeypatch)
     policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
     sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
     sup.lead_s = 10
@@ -423,12 +425,7 @@ def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the
     (before: the end read at start was kept, the job was killed unsaved and recorded cancelled)."""
     import sys
 
-    script = tmp_path / "step.py"
-    script.write_text(
-        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
-    )
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
+    script = usr2_step(tmp_path, monkeypatch)
     policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
     sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
     sup.lead_s = 10
@@ -452,12 +449,7 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     import sys
     import threading
 
-    script = tmp_path / "step.py"
-    script.write_text(
-        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
-    )
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
+    script = usr2_step(tmp_path, monkeypatch)
     policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
     sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
     sup.job.end = time.time() + 3600
