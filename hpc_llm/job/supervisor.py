@@ -430,9 +430,10 @@ class Supervisor:
         sigterm_at = self._terminated_at if end.terminated else None
         requeueing = None
         at_end = sigterm_at is not None and end_time is not None and sigterm_at >= end_time - TERM_AT_END_S
-        if sigterm_at is not None and end.stop is None and not at_end and not preempting and self.job.job_id:
-            # a node of the job died (NODE_FAIL) and Slurm requeues it (--requeue): its SIGTERM
-            # reaches the surviving batch host. Not a cancellation.
+        if sigterm_at is not None and end.stop is None and not at_end and self.job.job_id:
+            # a node of the job died (NODE_FAIL), or a preemption's grace time ended before our own
+            # requeue (PREEMPTED), and Slurm requeues the job itself: its SIGTERM reaches the batch
+            # host. Not a cancellation, and not ours to requeue again.
             requeueing = _requeued_by_slurm(self.job.job_id, self.job.restart)
         tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
         tasks, nodes = failures.parse_srun_errors(end.srun_errors)
