@@ -425,7 +425,11 @@ class Supervisor:
         """The facts of this stop the policy decides on: Slurm is asked again (the end time moves
         with ``scontrol update TimeLimit``; a PreemptTime says a preemption's grace time runs)."""
         info = self._job_info() if (end.returncode != 0 or end.terminated) else {}
-        end_time = _slurm_time(info.get("EndTime")) or self.job.end
+        # the end time as last read while the step ran (every minute: a shortened limit is in it);
+        # not the one Slurm shows now, which a cancellation sets to the moment of the cancel
+        end_time = self.job.end
+        if info.get("JobState") == "TIMEOUT" and self._terminated_at:
+            end_time = self._terminated_at
         preempting = _preempting(info)
         sigterm_at = self._terminated_at if end.terminated else None
         requeueing = None
