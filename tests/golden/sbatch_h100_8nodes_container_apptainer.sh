@@ -1,0 +1,64 @@
+#!/bin/bash
+# Rendered by hpc_llm from sbatch_templates/default.sh.j2 (cluster profile 'h100').
+# Run directory: /shared/runs/golden/0
+# Every value below is shell-quoted; secrets are passed by variable name only.
+#SBATCH --cpus-per-task=12
+#SBATCH --exclusive
+#SBATCH --export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,CONDA_PREFIX,HF_DATASETS_OFFLINE,HF_HOME,HF_HUB_OFFLINE,HF_TOKEN,HOME,HPC_LLM_BLOCK_PLUGINS,HPC_LLM_CACHE,HPC_LLM_DATA,HPC_LLM_HOME,HPC_LLM_NO_EXTERNAL_PLUGINS,HPC_LLM_RUNS,LANG,LC_ALL,LD_LIBRARY_PATH,MLFLOW_TRACKING_TOKEN,MLFLOW_TRACKING_URI,PATH,PYTHONPATH,TRANSFORMERS_OFFLINE,TZ,USER,VIRTUAL_ENV,WANDB_API_KEY,WANDB_DIR,WANDB_ENTITY,WANDB_MODE,WANDB_PROJECT
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=hpc_llm-mpt_tiny
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=8
+#SBATCH --open-mode=append
+#SBATCH --output=/shared/runs/golden/0/logs/slurm-%j.out
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@120
+#SBATCH --time=1-00:00:00
+
+set -euo pipefail
+
+# Rendezvous: rank 0 runs on the batch host (the allocation's first node), so
+# its address is the master's (resolved here: scontrol may not exist inside a
+# container); the port comes from the job id, below the ephemeral port range.
+master_node="${SLURMD_NODENAME:-$(hostname -s)}"
+MASTER_ADDR=$(scontrol show node "$master_node" -o 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p') || true
+export MASTER_ADDR="${MASTER_ADDR:-$master_node}"
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))
+export HPC_LLM_STOP_SIGNAL=USR2
+export NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_CROSS_NIC=0
+export NCCL_IB_CUDA_SUPPORT=1
+export NCCL_IB_GID_INDEX=1
+export NCCL_IB_HCA='^=mlx5_1,mlx5_2,mlx5_7,mlx5_8'
+export NCCL_IB_PCI_RELAXED_ORDERING=1
+export OMP_NUM_THREADS=12
+export SUBMITIT_EXECUTOR=slurm
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+
+# Passed through by name from the submitting environment (never written here):
+# AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY HF_TOKEN MLFLOW_TRACKING_TOKEN MLFLOW_TRACKING_URI WANDB_API_KEY
+
+# container
+# bind sources the job writes to must exist before apptainer starts
+mkdir -p /shared/cache/hpc_llm/tiny_corpus/c878a6fe7676 /shared/cache/hpc_llm
+# by name into the container: Apptainer sets NAME from APPTAINERENV_NAME
+if [ -n "${AWS_ACCESS_KEY_ID+x}" ]; then export APPTAINERENV_AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID}"; fi
+if [ -n "${AWS_SECRET_ACCESS_KEY+x}" ]; then export APPTAINERENV_AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY}"; fi
+if [ -n "${HF_TOKEN+x}" ]; then export APPTAINERENV_HF_TOKEN="${HF_TOKEN}"; fi
+if [ -n "${MLFLOW_TRACKING_TOKEN+x}" ]; then export APPTAINERENV_MLFLOW_TRACKING_TOKEN="${MLFLOW_TRACKING_TOKEN}"; fi
+if [ -n "${MLFLOW_TRACKING_URI+x}" ]; then export APPTAINERENV_MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI}"; fi
+if [ -n "${WANDB_API_KEY+x}" ]; then export APPTAINERENV_WANDB_API_KEY="${WANDB_API_KEY}"; fi
+export APPTAINERENV_HPC_LLM_APPTAINER_VERSION="$(apptainer --version 2>/dev/null || true)"
+# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too
+if [ -n "${TMPDIR:-}" ]; then export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi
+# one quick exec per node before training; a node that fails is named
+srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --export=ALL --kill-on-bad-exit=0 bash -c 'command -v apptainer >/dev/null || { echo "hpc_llm: apptainer not found on ${SLURMD_NODENAME:-$(hostname)}" >&2; exit 1; }; out=$(apptainer exec --nv --bind /shared/cache/hpc_llm --bind /shared/runs/golden/0 /shared/images/hpc_llm-h100.sif python3 -c '"'"'import hpc_llm'"'"' 2>&1) || { echo "hpc_llm: container check failed on ${SLURMD_NODENAME:-$(hostname)}: $out" >&2; exit 1; }; echo "hpc_llm: container check ok on ${SLURMD_NODENAME:-$(hostname)}"' || { echo "hpc_llm: container check failed; not training" >&2; exit 1; }
+
+# The supervisor (hpc_llm.job.supervisor) runs the training step: one task per
+# rank (RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK from SLURM_* in each task, each
+# node's ranks in node-local scratch). It forwards Slurm's stop signal to the
+# ranks, watches their heartbeats, and restarts, requeues or fails the run by
+# the cause of a stop (docs/design.md, "Long runs").
+exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 8 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 30 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 -- \
+  srun --unbuffered --export=ALL --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
+  apptainer exec --nv --bind /shared/cache/hpc_llm --bind /shared/runs/golden/0 /shared/images/hpc_llm-h100.sif python3 -u -m submitit.core._submit /shared/runs/golden/0/.submitit

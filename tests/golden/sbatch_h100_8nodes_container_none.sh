@@ -1,0 +1,48 @@
+#!/bin/bash
+# Rendered by hpc_llm from sbatch_templates/default.sh.j2 (cluster profile 'h100').
+# Run directory: /shared/runs/golden/0
+# Every value below is shell-quoted; secrets are passed by variable name only.
+#SBATCH --cpus-per-task=12
+#SBATCH --exclusive
+#SBATCH --export=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,CONDA_PREFIX,HF_DATASETS_OFFLINE,HF_HOME,HF_HUB_OFFLINE,HF_TOKEN,HOME,HPC_LLM_BLOCK_PLUGINS,HPC_LLM_CACHE,HPC_LLM_DATA,HPC_LLM_HOME,HPC_LLM_NO_EXTERNAL_PLUGINS,HPC_LLM_RUNS,LANG,LC_ALL,LD_LIBRARY_PATH,MLFLOW_TRACKING_TOKEN,MLFLOW_TRACKING_URI,PATH,PYTHONPATH,TRANSFORMERS_OFFLINE,TZ,USER,VIRTUAL_ENV,WANDB_API_KEY,WANDB_DIR,WANDB_ENTITY,WANDB_MODE,WANDB_PROJECT
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=hpc_llm-mpt_tiny
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=8
+#SBATCH --open-mode=append
+#SBATCH --output=/shared/runs/golden/0/logs/slurm-%j.out
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@120
+#SBATCH --time=1-00:00:00
+
+set -euo pipefail
+
+# Rendezvous: rank 0 runs on the batch host (the allocation's first node), so
+# its address is the master's (resolved here: scontrol may not exist inside a
+# container); the port comes from the job id, below the ephemeral port range.
+master_node="${SLURMD_NODENAME:-$(hostname -s)}"
+MASTER_ADDR=$(scontrol show node "$master_node" -o 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p') || true
+export MASTER_ADDR="${MASTER_ADDR:-$master_node}"
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))
+export HPC_LLM_STOP_SIGNAL=USR2
+export NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_CROSS_NIC=0
+export NCCL_IB_CUDA_SUPPORT=1
+export NCCL_IB_GID_INDEX=1
+export NCCL_IB_HCA='^=mlx5_1,mlx5_2,mlx5_7,mlx5_8'
+export NCCL_IB_PCI_RELAXED_ORDERING=1
+export OMP_NUM_THREADS=12
+export SUBMITIT_EXECUTOR=slurm
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+
+# Passed through by name from the submitting environment (never written here):
+# AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY HF_TOKEN MLFLOW_TRACKING_TOKEN MLFLOW_TRACKING_URI WANDB_API_KEY
+
+# The supervisor (hpc_llm.job.supervisor) runs the training step: one task per
+# rank (RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK from SLURM_* in each task, each
+# node's ranks in node-local scratch). It forwards Slurm's stop signal to the
+# ranks, watches their heartbeats, and restarts, requeues or fails the run by
+# the cause of a stop (docs/design.md, "Long runs").
+exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 8 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 30 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 -- \
+  srun --unbuffered --export=ALL --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
+  /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit
