@@ -31,6 +31,22 @@ def usr2_step(tmp_path, monkeypatch):
     return script
 
 
+def run_step_signalled(sup):
+    """Run one step with Slurm's stop signal (USR2) arriving a second in; the supervisor's
+    handlers are put back as they were afterwards."""
+    import signal as sig
+    import threading
+
+    saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}  # the supervisor takes these over
+    sup._install_handlers()
+    threading.Timer(1.0, lambda: sig.raise_signal(sig.SIGUSR2)).start()
+    try:
+        return sup.run_step()
+    finally:
+        for s, handler in saved.items():
+            sig.signal(s, handler)
+
+
 SRUN_KILLED = [
     "srun: error: n2: task 1: Killed",
     "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
@@ -184,12 +200,13 @@ def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
 
 
 def test_budgets_are_counted_per_cause(tmp_path):
-    items = [
-        Attempt("1", i, 0.0, cause=c)
-        for i, c in enumerate(["time_limit", "time_limit", "preemption", "hang", "failure", "node_failure"])
-    ]
-    a = Attempts(tmp_path / "a.json", items)
-    assert (a.count("max_timeouts"), a.count("max_preemptions"), a.count("max_failures")) == (2, 1, 3)
+    causes = ["time_limit", "time_limit", "preemption", "hang", "failure", "node_failure"]
+    counted = (
+        causes.count("time_limit"),
+        sum(c in ("preemption", "signal") for c in causes),
+        sum(c in policy.FAILURE_CAUSES for c in causes),
+    )
+    assert counted == (2, 1, 3) and not set(policy.STOP_CAUSES) & policy.FAILURE_CAUSES
 
 
 def test_only_usr2_is_a_stop_signal():
@@ -210,23 +227,13 @@ def test_only_usr2_is_a_stop_signal():
 
 def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypatch):
     """One step, run for real as a local child process: the signal is recorded by name and sent on by number."""
-    import signal as sig
     import sys
 
     script = usr2_step(tmp_path, monkeypatch)
     policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
     sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
-    saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}  # the supervisor takes these over
-    sup._install_handlers()
     monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
-    import threading
-
-    threading.Timer(1.0, lambda: sig.raise_signal(sig.SIGUSR2)).start()
-    try:
-        end = sup.run_step()
-    finally:
-        for s, handler in saved.items():
-            sig.signal(s, handler)
+    end = run_step_signalled(sup)
     assert end.stop == "SIGUSR2" and end.returncode == 0
 
 
@@ -445,9 +452,7 @@ def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the
 def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, monkeypatch):
     """A slow slurmctld must not hold the signal path: far from the end time the stop goes to the
     ranks first, and scontrol is asked afterwards only to record why it came."""
-    import signal as sig
     import sys
-    import threading
 
     script = usr2_step(tmp_path, monkeypatch)
     policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
@@ -458,13 +463,6 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     monkeypatch.setattr(supervisor, "_send", lambda proc, s: (order.append("forward"), real_send(proc, s)))
     monkeypatch.setattr(sup, "_job_info", lambda: order.append("ask") or {"PreemptTime": "1795534158"})
     monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
-    saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}
-    sup._install_handlers()
-    threading.Timer(1.0, lambda: sig.raise_signal(sig.SIGUSR2)).start()
-    try:
-        end = sup.run_step()
-    finally:
-        for s, handler in saved.items():
-            sig.signal(s, handler)
+    end = run_step_signalled(sup)
     assert order[:2] == ["forward", "ask"], order
     assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0

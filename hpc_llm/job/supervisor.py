@@ -269,7 +269,7 @@ class Supervisor:
         self._install_handlers()
         attempts = Attempts.load(self.run_dir)
         self._close_lost(attempts)
-        early = self._check_budgets(attempts)
+        early = self._already_completed()
         if early is not None:
             return early
         self.lead_s = self._lead(attempts)
@@ -317,7 +317,7 @@ class Supervisor:
         attempts.save()
         log.warning("hpc_llm supervisor: previous attempt %s", a.error)
 
-    def _check_budgets(self, attempts: Attempts) -> int | None:
+    def _already_completed(self) -> int | None:
         """A run that already completed has nothing to do. Budgets are the policy's, counted
         per stop (failures in a row without progress), so a resubmitted failed run goes on."""
         if _read_status(self.run_dir) == "completed":

@@ -32,19 +32,6 @@ from hpc_llm.rundir.layout import RunDir
 
 SCHEMA_VERSION = 2
 
-#: why an attempt ended, and which requeue budget (fault.max_*) it counts against
-BUDGET_OF_CAUSE = {
-    "time_limit": "max_timeouts",
-    "preemption": "max_preemptions",
-    # a stop signal sent by hand (scancel --signal=USR2 --batch): counted like a preemption
-    "signal": "max_preemptions",
-    "failure": "max_failures",
-    "hang": "max_failures",
-    "node_failure": "max_failures",
-    "lost": "max_failures",
-    "watchdog": "max_failures",
-    "preflight": "max_failures",
-}
 #: causes that end the run: no budget, no retry
 FINAL_CAUSES = ("user_error", "cancelled", "budget", "preflight_failed")
 #: results.json statuses that say how a run ended (others: it is running, or died unheard)
@@ -175,7 +162,7 @@ class Attempt:
     #: running (not ended yet, or died unrecorded) | completed | stopped | failed | lost
     state: str = "running"
     ended_at: float | None = None
-    #: why it ended (BUDGET_OF_CAUSE, FINAL_CAUSES) and what was done about it
+    #: why it ended (hpc_llm.job.policy's causes, FINAL_CAUSES) and what was done about it
     cause: str | None = None
     #: restart (in the allocation) | requeue | fail | none
     action: str | None = None
@@ -246,10 +233,6 @@ class Attempts:
     @property
     def current(self) -> Attempt:
         return self.items[-1]
-
-    def count(self, budget: str) -> int:
-        """Attempts so far whose cause counts against ``budget`` (a fault.max_* key)."""
-        return sum(1 for a in self.items if a.cause and BUDGET_OF_CAUSE.get(a.cause) == budget)
 
     def recomputed(self) -> dict[str, int]:
         """Batches trained in an attempt but trained again by the next one, by the cause of the stop."""
