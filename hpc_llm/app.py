@@ -20,7 +20,10 @@ from hpc_llm.results.console import LOG_LEVEL_ENV
 
 
 def task(cfg: DictConfig) -> Any:
+    from hpc_llm.config.store import require_schema
     from hpc_llm.job.task import run
+
+    require_schema(cfg)  # under Hydra's own launchers, which hpc_llm's checks do not reach
 
     return run(cfg)
 
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     import hydra
 
     from hpc_llm.config.hydra_errors import one_line_errors
+    from hpc_llm.config.overrides import adding_keys
     from hpc_llm.config.store import register_configs
 
     if argv is not None:
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         # everything the ranks print, on the console too (hpc_llm.results.console); Hydra has no -v
         sys.argv = [a for a in sys.argv if a not in ("-v", "--verbose")]
         os.environ.setdefault(LOG_LEVEL_ENV, "INFO")
+    sys.argv = [sys.argv[0], *adding_keys(sys.argv[1:])]
     modes = {
         "-m",
         "--multirun",
@@ -77,6 +82,18 @@ def main(argv: list[str] | None = None) -> None:
         "-hh",
         "--hydra-help",
     }
+    shows = {"-c", "--cfg", "-i", "--info"}
+    if shows & set(sys.argv[1:]):
+        # Hydra takes one mode and raises a ValueError on `-m ... --cfg job`; every hpc_llm
+        # invocation is a sweep anyway, so -m adds nothing to showing a config
+        sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun")]
+    named = any(a in ("-cn", "--config-name") or a.startswith("--config-name=") for a in sys.argv[1:])
+    if named and not any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
+        # another primary config brings Hydra's BasicSweeper, which makes the sweep dir before
+        # any check; hpc_llm's sweeper refuses a config that is not hpc_llm's first
+        # (next to the other overrides: argparse takes them as one run of positionals)
+        at = next((i for i, a in enumerate(sys.argv) if i and "=" in a and not a.startswith("-")), len(sys.argv))
+        sys.argv.insert(at, "hydra/sweeper=hpc_llm")
     if not modes & set(sys.argv[1:]):
         # conf/config.yaml sets hydra.mode=MULTIRUN, but Hydra falls back to RUN
         # mode (and a misleading "Ambiguous value" error) whenever the config

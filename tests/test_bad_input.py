@@ -35,11 +35,41 @@ CASES = [
     ),
     # One bad point in a sweep stops the whole sweep before anything is created.
     (["resources.tasks_per_node=1,0"], "resources.tasks_per_node=0: must be an integer >= 1"),
+    # submitit's option names, which users bring by habit, point to hpc_llm's
+    (
+        ["hydra/launcher=slurm", "+hydra.launcher.additional_parameters={constraint:h100}"],
+        "unknown config key 'hydra.launcher.additional_parameters'; for submitit's additional_parameters "
+        "use hydra.launcher.extra_sbatch",
+    ),
+    (["hydra/launcher=slurm", "hydra.launcher.nodes=4"], "for submitit's nodes use resources.nodes; allowed keys"),
+    (["+hydra.launcher.timeout_min=60"], "for submitit's timeout_min use resources.time"),
+    (["hydra/launcher=slurm", "+hydra.launcher.gpus_per_node=8"], "use resources.gpus_per_node"),
+    # a threshold of checks that do not run
+    (["preflight.min_busbw_gbps=300"], "preflight.min_busbw_gbps=300.0 is ignored while preflight.enabled=false"),
+    # a sweep given to a command that shows one config (Hydra: a ValueError, then Ambiguous value)
+    (["-m", "resources.nodes=1,2", "--cfg", "job"], "--cfg and --info show one job's config"),
+    # a profile that does not compose keeps the line naming its bad key
+    (
+        ["hydra.searchpath=[file://{bad_configs}]", "cluster=naive"],
+        "In 'cluster/naive': unknown config key 'cluster.partitionz'; allowed keys under cluster: name,",
+    ),
+    # another app's primary config
+    (
+        ["--config-path", "{bad_configs}", "--config-name", "not_hpc_llm"],
+        "config 'not_hpc_llm' is not an hpc_llm config",
+    ),
+    (
+        ["--config-path", "{bad_configs}", "--config-name", "not_hpc_llm", "hydra/launcher=slurm"],
+        "config 'not_hpc_llm' is not an hpc_llm config",
+    ),
 ]
+
+BAD_CONFIGS = Path(__file__).parent / "bad_configs"
 
 
 @pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_input_is_one_line_and_leaves_nothing(overrides, message, app_env, runs_dir: Path, tmp_path: Path):
+    overrides = [o.replace("{bad_configs}", str(BAD_CONFIGS)) for o in overrides]
     proc = run_app(overrides, app_env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, explain(proc)
     lines = proc.stderr.strip().splitlines()

@@ -199,3 +199,13 @@ def test_bad_preflight_and_watchdog_input(app_env, runs_dir, tmp_path):
         [line] = proc.stderr.strip().splitlines()
         assert message in line, line
     assert not runs_dir.exists()
+
+
+def test_preflight_alone_skips_the_checks_only_training_needs(app_env):
+    """The README's `hpc-llm preflight hydra/launcher=slurm cluster=h100 resources.nodes=2` was
+    refused for a global batch of 8 over 16 ranks; preflight.only stops before training."""
+    args = ["hydra/launcher=slurm", "cluster=h100", "resources.nodes=2"]
+    trains = run_cli(["config", *args], app_env)
+    assert trains.returncode == 2 and "is not divisible by the world size 16" in trains.stderr, explain(trains)
+    checks = run_cli(["config", *args, "preflight.enabled=true", "preflight.only=true"], app_env)
+    assert checks.returncode == 0, explain(checks)

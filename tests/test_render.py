@@ -78,3 +78,20 @@ def test_dry_run_writes_scripts_without_submitting(app_env, runs_dir: Path, tmp_
     assert "#SBATCH --nodes=1" in scripts[0].read_text() and "#SBATCH --nodes=2" in scripts[1].read_text()
     assert results_of(runs_dir) == []
     assert not list(runs_dir.rglob(".submitit"))
+
+
+def test_keys_of_free_form_mappings_need_no_plus(app_env, runs_dir: Path, tmp_path: Path):
+    """hydra.launcher.extra_sbatch's own example ({constraint: h100}) and cluster.env take new
+    keys as typed, without Hydra's +, in both the app and `hpc-llm render`."""
+    from tests.conftest import run_app, run_cli
+
+    args = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.extra_sbatch.constraint=h100"]
+    args += ["cluster.env.NCCL_DEBUG=INFO", "cluster.sbatch.reservation=big"]
+    proc = run_app([*args, "hydra.launcher.dry_run=true"], app_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [script] = runs_dir.rglob("sbatch.sh")
+    rendered = run_cli(["render", *args], app_env)
+    assert rendered.returncode == 0, explain(rendered)
+    for text in (script.read_text(), rendered.stdout):
+        assert "#SBATCH --constraint=h100" in text and "#SBATCH --reservation=big" in text
+        assert "export NCCL_DEBUG=INFO" in text

@@ -139,9 +139,15 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["submit", "dry_run"])
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(b[0]) for b in BAD])
-def test_bad_slurm_input_submits_nothing(overrides, message, slurm_env, runs_dir, tmp_path):
-    proc = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", *overrides], slurm_env, cwd=tmp_path, timeout=60)
+def test_bad_slurm_input_submits_nothing(overrides, message, dry_run, slurm_env, runs_dir, tmp_path):
+    """A dry run checks everything a submit checks (the partition, sbatch --test-only), so
+    "check everything, submit nothing" is hydra.launcher.dry_run=true."""
+    dry = [f"hydra.launcher.dry_run={str(dry_run).lower()}"]
+    proc = run_app(
+        ["+experiment=mpt_tiny", "hydra/launcher=slurm", *overrides, *dry], slurm_env, cwd=tmp_path, timeout=60
+    )
     assert proc.returncode == 2, explain(proc)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], explain(proc)
@@ -156,6 +162,16 @@ def test_no_slurm_reachable_says_how_to_start_one(app_env, runs_dir, tmp_path):
     [line] = proc.stderr.strip().splitlines()
     assert "no Slurm reachable" in line and "hpc-llm dev-cluster up" in line
     assert not runs_dir.exists()
+
+
+def test_a_dry_run_without_slurm_writes_the_scripts_and_says_what_it_could_not_check(app_env, runs_dir, tmp_path):
+    env = dict(app_env, SLURM_CONF=str(tmp_path / "nowhere" / "slurm.conf"))
+    args = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.dry_run=true", "resources.nodes=1,2"]
+    proc = run_app(args, env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    warned = [ln for ln in proc.stderr.splitlines() if "no Slurm reachable" in ln]
+    assert len(warned) == 1 and "the partition and sbatch --test-only were not checked" in warned[0], explain(proc)
+    assert len(list(runs_dir.rglob("sbatch.sh"))) == 2
 
 
 def test_dev_cluster_up_is_idempotent(dev_cluster, tmp_path):

@@ -19,6 +19,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf.errors import OmegaConfBaseException
 
 from hpc_llm.errors import ConfigError, Failed, allowed
+from hpc_llm.launch.options import launcher_hint
 
 EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
@@ -46,18 +47,39 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
+def _schema_class(name: str) -> type | None:
+    from hpc_llm.config import schema
+
+    obj = getattr(schema, name, None)
+    return obj if isinstance(obj, type) else None
+
+
 def format_omegaconf(exc: BaseException) -> str:
     inner = _innermost(exc)
     full_key = getattr(inner, "full_key", None)
-    first = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
+    text = str(inner).strip()
+    first = text.splitlines()[0] if text else type(inner).__name__
+    # an error inside a config file (a profile, an experiment) comes as Hydra's text only:
+    # "In 'cluster/naive': ConfigKeyError raised while composing config:\nKey 'x' not in ..."
+    where_file = re.match(r"(In '[^']+'): \w+ raised while composing config:", first)
+    if where_file:
+        full_key = full_key or next(iter(re.findall(r"full_key: (\S+)", text)), None)
+        first = text.splitlines()[1].strip() if len(text.splitlines()) > 1 else first
     m = re.match(r"Key '([^']+)' not in '([^']+)'", first) or re.match(r"Key '([^']+)' is not in struct", first)
     if m:
         key = full_key or m.group(1)
-        obj = getattr(inner, "object_type", None)
+        obj = getattr(inner, "object_type", None) or _schema_class(
+            next(iter(re.findall(r"object_type=(\w+)", text)), m.group(2) if m.lastindex == 2 else "")
+        )
         keys = [f.name for f in dataclasses.fields(obj)] if obj and dataclasses.is_dataclass(obj) else []
         where = key.rsplit(".", 1)[0] if "." in key else "the top level"
         hint = f"; allowed keys under {where}: {', '.join(keys)}" if keys else ""
-        return f"unknown config key '{key}'{hint}"
+        if where == "hydra.launcher":
+            hint = launcher_hint(key.rsplit(".", 1)[1]) + hint
+        said = f"unknown config key '{key}'{hint}"
+        return f"{where_file.group(1)}: {said}" if where_file else said
+    if where_file:
+        return f"{where_file.group(1)}: {first}"
     if full_key:
         return f"{full_key}: {first}"
     outer = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -86,6 +108,9 @@ def one_line_errors() -> Iterator[None]:
         cause = _innermost(exc)
         if isinstance(cause, ConfigError):
             _die(str(cause), EXIT_BAD_INPUT)
+        if str(exc).startswith("Ambiguous value for argument"):  # a sweep given to --cfg / --info
+            first = str(exc).strip().splitlines()[0].rstrip(".")
+            _die(f"{first}: --cfg and --info show one job's config; allowed: one value per key", EXIT_BAD_INPUT)
         _die(format_omegaconf(exc), EXIT_BAD_INPUT)
     except Failed as exc:
         _die(str(exc), EXIT_JOB_FAILED)

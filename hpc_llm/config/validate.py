@@ -135,6 +135,20 @@ def batch_split(global_batch: int, micro: object, world_size: int) -> tuple[int,
     return per_rank, micro, per_rank // micro
 
 
+#: preflight keys that only mean something when the checks run
+PREFLIGHT_THRESHOLDS = ("min_busbw_gbps", "min_tflops")
+
+
+def check_preflight_off(preflight: DictConfig) -> None:
+    """A threshold given while the checks are off would be silently ignored: say so."""
+    given = [f"preflight.{k}={preflight[k]}" for k in PREFLIGHT_THRESHOLDS if preflight[k] is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} is ignored while preflight.enabled=false; allowed: add preflight.enabled=true "
+            "to run the checks before training (or `hpc-llm preflight` to run them alone), or drop the threshold"
+        )
+
+
 WATCHDOG_ACTIONS = ("warn", "requeue")
 
 
@@ -228,10 +242,14 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None, *, preview: bool = 
     if cfg.preflight.enabled:
         for check in job.health_checks:
             check.validate(cfg.preflight, plan)
+    else:
+        check_preflight_off(cfg.preflight)
     check_watchdog(cfg)
     check_fault(cfg, plan)
     check_train_keys(cfg.train)
-    if "global_train_batch_size" in cfg.train:
+    # `hpc-llm preflight` stops before training: how the batch splits over the ranks is
+    # no concern of the checks (the README's preflight on 2 H100 nodes was refused for it)
+    if "global_train_batch_size" in cfg.train and not cfg.preflight.only:
         batch_split(
             cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"), plan.world_size
         )

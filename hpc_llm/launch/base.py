@@ -15,6 +15,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
 
+from hpc_llm.config.store import require_schema
 from hpc_llm.errors import Failed, warn_once
 from hpc_llm.results import console
 from hpc_llm.rundir import provenance
@@ -116,6 +117,8 @@ class BaseLauncher(Launcher):
         return str(value) if value is not None else None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        if getattr(task_function, "__module__", None) == "hpc_llm.app":  # hpc_llm's own app, not any Hydra app
+            require_schema(config)
         self.config = config
         self.task_function = task_function
         self.hydra_context = hydra_context

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -87,6 +88,54 @@ class ValidatingSweeperConf:
     # Dotted path of callable(job_cfg, run_dir) run on every job of the sweep
     # before any directory is created; raise to stop the sweep.
     validate: Optional[str] = None
+
+
+#: hydra-submitit-launcher's option names, which users bring by habit, and where
+#: hpc_llm takes each (resources are per job here, so a sweep can vary them)
+SUBMITIT_NAMES = {
+    "additional_parameters": "hydra.launcher.extra_sbatch (e.g. hydra.launcher.extra_sbatch={constraint: h100})",
+    "timeout_min": "resources.time (e.g. resources.time=04:00:00)",
+    "nodes": "resources.nodes",
+    "tasks_per_node": "resources.tasks_per_node",
+    "gpus_per_node": "resources.gpus_per_node",
+    "cpus_per_task": "resources.cpus_per_task",
+    "mem_gb": "resources.mem_per_node (e.g. resources.mem_per_node=64G)",
+    "signal_delay_s": "hydra.launcher.signal_lead_s",
+    "max_num_timeout": "fault.max_timeouts",
+    "submitit_folder": "hydra.sweep.dir (each run dir holds its own logs)",
+    "name": "hydra.job.name",
+    **{
+        k: f"hydra.launcher.extra_sbatch.{k}"
+        for k in ("constraint", "exclude", "gres", "comment", "cpus_per_gpu", "gpus_per_task", "mem_per_cpu")
+    },
+    "mem_per_gpu": "hydra.launcher.extra_sbatch.mem_per_gpu",
+}
+
+_CONF_OF_TARGET = {conf._target_.rsplit(".", 1)[1]: conf for conf in (LocalLauncherConf, SlurmLauncherConf)}
+
+
+def launcher_hint(key: str) -> str:
+    """Where hpc_llm takes a submitit launcher option (empty for other keys)."""
+    where = SUBMITIT_NAMES.get(key)
+    return f"; for submitit's {key} use {where}" if where else ""
+
+
+def check_launcher_options(options: Mapping[str, Any]) -> None:
+    """A key added to hpc_llm's launcher config (``+hydra.launcher.KEY=...``) that the launcher
+    does not have would be dropped (the Slurm launcher takes ``**options``) or end in
+    a traceback (the local one): refuse it in one line, before anything starts."""
+    from hpc_llm.errors import ConfigError
+
+    conf = _CONF_OF_TARGET.get(str(options.get("_target_", "")).rsplit(".", 1)[-1])
+    if conf is None:
+        return  # not ours: Hydra's own launchers check their options themselves
+    known = [f.name for f in fields(conf)]
+    for key in options:
+        if key not in known:
+            raise ConfigError(
+                f"unknown config key 'hydra.launcher.{key}'{launcher_hint(str(key))}; "
+                f"allowed keys under hydra.launcher: {', '.join(known)}"
+            )
 
 
 def register_launcher_configs() -> None:

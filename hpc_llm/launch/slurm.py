@@ -31,7 +31,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf._utils import OmegaConfDumper
 
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, shown
 from hpc_llm.launch.handover import RankEntry
 from hpc_llm.launch.sweeper import job_run_dir
@@ -39,7 +39,8 @@ from hpc_llm.results import console, ledger
 from hpc_llm.rundir import provenance, snapshot
 from hpc_llm.rundir.layout import PRIVATE, RunDir
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
-from hpc_llm.slurm import accounting, query, submit
+from hpc_llm.slurm import accounting, checks, query, submit
+from hpc_llm.slurm.query import SlurmUnreachable
 from hpc_llm.slurm.render import render
 from hpc_llm.slurm.spec import build_spec, job_resources
 
@@ -53,8 +54,7 @@ class SlurmLauncher(BaseLauncher):
         super().__init__()
         self.opts = OmegaConf.create(options)
         self._partitions: dict[str, query.Partition] | None = None
-        #: sbatch --test-only's answer per job shape (None: it could run)
-        self._verdicts: dict[tuple[tuple[str, str], ...], str | None] = {}
+        self._verdicts = checks.SchedulerVerdicts()
         self._shared: bytes | None = None  # the pickled part of the payload all jobs share
         #: each job's config without the hydra node, by id of the job config (kept alive with it)
         self._task_cfgs: dict[int, tuple[DictConfig, DictConfig]] = {}
@@ -74,64 +74,22 @@ class SlurmLauncher(BaseLauncher):
                 f"hydra.launcher.snapshot=true copies the code for the host's Python, but container={container} "
                 "runs the image's copy; allowed: snapshot with container=none, or a new image per code change"
             )
-        if self.opts.dry_run:
-            return
-        self._check_partition(cfg, res)
-        if self.opts.test_only:
-            self._ask_the_scheduler(cfg)
-
-    def _ask_the_scheduler(self, cfg: DictConfig) -> None:
-        """sbatch --test-only, once per distinct job shape: the real scheduler's verdict
-        (GPUs, memory, QOS, account, partition limits) as one line, before anything exists."""
-        spec = build_spec(cfg, self.opts, job_run_dir(cfg))
-        key = submit.shape(spec)
-        if key not in self._verdicts:
-            self._verdicts[key] = query.test_only(dict(spec.flags))
-        reason = self._verdicts[key]
-        if reason:
-            asked = " ".join(
-                f"--{k.replace('_', '-')}={v}"
-                for k, v in sorted(spec.flags.items())
-                if k
-                in (
-                    "partition",
-                    "nodes",
-                    "ntasks_per_node",
-                    "gpus_per_node",
-                    "cpus_per_task",
-                    "mem",
-                    "qos",
-                    "account",
-                    "time",
-                )
-                and v is not None
-            )
-            raise ConfigError(f"Slurm would refuse job {cfg.hydra.job.num} ({asked}): {reason}; nothing was submitted")
+        try:
+            self._check_partition(cfg, res)
+            if self.opts.test_only:
+                self._verdicts.check(build_spec(cfg, self.opts, job_run_dir(cfg)), cfg.hydra.job.num)
+        except SlurmUnreachable as exc:
+            if not self.opts.dry_run:
+                raise
+            # a dry run checks all a submit would, where Slurm answers; without one it still
+            # writes the scripts (rendering for another cluster is a use of it), and says so
+            warn_once(f"{exc}; dry run: the partition and sbatch --test-only were not checked")
 
     def _check_partition(self, cfg: DictConfig, res: Any) -> None:
-        parts = self.partitions()
         cluster = OmegaConf.select(cfg, str(self.opts.cluster_key), default=None) or {}
-        name = self.opts.partition or cluster.get("partition")
-        if name is None:
-            part = query.default_partition(parts)
-            if part is None:
-                raise ConfigError(
-                    "this cluster has no default partition; set hydra.launcher.partition; "
-                    f"allowed: {', '.join(sorted(parts))}"
-                )
-        elif name not in parts:
-            raise ConfigError(f"partition '{name}' does not exist on this cluster; allowed: {', '.join(sorted(parts))}")
-        else:
-            part = parts[name]
-        key = self.opts.resources_key
-        if res.nodes > part.nodes:
-            raise ConfigError(f"{key}.nodes={res.nodes} is more than partition '{part.name}' has ({part.nodes} nodes)")
-        cpus = res.tasks_per_node * res.cpus_per_task
-        if part.cpus_per_node and cpus > part.cpus_per_node:
-            raise ConfigError(
-                f"{key}.tasks_per_node={res.tasks_per_node} x {key}.cpus_per_task={res.cpus_per_task} "
-                f"= {cpus} CPUs per node, but nodes of partition '{part.name}' have {part.cpus_per_node}"
-            )
+        checks.placement(
+            self.partitions(), self.opts.partition or cluster.get("partition"), res, self.opts.resources_key
+        )
 
     # -- Hydra Launcher API ------------------------------------------------
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

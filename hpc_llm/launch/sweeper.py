@@ -19,8 +19,10 @@ from hydra.core.override_parser.types import Override
 from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
+from hpc_llm.config.store import require_schema
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, copy_config
+from hpc_llm.launch.options import check_launcher_options
 
 
 def job_run_dir(job_cfg: DictConfig) -> str:
@@ -38,6 +40,12 @@ class ValidatingSweeper(BasicSweeper):
         self.validate = validate
 
     _validated = False
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        if getattr(task_function, "__module__", None) == "hpc_llm.app":  # hpc_llm's own app, not any Hydra app
+            require_schema(config)  # before the sweep dir exists
+        check_launcher_options(config.hydra.launcher)  # before Hydra instantiates the launcher with them
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def compose_jobs(self, arguments: list[str]) -> dict[tuple[str, ...], DictConfig]:
         """Every job config of the sweep by its overrides, numbered as the launcher numbers them."""

@@ -1,0 +1,65 @@
+"""What a submit checks with Slurm before anything exists, in one place: the
+launcher's submit path and its dry run call these (and ``hpc-llm doctor`` will).
+
+- :func:`placement`: the partition exists (or there is a default) and can hold
+  the job's nodes and CPUs per node;
+- :class:`SchedulerVerdicts`: ``sbatch --test-only`` once per distinct job shape,
+  the real scheduler's verdict on GPUs, memory, QOS, account and limits.
+Each problem is one ConfigError line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpc_llm.errors import ConfigError
+from hpc_llm.slurm import query, submit
+from hpc_llm.slurm.render import SbatchSpec
+
+#: the #SBATCH flags a refusal names, in the order a person reads them
+_ASKED = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem", "qos", "account", "time")
+
+
+def placement(parts: dict[str, query.Partition], partition: str | None, res: Any, key: str) -> query.Partition:
+    """The partition a job goes to, after checking it can hold the job (``key``: the config
+    node of its resources, for the message)."""
+    if partition is None:
+        part = query.default_partition(parts)
+        if part is None:
+            raise ConfigError(
+                "this cluster has no default partition; set hydra.launcher.partition; "
+                f"allowed: {', '.join(sorted(parts))}"
+            )
+    elif partition not in parts:
+        raise ConfigError(
+            f"partition '{partition}' does not exist on this cluster; allowed: {', '.join(sorted(parts))}"
+        )
+    else:
+        part = parts[partition]
+    if res.nodes > part.nodes:
+        raise ConfigError(f"{key}.nodes={res.nodes} is more than partition '{part.name}' has ({part.nodes} nodes)")
+    cpus = res.tasks_per_node * res.cpus_per_task
+    if part.cpus_per_node and cpus > part.cpus_per_node:
+        raise ConfigError(
+            f"{key}.tasks_per_node={res.tasks_per_node} x {key}.cpus_per_task={res.cpus_per_task} "
+            f"= {cpus} CPUs per node, but nodes of partition '{part.name}' have {part.cpus_per_node}"
+        )
+    return part
+
+
+class SchedulerVerdicts:
+    """``sbatch --test-only`` answers, asked once per job shape (each call uses up a job id)."""
+
+    def __init__(self) -> None:
+        self._verdicts: dict[tuple[tuple[str, str], ...], str | None] = {}
+
+    def check(self, spec: SbatchSpec, job_num: object) -> None:
+        key = submit.shape(spec)
+        if key not in self._verdicts:
+            self._verdicts[key] = query.test_only(dict(spec.flags))
+        reason = self._verdicts[key]
+        if reason:
+            asked = " ".join(
+                f"--{k.replace('_', '-')}={v}" for k, v in sorted(spec.flags.items()) if k in _ASKED and v is not None
+            )
+            raise ConfigError(f"Slurm would refuse job {job_num} ({asked}): {reason}; nothing was submitted")
