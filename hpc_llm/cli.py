@@ -32,12 +32,13 @@ def compose(overrides: Sequence[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from hpc_llm.config.overrides import adding_keys
     from hpc_llm.config.store import register_configs
     from hpc_llm.paths import conf_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        return hydra_compose(config_name="config", overrides=adding_keys(overrides), return_hydra_config=True)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -136,10 +137,9 @@ def _find_run(ref: str):
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from hpc_llm.results.status import follow_log
+    from hpc_llm.results.status import follow_log, log_source
 
-    run = _find_run(args.run)
-    return follow_log(run, rank=args.rank, follow=args.follow)
+    return follow_log(log_source(args.run), rank=args.rank, follow=args.follow)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=5.0, help="seconds between looks at the queue")
     p.set_defaults(func=cmd_wait)
     p = sub.add_parser("logs", help="print (or follow) a rank's log of a run")
-    p.add_argument("run", help="ledger id, Slurm job id or run directory")
+    p.add_argument("run", help="run directory, ledger id or Slurm job id (the ledger need not know it)")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("-f", "--follow", action="store_true")
     p.set_defaults(func=cmd_logs)

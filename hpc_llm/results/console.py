@@ -54,32 +54,84 @@ def progress_line(label: str, progress: dict[str, Any], started: float, state: s
 
 @contextmanager
 def live_progress(
-    runs: Callable[[], list[tuple[str, Path, str | None]]], console: Console | None = None
-) -> Iterator[None]:
-    """While the block runs, one refreshing line per run: ``runs()`` gives (label, run dir, state)."""
+    runs: Callable[[], list[tuple[str, Path, str | None]]],
+    console: Console | None = None,
+    plain_every_s: float | None = None,
+) -> Iterator[Callable[[str], None]]:
+    """While the block runs, one refreshing line per run: ``runs()`` gives (label, run dir, state).
+    Yields ``say``, which prints one line (literal text) above them.
+
+    Without a terminal (a pipe, a log file, CI) a live display shows nothing; with
+    ``plain_every_s`` the lines are printed there instead: every run's at the start, then the
+    runs whose state or batch changed, looked at every ``plain_every_s`` seconds and at the end."""
     console = console or Console(stderr=True)
     started = time.time()
-    stop = threading.Event()
+
+    def lines() -> list[tuple[tuple[object, ...], Text]]:
+        out: list[tuple[tuple[object, ...], Text]] = []
+        for label, run_dir, state in runs():
+            progress = read_progress(run_dir)
+            key = (label, state, progress.get("phase"), progress.get("batch"))
+            out.append((key, progress_line(label, progress, started, state)))
+        return out
+
+    def say(text: str) -> None:
+        console.print(Text(text), soft_wrap=True)
+
+    if not console.is_terminal and plain_every_s is not None:
+        with _plain_progress(lines, console, plain_every_s):
+            yield say
+        return
 
     def render() -> Table:
         grid = Table.grid()
-        for label, run_dir, state in runs():
-            grid.add_row(progress_line(label, read_progress(run_dir), started, state))
+        for _, line in lines():
+            grid.add_row(line)
         return grid
 
-    with Live(render(), console=console, refresh_per_second=2, transient=True) as live:
+    with (
+        Live(render(), console=console, refresh_per_second=2, transient=True) as live,
+        _every(0.5, lambda: live.update(render())),
+    ):
+        yield say
 
-        def refresh() -> None:
-            while not stop.wait(0.5):
-                live.update(render())
 
-        thread = threading.Thread(target=refresh, daemon=True)
-        thread.start()
-        try:
+@contextmanager
+def _plain_progress(
+    lines: Callable[[], list[tuple[tuple[object, ...], Text]]], console: Console, every_s: float
+) -> Iterator[None]:
+    shown: dict[object, tuple[object, ...]] = {}
+
+    def show() -> None:
+        for key, line in lines():
+            if shown.get(key[0]) != key:  # a log file gets news, not the same line again with a new clock
+                shown[key[0]] = key
+                console.print(line, soft_wrap=True)
+
+    show()
+    try:
+        with _every(every_s, show):
             yield
-        finally:
-            stop.set()
-            thread.join(timeout=2)
+    finally:
+        show()
+
+
+@contextmanager
+def _every(period_s: float, action: Callable[[], None]) -> Iterator[None]:
+    """``action`` every ``period_s`` on a thread of its own while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(period_s):
+            action()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
 
 
 def _fmt(value: Any, spec: str = "") -> str:

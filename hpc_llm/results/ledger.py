@@ -12,7 +12,8 @@ can be made conditional on the state the writer saw (compare-and-set), and a
 final state (COMPLETED, FAILED, CANCELLED) is never replaced by a live one.
 SQLite's locking is not reliable on NFS (its own FAQ); a home directory on
 NFS is detected and named once (``HPC_LLM_HOME`` moves the ledger to a
-node-local disk).
+node-local disk). It also keeps when Slurm last answered (:func:`seen`), so a
+status that cannot ask it says how old its copy is.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at REAL NOT NULL
 )
 """
+#: when a source (Slurm) last answered a query of this ledger's runs
+SEEN_SCHEMA = "CREATE TABLE IF NOT EXISTS seen (source TEXT PRIMARY KEY, at REAL NOT NULL)"
 
 
 def home() -> Path:
@@ -119,6 +122,7 @@ def connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
     conn.row_factory = sqlite3.Row
     try:
         conn.execute(SCHEMA)
+        conn.execute(SEEN_SCHEMA)
         yield conn
         conn.commit()
     finally:
@@ -223,3 +227,18 @@ def find(ref: str) -> Run | None:
         if ref == str(r.id) or ref in r.job_ids or (path and (r.run_dir == path or r.run_dir.startswith(path + "/"))):
             return r
     return None
+
+
+def seen(source: str, at: float | None = None) -> None:
+    """``source`` (Slurm) answered just now: what "last seen" says when it no longer does."""
+    with connect() as conn:
+        conn.execute(
+            "INSERT INTO seen (source, at) VALUES (?, ?) ON CONFLICT(source) DO UPDATE SET at=excluded.at",
+            (source, time.time() if at is None else at),
+        )
+
+
+def last_seen(source: str) -> float | None:
+    with connect() as conn:
+        row = conn.execute("SELECT at FROM seen WHERE source=?", (source,)).fetchone()
+    return float(row["at"]) if row is not None else None

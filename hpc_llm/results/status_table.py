@@ -1,6 +1,8 @@
 """What ``hpc-llm status`` prints: the ledger as a table (a sweep is one line), or one run's
-attempts. Every cell is literal text (:mod:`hpc_llm.results.format`): overrides, run dirs,
-experiment names and errors are shown as they are, never read as console markup."""
+attempts, each run as its own record tells it where that is final (:mod:`hpc_llm.results.status`),
+under one line when Slurm could not be asked. Every cell is literal text
+(:mod:`hpc_llm.results.format`): overrides, run dirs, experiment names and errors are shown as
+they are, never read as console markup."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from rich.table import Table
 
 from hpc_llm.results import ledger
 from hpc_llm.results.format import add_row, literal, table, wide_console
-from hpc_llm.results.status import attempts_of, counts, refresh, runs_of
+from hpc_llm.results.status import SHOWN_WITHOUT_SLURM, attempts_of, causes, counts, refresh, runs_of
 
 COLUMNS = ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
 
@@ -65,9 +67,15 @@ def runs_table(runs: list[ledger.Run], every_run: bool = False) -> Table:
 
 
 def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> Iterator[RenderableType]:
-    """``hpc-llm status <run>``: each run's state and every attempt Slurm accounting knows."""
+    """``hpc-llm status <run>``: each run's state and restarts (why, from its record), and every
+    attempt Slurm accounting knows (or the run recorded)."""
     for run in runs:
-        yield literal(f"run {run.id}: {run.state}, {run.restarts} restart(s), job(s) {', '.join(run.job_ids) or '-'}")
+        why = causes(run)
+        yield literal(
+            f"run {run.id}: {run.state}, {run.restarts} restart(s)"
+            + (f" ({why})" if why else "")
+            + f", job(s) {', '.join(run.job_ids) or '-'}"
+        )
         yield literal(f"  run dir {run.run_dir}")
         if run.error:
             yield literal(f"  error: {run.error}")
@@ -77,12 +85,16 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
 
 
 def show(limit: int | None = None, ref: str | None = None, every_run: bool = False, out: Console | None = None) -> int:
-    """Refresh the ledger from Slurm and print it (or, with ``ref``, that run's attempts)."""
+    """Refresh the ledger and print it (or, with ``ref``, those runs' attempts)."""
     out = out or wide_console()
-    runs = refresh(limit=limit)
+    snap = refresh(ids={r.id for r in runs_of(ref)}) if ref else refresh(limit=limit)
+    line = snap.slurm_line(SHOWN_WITHOUT_SLURM)
+    if line:
+        out.print(literal(line, highlight=False), soft_wrap=True)
     if ref:
-        for renderable in run_details(runs_of(ref)):
+        asked = snap.unreachable is None
+        for renderable in run_details(snap.runs, lambda run: attempts_of(run, ask_slurm=asked)):
             out.print(renderable)
         return 0
-    out.print(runs_table(runs, every_run=every_run))
+    out.print(runs_table(snap.runs, every_run=every_run))
     return 0

@@ -185,3 +185,13 @@ def resource_hours(rows: list[AttemptRow]) -> tuple[float, str]:
     if gpu_s:
         return gpu_s / 3600, "GPU-hours"
     return sum(r.cpus * r.elapsed_s for r in rows) / 3600, "CPU-hours"
+
+
+def work_dir(job_id: str) -> str | None:
+    """The directory a job was submitted from (``WorkDir``; slurmdbd still has it after
+    slurmctld has forgotten the job); None when sacct does not know it or could not be asked."""
+    if not available():
+        return None
+    out = _sacct(["-n", "-X", "-P", "-j", job_id, "-o", "WorkDir"])
+    found = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+    return found[-1] if found else None

@@ -19,6 +19,11 @@ HOW_TO_START = (
 )
 
 
+class SlurmUnreachable(ConfigError):
+    """No Slurm answered (no client commands, no config, a controller that does not
+    respond): not the same as Slurm answering no."""
+
+
 @dataclass(frozen=True)
 class Partition:
     name: str
@@ -30,22 +35,21 @@ class Partition:
 
 def _run(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
     if shutil.which(args[0]) is None:
-        raise ConfigError(f"no Slurm reachable: `{args[0]}` is not on PATH; {HOW_TO_START}")
+        raise SlurmUnreachable(f"no Slurm reachable: `{args[0]}` is not on PATH; {HOW_TO_START}")
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"no Slurm reachable: `{' '.join(args)}` timed out; {HOW_TO_START}") from None
+        raise SlurmUnreachable(f"no Slurm reachable: `{' '.join(args)}` timed out; {HOW_TO_START}") from None
 
 
 def partitions() -> dict[str, Partition]:
-    conf = os.environ.get("SLURM_CONF")
-    if conf and not os.path.isfile(conf):
-        # sinfo would first spend ~20 s on DNS SRV look-ups for a config server
-        raise ConfigError(f"no Slurm reachable: SLURM_CONF={conf} does not exist; {HOW_TO_START}")
+    gone = _no_config()
+    if gone is not None:
+        raise gone
     out = _run(["sinfo", "-h", "-o", "%P|%D|%c|%a"])
     if out.returncode != 0:
         err = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"no Slurm reachable (sinfo: {err}); {HOW_TO_START}")
+        raise SlurmUnreachable(f"no Slurm reachable (sinfo: {err}); {HOW_TO_START}")
     parts: dict[str, Partition] = {}
     for line in out.stdout.splitlines():
         if not line.strip():
@@ -68,22 +72,81 @@ def job_states(job_ids: list[str]) -> dict[str, str] | None:
     """Current state of each job squeue still knows (PENDING, RUNNING, REQUEUED...); a job
     missing from the answer has left the queue. None when squeue itself failed (slurmctld
     busy or unreachable, RPC limits): nothing is known, and nothing may be called finished."""
+    try:
+        return queue(job_ids)
+    except SlurmUnreachable:
+        return None
+
+
+def unreachable_why(exc: SlurmUnreachable) -> str:
+    """What could not be asked, without the how-to-start advice (for a status line)."""
+    return str(exc).removeprefix("no Slurm reachable: ").removesuffix(f"; {' '.join(HOW_TO_START.split())}")
+
+
+def _no_config() -> SlurmUnreachable | None:
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        # the client would first spend ~20 s on DNS SRV look-ups for a config server
+        return SlurmUnreachable(f"no Slurm reachable: SLURM_CONF={conf} does not exist; {HOW_TO_START}")
+    return None
+
+
+def _asked(args: list[str], unknown_job: str = "Invalid job id") -> str | None:
+    """stdout of a Slurm query; None when Slurm answered that it does not know the job(s).
+    Raises SlurmUnreachable (its last error line) when Slurm could not be asked at all."""
+    gone = _no_config()
+    if gone is not None:
+        raise gone
+    out = _run(args)
+    if out.returncode == 0:
+        return out.stdout
+    if unknown_job in out.stderr:
+        return None
+    err = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1].strip()
+    raise SlurmUnreachable(f"no Slurm reachable: {args[0]}: {err}; {HOW_TO_START}")
+
+
+def queue(job_ids: list[str]) -> dict[str, str]:
+    """:func:`job_states`, but a failed squeue raises SlurmUnreachable saying why (the caller
+    names it) instead of answering None."""
     if not job_ids:
         return {}
-    try:
-        # -r: one line per array task (pending tasks are otherwise shown collapsed, 12_[3-9%4])
-        out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T"])
-    except ConfigError:
-        return None
-    if out.returncode != 0:
-        # every id unknown to slurmctld (gone past MinJobAge): they have all left the queue
-        return {} if "Invalid job id" in out.stderr else None
+    # -r: one line per array task (pending tasks are otherwise shown collapsed, 12_[3-9%4])
+    out = _asked(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    # None: every id unknown to slurmctld (gone past MinJobAge): they have all left the queue
     states: dict[str, str] = {}
-    for line in out.stdout.splitlines():
+    for line in (out or "").splitlines():
         if "|" in line:
             jid, state = line.split("|", 1)
             states[jid.strip()] = state.strip()
     return states
+
+
+#: ``scontrol show job`` fields that fill their line (a path may hold spaces)
+_WHOLE_LINE = ("Command", "WorkDir", "StdErr", "StdIn", "StdOut")
+
+
+def parse_show_job(out: str) -> dict[str, str]:
+    """``scontrol show job`` (one job) as its fields: JobState, WorkDir, StdOut, ArrayJobId..."""
+    fields: dict[str, str] = {}
+    for line in out.splitlines():
+        text = line.strip()
+        key, _, value = text.partition("=")
+        if key in _WHOLE_LINE:
+            fields[key] = value
+            continue
+        for token in text.split():
+            k, sep, v = token.partition("=")
+            if sep:
+                fields.setdefault(k, v)
+    return fields
+
+
+def show_job(job_id: str) -> dict[str, str] | None:
+    """A job's fields from slurmctld (``scontrol show job``); None when it does not know the
+    job (never submitted, or gone past MinJobAge). Raises SlurmUnreachable."""
+    out = _asked(["scontrol", "show", "job", job_id])
+    return parse_show_job(out) if out else None
 
 
 #: flags that say nothing about whether the scheduler could run the job
