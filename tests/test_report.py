@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,8 +95,119 @@ def test_golden_markdown_and_files(sweep):
     assert md == GOLDEN.read_text(), f"report changed; delete {GOLDEN} to regenerate"
     png = paths["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
-    csv_lines = paths["csv"].read_text().splitlines()
-    assert csv_lines[0].startswith("Experiment,Model,Data") and len(csv_lines) == 6
+    # report.csv keeps every column of every run, the ones the Markdown leaves out included
+    header, *rows = list(csv.reader(io.StringIO(paths["csv"].read_text())))
+    assert header == ["Experiment", *report.COLUMNS] and len(rows) == 5
+    assert all(set(row) == set(report.COLUMNS) for row in groups[0].rows)
+    by_run = {row[header.index("Run")]: dict(zip(header, row, strict=True)) for row in rows}
+    assert by_run["1"]["Code"] == "-" and by_run["1"]["Restarts"] == "1 (preemption 1)"
+    assert by_run["1"]["Wallclock (s)"] == "1764.5" and by_run["3"]["Status"] == "failed (NCCL timeout)"
+
+
+def markdown_tables(md: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(the heading above it, header cells, body rows' cells) of every table in ``md``."""
+    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    heading, rows = "", []
+    for line in [*md.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        if rows:
+            tables.append((heading, rows[0], rows[2:]))
+            rows = []
+        if line.startswith("#"):
+            heading = line
+    return tables
+
+
+def test_the_first_table_is_the_scaling_table_and_accounting_has_its_own(sweep):
+    md = report.to_markdown(report.build(sweep))
+    (head1, main, body), (head2, details, body2) = markdown_tables(md)
+    assert head1 == "### mpt7b_dolly (speedup vs 1 node(s))" and len(main) <= 10
+    assert main[:2] == ["Nodes", "GPUs / ranks"] and main[-1] == "Status"
+    assert {"Wallclock", "Speedup", "Ideal", "Efficiency", "Tokens/s", "MFU", "Eval loss"} <= set(main)
+    assert [r[0] for r in body] == ["1", "2", "4", "8", "16"] and all(len(r) == len(main) for r in body)
+    assert body[2][main.index("Tokens/s")] == "28,959" and body[2][main.index("Speedup")] == "4.28x"
+    # accounting and provenance: under their own heading, one row per run, never in the first table
+    accounting = {"Restarts", "Goodput", "Resource-hours", "Queue wait", "Attempts (Slurm)", "Code", "Run"}
+    assert head2.startswith("#### mpt7b_dolly") and "accounting" in head2
+    assert accounting <= set(details) and not accounting & set(main) and len(body2) == 5
+    # what every run trained is said once, under the heading, not in a column of its own
+    assert "Model MPT-6.7B; data mosaicml/dolly_hhrlhf; max duration 2ep; eval interval 1ep." in md
+    assert not set(report.DESCRIBE) & (set(main) | set(details))
+    # and every column is in one of the three places (report.csv has them all besides)
+    assert set(report.COLUMNS) == set(report.DESCRIBE) | set(main) | set(details) | {"Wallclock (s)"}
+
+
+def test_an_lr_sweep_shows_its_point_in_the_scaling_table(tmp_path):
+    s = tmp_path / "lr"
+    for i, lr in enumerate(("1e-4", "3e-4")):
+        d = write_run(s, i, nodes=1, wallclock_s=100.0 + i, tokens_per_sec=1000)
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "overrides.yaml").write_text(f"- +experiment=mpt7b_dolly\n- train.optimizer.lr={lr}\n")
+    [g] = report.build(s)
+    [(_, main, body), _] = markdown_tables(report.to_markdown([g]))
+    assert [r[main.index("Point")] for r in body] == ["train.optimizer.lr=1e-4", "train.optimizer.lr=3e-4"]
+    assert len(main) <= 11
+    # a node-count sweep's point is its node count, already the first column
+    nodes = tmp_path / "nodes"
+    for i, n in enumerate((1, 2)):
+        d = write_run(nodes, i, nodes=n, wallclock_s=100.0 / n, tokens_per_sec=1000 * n)
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "overrides.yaml").write_text(f"- +experiment=mpt7b_dolly\n- resources.nodes={n}\n")
+    [(_, main, _), _] = markdown_tables(report.to_markdown(report.build(nodes)))
+    assert main == report.MAIN
+
+
+def axes_by_title(fig) -> dict[str, Any]:
+    return {ax.get_title(): ax for ax in fig.axes}
+
+
+def line(ax, label: str) -> tuple[list[float], list[float]]:
+    [found] = [ln for ln in ax.get_lines() if ln.get_label() == label]
+    return [float(x) for x in found.get_xdata()], [float(y) for y in found.get_ydata()]
+
+
+def test_scaling_figure_has_node_ticks_on_log2_the_ideal_and_axes_from_zero(sweep):
+    from hpc_llm.results import plot
+
+    axes = axes_by_title(plot.figure(report.build(sweep)))
+    assert set(axes) == {"Speedup", "Throughput", "MFU"}
+    for title, ax in axes.items():
+        assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2, title
+        # the completed runs' node counts, as integers, and nothing between them
+        assert list(ax.get_xticks()) == [1, 2, 4], title
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"], title
+        assert len(ax.xaxis.get_minorticklocs()) == 0, title
+        assert ax.get_ylim()[0] == 0, title
+    xs, ys = line(axes["Throughput"], "mpt7b_dolly")
+    assert (xs, ys) == ([1, 2, 4], [7124, 13844, 28959])
+    xs, ideal = line(axes["Throughput"], "ideal")  # linear from the smallest node count
+    assert (xs[0], xs[-1]) == (1, 4) and ideal[0] == 7124 and ideal[-1] == pytest.approx(4 * 7124)
+    assert ideal[len(ideal) // 2] == pytest.approx(7124 * xs[len(xs) // 2])
+    _, ideal = line(axes["Speedup"], "ideal")
+    assert (ideal[0], ideal[-1]) == (1.0, pytest.approx(4.0))
+    _, ideal = line(axes["MFU"], "ideal")  # perfect scaling keeps the MFU
+    assert set(ideal) == {0.41}
+    assert axes["Throughput"].get_ylim()[1] >= 28959 and axes["MFU"].get_ylim()[1] >= 0.41
+
+
+def test_a_small_throughput_difference_is_drawn_small(tmp_path):
+    """Two CPU runs 0.7% apart: the axis starts at zero (not at 9,220) and the ticks are 1 and 2."""
+    from hpc_llm.results import plot
+
+    s = tmp_path / "cpu"
+    write_run(s, 0, nodes=1, wallclock_s=53.7, tokens_per_sec=9285, mfu=None, world_size=1)
+    write_run(s, 1, nodes=2, wallclock_s=57.4, tokens_per_sec=9220, mfu=None, world_size=2)
+    axes = axes_by_title(plot.figure(report.build(s)))
+    low, high = axes["Throughput"].get_ylim()
+    assert low == 0 and (9285 - 9220) / (high - low) < 0.01
+    assert list(axes["Throughput"].get_xticks()) == [1, 2]
+    assert not line_labels(axes["MFU"]) and axes["MFU"].get_ylim()[0] == 0  # no MFU on CPU: an empty panel
+
+
+def line_labels(ax) -> list[str]:
+    return [str(ln.get_label()) for ln in ax.get_lines()]
 
 
 def test_mixed_experiments_are_grouped(tmp_path):

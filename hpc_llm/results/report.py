@@ -1,5 +1,11 @@
 """results.json files of a sweep -> the seeds' tables: Markdown, CSV, a scaling plot.
 
+Per experiment, the Markdown (report.md) has the scaling table a person reads
+first (:data:`MAIN`: nodes, wall clock, speedup, efficiency, tokens/s, MFU,
+loss, status) and, under its own heading, the artifacts, accounting and
+provenance of each run (:data:`DETAILS`); report.csv has every column
+(:data:`COLUMNS`); scaling.png is drawn by :mod:`hpc_llm.results.plot`.
+
 Login node: reads the run directories' results.json files (and their Hydra
 configs for runs that wrote none yet), and Slurm accounting for every attempt
 (resource-hours, queue wait, states) and for runs that died without saying how.
@@ -27,32 +33,47 @@ from hpc_llm.rundir.record import SETTLED
 PEAK_MEMORY = bytes_header("Peak memory / rank")
 CHECKPOINT = bytes_header("Checkpoint")
 
-COLUMNS = [
-    "Model",
-    "Data",
-    "Max duration",
-    "Eval interval",
+#: said once per experiment, in the line under its heading (each run's value is in report.csv)
+DESCRIBE = ["Model", "Data", "Max duration", "Eval interval"]
+#: the scaling table a person reads first, as in the seeds' Table 2
+MAIN = [
     "Nodes",
     "GPUs / ranks",
     "Wallclock",
-    "Wallclock (s)",
     "Speedup",
     "Ideal",
     "Efficiency",
     "Tokens/s",
     "MFU",
+    "Eval loss",
+    "Status",
+]
+#: the second table, under its own heading: artifacts, accounting and provenance of each run
+DETAILS = [
+    "Run",
+    "Nodes",
+    "Point",
     PEAK_MEMORY,
     CHECKPOINT,
     "Conversion, inference & eval OK?",
     "Eval accuracy",
+    "Train loss",
     "Goodput",
     "Restarts",
     "Resource-hours",
     "Queue wait",
     "Attempts (Slurm)",
     "Code",
-    "Point",
-    "Status",
+]
+#: every column: report.csv and ``--format json``
+COLUMNS = [
+    *DESCRIBE,
+    "Nodes",
+    "GPUs / ranks",
+    "Wallclock",
+    "Wallclock (s)",
+    *MAIN[3:],
+    *(c for c in DETAILS if c not in MAIN),
 ]
 
 
@@ -223,12 +244,21 @@ def build(sweep_dir: Path, baseline_nodes: int | None = None) -> list[Group]:
         base = next((r for r in done if r.nodes == base_n), None)
         g = Group(exp, members, base_n)
         for r in sorted(members, key=lambda r: (r.nodes or 0, str(r.run_dir))):
-            g.rows.append(_row(r, base, acct, varying.get(r.run_dir, "")))
+            g.rows.append(_row(r, base, acct, varying.get(r.run_dir, ""), _relative(r.run_dir, sweep_dir)))
         groups.append(g)
     return groups
 
 
-def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, point: str = "") -> dict[str, Any]:
+def _relative(run_dir: Path, sweep_dir: Path) -> str:
+    try:
+        return str(run_dir.relative_to(Path(sweep_dir)))
+    except ValueError:
+        return str(run_dir)
+
+
+def _row(
+    r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, point: str = "", run: str = ""
+) -> dict[str, Any]:
     from hpc_llm.rundir.provenance import short
     from hpc_llm.slurm.accounting import resource_hours
 
@@ -268,13 +298,16 @@ def _row(r: Run, base: Run | None, acct: dict[str, list[Any]] | None = None, poi
                 _yn(bool(ev) if r.status == "completed" else None),
             )
         ),
+        "Eval loss": round(float(ev["loss"]), 3) if "loss" in ev else None,
         "Eval accuracy": round(float(ev["token_accuracy"]), 3) if "token_accuracy" in ev else None,
+        "Train loss": round(float(res["train_loss"]), 3) if res.get("train_loss") is not None else None,
         "Goodput": round(float(res["goodput"]), 3) if res.get("goodput") is not None else None,
         "Restarts": restarts_text(res) if res else "-",
         "Resource-hours": f"{hours:.3g} {unit}" if hours is not None else None,
         "Queue wait": duration(sum(waits), decimals=3) if waits else None,
         "Attempts (Slurm)": " > ".join(a.state for a in attempts) or None,
         "Code": short(res.get("provenance")) if res else "-",
+        "Run": run or r.run_dir.name,
         "Point": point or None,
         "Status": r.status
         + (
@@ -297,6 +330,33 @@ def _fmt(v: Any, col: str) -> str:
     return str(v)
 
 
+def main_columns(g: Group) -> list[str]:
+    """The scaling table's columns; with "Point" when the runs differ in more than their
+    node count (an lr sweep), since nothing else would tell its rows apart."""
+    points = {str(row["Point"] or "") for row in g.rows}
+    if any(o and not o.startswith("resources.nodes=") for p in points for o in p.split()):
+        return [*MAIN[:2], "Point", *MAIN[2:]]
+    return MAIN
+
+
+def describe(g: Group) -> str:
+    """The line under an experiment's heading: what every run of it trained (the completed
+    runs' values; several when they differ)."""
+    done = [row for row in g.rows if row["Status"] == "completed"] or g.rows
+    parts = []
+    for col, label in zip(DESCRIBE, ("model", "data", "max duration", "eval interval"), strict=True):
+        values = list(dict.fromkeys(str(row[col]) for row in done if row[col] not in (None, "-")))
+        parts.append(f"{label} {', '.join(values) if values else '-'}")
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + "."
+
+
+def _table(columns: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(_fmt(row[c], c).replace("|", "/") for c in columns) + " |" for row in rows]
+    return out
+
+
 def to_markdown(groups: list[Group]) -> str:
     out = []
     if len(groups) > 1:
@@ -306,12 +366,11 @@ def to_markdown(groups: list[Group]) -> str:
         )
     for g in groups:
         base = f"{g.baseline_nodes} node(s)" if g.baseline_nodes is not None else "none completed"
-        out.append(f"### {g.experiment} (speedup vs {base})\n")
-        out.append("| " + " | ".join(COLUMNS) + " |")
-        out.append("|" + "---|" * len(COLUMNS))
-        for row in g.rows:
-            out.append("| " + " | ".join(_fmt(row[c], c).replace("|", "/") for c in COLUMNS) + " |")
-        out.append("")
+        out += [f"### {g.experiment} (speedup vs {base})", "", describe(g), ""]
+        out += [*_table(main_columns(g), g.rows), ""]
+        out += [f"#### {g.experiment}: artifacts, accounting and provenance", ""]
+        out += [*_table(DETAILS, g.rows), ""]
+    out.append("Every column of every run: report.csv, beside this file.\n")
     return "\n".join(out)
 
 
@@ -332,37 +391,9 @@ def to_json(groups: list[Group]) -> str:
 
 
 def plot(groups: list[Group], path: Path) -> Path:
-    import matplotlib
+    from hpc_llm.results import plot as scaling
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    max_n = 1
-    for g in groups:
-        pts = [(r["Nodes"], r["Speedup"], r["Tokens/s"]) for r in g.rows if r["Speedup"] is not None]
-        if not pts:
-            continue
-        pts.sort()
-        max_n = max(max_n, pts[-1][0])
-        ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=g.experiment)
-        ax2.plot([p[0] for p in pts], [p[2] or 0 for p in pts], "o-", label=g.experiment)
-    base = min((g.baseline_nodes for g in groups if g.baseline_nodes), default=1)
-    xs = [base, max_n]
-    ax1.plot(xs, [1.0, max_n / base], "k--", label="ideal")
-    ax1.set_xlabel("nodes")
-    ax1.set_ylabel("speedup vs baseline")
-    ax1.set_title("Speedup")
-    ax2.set_xlabel("nodes")
-    ax2.set_ylabel("tokens/s")
-    ax2.set_title("Throughput")
-    for ax in (ax1, ax2):
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return scaling.save(groups, path)
 
 
 def write_report(sweep_dir: Path, baseline_nodes: int | None = None) -> tuple[list[Group], dict[str, Path]]:

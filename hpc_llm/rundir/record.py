@@ -24,6 +24,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
@@ -113,8 +114,28 @@ def _write_json(path: Path, data: Any) -> Path:
     return path
 
 
+def iso(epoch: Any) -> str | None:
+    """Epoch seconds as ISO 8601 in UTC, to the second (``2026-11-24T19:22:09Z``); None if not a time."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)):
+        return None
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def with_iso_times(data: dict[str, Any]) -> dict[str, Any]:
+    """Every epoch timestamp results.json carries gets a readable twin beside it, ``<name>_iso``
+    (docs/results-json.md): a person reading the file should not have to convert floats."""
+    data["finished_at_iso"] = iso(data.get("finished_at"))
+    prov = data.get("provenance")
+    if isinstance(prov, dict) and "submitted_at" in prov:
+        data["provenance"] = {**prov, "submitted_at_iso": iso(prov["submitted_at"])}
+    events = data.get("watchdog_events")
+    if isinstance(events, list):
+        data["watchdog_events"] = [{**e, "time_iso": iso(e.get("time"))} if isinstance(e, dict) else e for e in events]
+    return data
+
+
 def write_results(run_dir: Path | str, data: dict[str, Any]) -> Path:
-    return _write_json(RunDir(run_dir).results, data)
+    return _write_json(RunDir(run_dir).results, with_iso_times(data))
 
 
 def read_results(run_dir: Path | str) -> dict[str, Any] | None:
