@@ -219,6 +219,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             from_experiment=str(cfg.experiment) != "default",
             price_per_gpu_hour=args.price if args.price is not None else cfg.cluster.price_per_gpu_hour,
             price_source="--price" if args.price is not None else "cluster.price_per_gpu_hour",
+            params=args.params,
         )
         for n in node_counts
     ]
@@ -374,7 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=float, help="tokens to train (default: from max_duration, else 20 per parameter)")
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation, 0-1 (default: by model size)")
     p.add_argument("--mfu-from", help="a results.json whose measured mfu to use")
-    p.add_argument("--efficiency", type=float, help="scaling efficiency vs one node (default 0.9)")
+    p.add_argument(
+        "--efficiency", type=float, help="scaling efficiency across nodes (default 0.9; one node is always 1.0)"
+    )
+    p.add_argument(
+        "--params",
+        type=float,
+        help="the model's parameter count, for a model hpc_llm cannot read (a hub id with no local config.json)",
+    )
     p.add_argument("--sweep", help="a sweep dir whose measured scaling efficiency to use")
     p.add_argument("--price", type=float, help="price of one GPU-hour (default: cluster.price_per_gpu_hour)")
     p.add_argument("--compare", metavar="SWEEP_DIR", help="each finished run beside its estimate (Slurm accounting)")

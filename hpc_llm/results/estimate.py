@@ -2,9 +2,11 @@
 
     time = tokens x FLOPs/token / (GPUs x peak FLOP/s x MFU x scaling efficiency)
 
-FLOPs/token is LLM Foundry's accounting (hpc_llm.config.flops: 6N + 12 L d T). Every
-assumption is printed with where it came from: a flag, a measured
-results.json or sweep, or a documented default below. Pure (login node).
+FLOPs/token is LLM Foundry's accounting (hpc_llm.config.flops: 6N + 12 L d T), for MPT and
+hf_causal_lm models alike. Every assumption is printed with where it came from: a flag, a
+measured results.json or sweep, or a documented default below. Scaling efficiency is that of
+N nodes against one, so one node is its own baseline (1.0) whatever ``--efficiency`` says.
+Pure (login node).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.config.flops import human_params, model_flops_per_token
+from hpc_llm.config.flops import model_size, train_seq_len
 from hpc_llm.errors import ConfigError
 from hpc_llm.results.format import GB, duration, human_bytes
 
@@ -69,16 +71,24 @@ class Estimate:
     tokens: Assumption
     nodes: int
     gpus: int
-    peak_flops_per_gpu: Assumption
+    #: None: a CPU profile, or one without a peak; the estimate then has no times
+    peak_flops_per_gpu: Assumption | None
     mfu: Assumption
     efficiency: Assumption
     #: global batch x sequence length, when the config says (for the checkpoint interval)
     tokens_per_batch: float | None = None
     #: price of one GPU-hour, when known
     price_per_gpu_hour: Assumption | None = None
+    #: where the parameter count came from, and the FLOPs formula it allows
+    model_source: str = ""
+    flops_formula: str = "6N + 12 L d T"
+    #: why there are no times (peak_flops_per_gpu is None)
+    untimed: str | None = None
 
     @property
     def tokens_per_sec(self) -> float:
+        if self.peak_flops_per_gpu is None:
+            raise ValueError(f"no time estimate: {self.untimed}")
         return self.gpus * self.peak_flops_per_gpu.value * self.mfu.value * self.efficiency.value / self.flops_per_token
 
     @property
@@ -143,6 +153,13 @@ def tokens_from_train(train: dict[str, Any]) -> Assumption | None:
     return None
 
 
+def _why_not_duration(train: dict[str, Any]) -> str:
+    """Why max_duration gave no token count: a finetune's epochs are far fewer tokens than
+    Chinchilla's, and only the user knows how many."""
+    dur = str(train.get("max_duration") or "")
+    return f" (train.max_duration={dur} is not in ba or tok; pass --tokens)" if dur else ""
+
+
 def measured_mfu(results_path: Path) -> Assumption:
     data = json.loads(Path(results_path).read_text())
     if data.get("mfu") is None:
@@ -182,28 +199,40 @@ def estimate(
     from_experiment: bool = True,
     price_per_gpu_hour: float | None = None,
     price_source: str = "--price",
+    params: float | None = None,
 ) -> Estimate:
     """``from_experiment``: the config is a real experiment, so its
-    max_duration says how many tokens to train (else: Chinchilla)."""
+    max_duration says how many tokens to train (else: Chinchilla). ``params``: the model's
+    parameter count as the user gives it (``--params``), for a model hpc_llm cannot read.
+
+    An experiment on a profile without GPUs or a peak (``mpt_tiny`` on the local CPU profile)
+    still gets its size, FLOPs and tokens, without times; a bare model there is an error, since
+    the only question it asks is how long on GPUs."""
     if "model" not in train:
         raise ConfigError("train.model is not set; pick one with model=mpt-70b or +experiment=NAME")
     if nodes < 1:
         raise ConfigError(f"resources.nodes={nodes}: must be >= 1")
+    untimed = None
     if gpus_per_node < 1:
-        raise ConfigError("resources.gpus_per_node is 0: estimates are for GPU clusters; use cluster=h100")
-    if not peak_flops_per_gpu:
-        raise ConfigError("cluster.peak_flops_per_gpu is not set; use cluster=h100 or set it (FLOP/s, bf16 dense)")
+        untimed = "resources.gpus_per_node is 0: estimates are for GPU clusters; use cluster=h100"
+    elif not peak_flops_per_gpu:
+        untimed = "cluster.peak_flops_per_gpu is not set; use cluster=h100 or set it (FLOP/s, bf16 dense)"
+    if untimed and not from_experiment:
+        raise ConfigError(untimed)
     if not from_experiment:
         # Only a model was picked: train at the model's own context length.
         train = {**train, "max_seq_len": train["model"].get("max_seq_len", train.get("max_seq_len"))}
-    n, fpt = model_flops_per_token(train)
+    seq = train_seq_len(train)
+    size = model_size(train["model"], seq, params)
+    n, fpt = size.n_params, size.flops_per_token(seq)
     tok = (
         Assumption(float(tokens), "--tokens")
         if tokens
         else (tokens_from_train(train) if from_experiment else None)
         or Assumption(
             float(CHINCHILLA_TOKENS_PER_PARAM * n),
-            f"default: Chinchilla, {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter",
+            f"default: Chinchilla, {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter"
+            + (_why_not_duration(train) if from_experiment else ""),
         )
     )
     if mfu is not None:
@@ -214,27 +243,33 @@ def estimate(
         m = measured_mfu(mfu_from)
     else:
         m = default_mfu(n)
-    if efficiency is not None:
-        if not 0 < efficiency <= 2:
-            raise ConfigError(f"--efficiency={efficiency}: must be in (0, 2]")
+    if efficiency is not None and not 0 < efficiency <= 2:
+        raise ConfigError(f"--efficiency={efficiency}: must be in (0, 2]")
+    if nodes == 1:
+        # efficiency is N nodes against one: a measured or given figure describes more nodes
+        eff = Assumption(1.0, "one node: no inter-node scaling")
+    elif efficiency is not None:
         eff = Assumption(efficiency, "--efficiency")
     else:
         measured = measured_efficiency(sweep, nodes) if sweep is not None else None
-        eff = measured or (
-            Assumption(1.0, "one node: no inter-node scaling")
-            if nodes == 1
-            else Assumption(DEFAULT_EFFICIENCY, "default: typical FSDP over InfiniBand at a fixed global batch")
+        eff = measured or Assumption(
+            DEFAULT_EFFICIENCY, "default: typical FSDP over InfiniBand at a fixed global batch"
         )
     return Estimate(
-        model=f"MPT-{human_params(n)}",
+        model=size.label,
         n_params=n,
         flops_per_token=fpt,
         tokens=tok,
         nodes=nodes,
         gpus=nodes * gpus_per_node,
-        peak_flops_per_gpu=Assumption(float(peak_flops_per_gpu), "cluster.peak_flops_per_gpu"),
+        peak_flops_per_gpu=(
+            None if untimed else Assumption(float(peak_flops_per_gpu or 0), "cluster.peak_flops_per_gpu")
+        ),
         mfu=m,
         efficiency=eff,
+        model_source=size.source,
+        flops_formula=size.formula,
+        untimed=untimed,
         price_per_gpu_hour=_price(price_per_gpu_hour, price_source),
         tokens_per_batch=(
             float(train["global_train_batch_size"]) * float(train["max_seq_len"])
@@ -259,8 +294,24 @@ def money(value: float) -> str:
 def render(estimates: list[Estimate]) -> str:
     e0 = estimates[0]
     lines = [
-        f"{e0.model}: {e0.n_params:,} parameters, {e0.flops_per_token:.4g} FLOPs/token (6N + 12 L d T)",
+        f"{e0.model}: {e0.n_params:,} parameters, {e0.flops_per_token:.4g} FLOPs/token ({e0.flops_formula})"
+        + (f"  [{e0.model_source}]" if e0.model_source else ""),
         f"tokens: {e0.tokens.value:.4g}  [{e0.tokens.source}]",
+    ]
+    if e0.peak_flops_per_gpu is None:
+        return (
+            "\n".join(
+                [
+                    *lines,
+                    f"training FLOPs: {e0.tokens.value * e0.flops_per_token:.4g} (tokens x FLOPs/token)",
+                    f"checkpoints: {human_bytes(e0.n_params * CHECKPOINT_BYTES_PER_PARAM)} each "
+                    f"({CHECKPOINT_BYTES_PER_PARAM} B/parameter: fp32 weights and Adam moments)",
+                    f"time: not estimated; {e0.untimed}",
+                ]
+            )
+            + "\n"
+        )
+    lines += [
         f"peak: {e0.peak_flops_per_gpu.value / 1e12:.0f} TFLOP/s per GPU  [{e0.peak_flops_per_gpu.source}]",
         f"MFU: {e0.mfu.value:.1%}  [{e0.mfu.source}]",
         (
@@ -326,7 +377,8 @@ def compare(sweep_dir: Path, *, mfu: float | None, peak_flops_per_gpu: float | N
         gpus = int(res.get("nodes") or 1) * int(res.get("gpus_per_node") or 0) or int(res.get("world_size") or 1)
         tokens, fpt = res.get("tokens_done"), res.get("flops_per_token")
         m = mfu if mfu is not None else (default_mfu(res["n_params"]).value if res.get("n_params") else None)
-        eff = efficiency if efficiency is not None else (1.0 if (res.get("nodes") or 1) == 1 else DEFAULT_EFFICIENCY)
+        one_node = (res.get("nodes") or 1) == 1  # its own baseline, as in estimate()
+        eff = 1.0 if one_node else (efficiency if efficiency is not None else DEFAULT_EFFICIENCY)
         est_s = tokens * fpt / (gpus * peak * m * eff) if tokens and fpt and peak and m else None
         actual = res.get("train_s")
         attempts = [a for j in dict.fromkeys(r.job_ids) for a in acct.get(j, [])]

@@ -94,15 +94,16 @@ def run_info(cfg: Any) -> dict[str, Any]:
         "max_seq_len": train.get("max_seq_len"),
     }
     model = train.get("model")
-    if isinstance(model, dict) and model.get("name") == "mpt_causal_lm":
-        from hpc_llm.config.flops import human_params, model_flops_per_token
+    if isinstance(model, dict) and model.get("name") in ("mpt_causal_lm", "hf_causal_lm"):
+        from hpc_llm.config.flops import model_size, train_seq_len
 
-        try:
-            n, fpt = model_flops_per_token(train)
+        try:  # a hub id hpc_llm cannot size offline leaves the label empty, the run goes on
+            seq = train_seq_len(train)
+            size = model_size(model, seq)
         except (KeyError, TypeError, ValueError):
             pass
         else:
-            info.update(model=f"MPT-{human_params(n)}", n_params=n, flops_per_token=fpt)
+            info.update(model=size.label, n_params=size.n_params, flops_per_token=size.flops_per_token(seq))
     return info
 
 
