@@ -20,6 +20,7 @@ set, else starts a dev cluster under ~/.hpc_llm/bench-cluster and stops it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -69,7 +70,10 @@ def submit(args: list[str], env: dict[str, str]) -> tuple[str, Path]:
 
 
 def beat(run_dir: Path, rank: int) -> dict:
-    return read(run_dir / ".hpc_llm" / "heartbeat" / str(rank)) or {}
+    from hpc_llm.job import heartbeat
+
+    found = heartbeat.read_all(run_dir).get(rank)
+    return dataclasses.asdict(found) if found else {}
 
 
 def done(run_dir: Path, timeout: float = 900) -> dict:

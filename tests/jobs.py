@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from hpc_llm.job import heartbeat
 from tests.conftest import explain, run_app
 
 #: one node, one rank, whole nodes (so a preemption hits this run only)
@@ -46,8 +48,9 @@ def attempts(run_dir: Path) -> list[dict]:
 
 
 def beat(run_dir: Path, rank: int) -> dict:
-    """Rank ``rank``'s latest heartbeat: seq, batch, node, pid."""
-    return read_json(run_dir / ".hpc_llm" / "heartbeat" / str(rank)) or {}
+    """Rank ``rank``'s latest heartbeat: seq, batch, node, pid (a slot of its node's file)."""
+    found = heartbeat.read_all(run_dir).get(rank)
+    return dataclasses.asdict(found) if found else {}
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):

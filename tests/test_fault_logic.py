@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hpc_llm.job import failures, heartbeat, policy, supervisor
+from hpc_llm.job import failures, hang_watch, heartbeat, policy, step, supervisor
 from hpc_llm.rundir.record import Attempt, Attempts
 
 
@@ -135,8 +135,8 @@ def beat(rank, seq, batch, node="n1", phase="train"):
 
 def test_hang_watch_names_a_silent_rank(monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
-    w = supervisor.HangWatch(timeout_s=20)
+    monkeypatch.setattr(hang_watch.time, "monotonic", lambda: clock[0])
+    w = hang_watch.HangWatch(timeout_s=20)
     assert w.check({0: beat(0, 1, 5), 1: beat(1, 1, 5, node="n2")}, 1) is None
     for i in range(2, 8):  # rank 0 keeps beating, rank 1 is frozen
         clock[0] += 5
@@ -147,15 +147,15 @@ def test_hang_watch_names_a_silent_rank(monkeypatch):
 
 def test_hang_watch_calls_a_step_without_progress_a_hang_only_while_training(monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
-    w = supervisor.HangWatch(timeout_s=20)
+    monkeypatch.setattr(hang_watch.time, "monotonic", lambda: clock[0])
+    w = hang_watch.HangWatch(timeout_s=20)
     for i in range(1, 10):  # alive (seq moves) but stuck at batch 12 while training
         clock[0] += 5
         hang = w.check({0: beat(0, i, 12), 1: beat(1, i, 12)}, 1)
         if hang:
             break
     assert hang is not None and hang[1] == () and "no batch trained" in hang[0]
-    post = supervisor.HangWatch(timeout_s=20)
+    post = hang_watch.HangWatch(timeout_s=20)
     for i in range(1, 10):  # the same, after training (HF export, inference): not a hang
         clock[0] += 5
         assert post.check({0: beat(0, i, 40, phase="post"), 1: beat(1, i, 40, phase="post")}, 1) is None
@@ -351,7 +351,7 @@ def test_a_missing_latest_link_resumes_from_the_newest_finished_save_and_moves_n
 
 
 def test_a_start_up_that_never_reaches_training_is_named_by_its_phase():
-    watch = supervisor.HangWatch(timeout_s=1800)
+    watch = hang_watch.HangWatch(timeout_s=1800)
 
     def beat(rank, phase, node="n1"):
         return heartbeat.Beat(rank=rank, seq=1, batch=-1, node=node, pid=1, phase=phase)
@@ -366,21 +366,21 @@ def test_a_start_up_that_never_reaches_training_is_named_by_its_phase():
 
 
 def test_the_supervisor_reads_heartbeats_once_a_period_not_every_poll(tmp_path, monkeypatch):
-    """64 nodes x 8 ranks for weeks: every read opens each rank's file on the shared filesystem."""
+    """64 nodes x 8 ranks for weeks: every read opens each node's file on the shared filesystem."""
     import sys
 
     for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
         monkeypatch.delenv(k, raising=False)
     reads = []
-    monkeypatch.setattr(supervisor.heartbeat, "read_all", lambda run_dir: reads.append(time.monotonic()) or {})
+    monkeypatch.setattr(heartbeat, "read_all", lambda run_dir: reads.append(time.monotonic()) or {})
     policy = supervisor.Policy(run_dir=tmp_path, nodes=64, stop_signal=None, signal_lead_s=60, heartbeat_s=2.0)
     sup = supervisor.Supervisor(policy, [sys.executable, "-c", "import time; time.sleep(4.2)"])
     started = time.monotonic()
     sup.run_step()
     elapsed = time.monotonic() - started
-    # a poll every 0.5 s would read twice a second; once a period is every heartbeat_s / 2 = 1 s
-    assert 1 <= len(reads) <= elapsed / 1.0 + 1, (len(reads), elapsed)
-    assert all(b - a >= 0.95 for a, b in zip(reads, reads[1:], strict=False))
+    # a poll every 0.5 s would read twice a second; once a period is every heartbeat_s = 2 s
+    assert 1 <= len(reads) <= elapsed / 2.0 + 1, (len(reads), elapsed)
+    assert all(b - a >= 1.95 for a, b in zip(reads, reads[1:], strict=False))
 
 
 def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
@@ -459,8 +459,8 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
     sup.job.end = time.time() + 3600
     order = []
-    real_send = supervisor._send
-    monkeypatch.setattr(supervisor, "_send", lambda proc, s: (order.append("forward"), real_send(proc, s)))
+    real_send = step.send_signal
+    monkeypatch.setattr(step, "send_signal", lambda proc, s: (order.append("forward"), real_send(proc, s)))
     monkeypatch.setattr(sup, "_job_info", lambda: order.append("ask") or {"PreemptTime": "1795534158"})
     monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
     end = run_step_signalled(sup)

@@ -47,7 +47,7 @@ def run_payload(path: Path) -> Any:
     rd = RunDir.of_payload(path)
     run_dir = rd.root
     if job.heartbeat_s:
-        heartbeat.start(run_dir, job.rank, job.heartbeat_s)
+        heartbeat.start(run_dir, job.rank, job.local_rank, job.heartbeat_s)
     if job.is_rank0:
         rd.return_value.unlink(missing_ok=True)  # from an earlier attempt
     preemption.mark_ready(run_dir)

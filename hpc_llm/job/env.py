@@ -56,6 +56,8 @@ class JobEnv:
     step: int = 0
     #: global rank (SLURM_PROCID, else RANK), 0 in the batch step
     rank: int = 0
+    #: rank on this node (SLURM_LOCALID, else LOCAL_RANK): its slot in the node's heartbeat file
+    local_rank: int = 0
     #: tasks of the job (SLURM_NTASKS)
     ntasks: int = 1
     #: the allocation's node list as Slurm writes it (``n[1-2]``)
@@ -80,6 +82,7 @@ class JobEnv:
             restart=_int(e.get("SLURM_RESTART_COUNT")),
             step=_int(e.get(STEP)),
             rank=_int(e.get("SLURM_PROCID", e.get("RANK"))),
+            local_rank=_int(e.get("SLURM_LOCALID", e.get("LOCAL_RANK"))),
             ntasks=_int(e.get("SLURM_NTASKS"), 1),
             nodelist=e.get("SLURM_JOB_NODELIST") or None,
             nodes=tuple(n for n in e.get(NODES, "").split(",") if n),

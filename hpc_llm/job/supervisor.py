@@ -24,28 +24,33 @@ reaches it. It then:
 
 A Slurm requeue it did not ask for (NODE_FAIL with ``--requeue``) leaves the
 last attempt "running" in attempts.json; the next start closes it as lost.
-In-job side, but stdlib only: no training stack on the batch host.
+
+What to do is the fault policy's (:func:`hpc_llm.job.policy.decide`, pure);
+this module is the I/O around it: the run loop and signal handlers, the facts
+of each stop, the records, and carrying the decision out. The rest lives
+beside it: :mod:`hpc_llm.job.step` (starting, signalling and killing srun),
+:mod:`hpc_llm.job.hang_watch` (judging the heartbeats) and
+:mod:`hpc_llm.job.slurm_job` (asking Slurm about this allocation, requeueing
+it). In-job side, but stdlib only: no training stack on the batch host.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import failures, heartbeat, policy
+from hpc_llm.job import failures, heartbeat, policy, slurm_job
 from hpc_llm.job.env import JobEnv
-from hpc_llm.rundir.layout import RunDir
+from hpc_llm.job.hang_watch import HangWatch
+from hpc_llm.job.slurm_job import SlurmJob
+from hpc_llm.job.step import Step, StepEnd, ready_count
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
@@ -62,6 +67,8 @@ TERM_AT_END_S = 5.0
 LEAD_MARGIN_S = 30.0
 #: seconds between re-reads of the job's end time while a step runs
 END_REFRESH_S = 60.0
+#: seconds between tries to learn from slurmctld why a stop signal came, while it does not answer
+ASK_AGAIN_S = 10.0
 
 
 @dataclass
@@ -87,148 +94,6 @@ class Policy:
     hang_timeout_s: float = 1800.0
     #: seconds from a step's start until every rank trains; longer is a start-up hang (None: no limit)
     startup_timeout_s: float | None = None
-
-
-@dataclass
-class SlurmJob:
-    """What ``scontrol show job`` says about this allocation (all optional off Slurm)."""
-
-    job_id: str | None
-    #: what scontrol requeue/update take: <array job>_<task> for an array task
-    ref: str | None
-    restart: int
-    start: float | None = None
-    end: float | None = None
-    nodes: list[str] = field(default_factory=list)
-    excluded: list[str] = field(default_factory=list)
-    partition: str | None = None
-
-    @classmethod
-    def current(cls) -> SlurmJob:
-        env = JobEnv.current()
-        job_id = env.job_id
-        job = cls(job_id, env.ref, env.restart)
-        if job_id:
-            info = _scontrol_show_job(job_id)
-            job.start, job.end = _slurm_time(info.get("StartTime")), _slurm_time(info.get("EndTime"))
-            job.nodes = _hostnames(info.get("NodeList") or env.nodelist)
-            job.excluded = _hostnames(info.get("ExcNodeList"))
-            job.partition = info.get("Partition")
-        return job
-
-
-def _run(args: list[str], timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, **env} if env else None
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=full)
-
-
-def _preempting(info: dict[str, str]) -> bool:
-    """``scontrol show job`` has a PreemptTime while a preemption's grace time runs (22.05)."""
-    return _slurm_time(info.get("PreemptTime")) is not None
-
-
-def _scontrol_show_job(job_id: str) -> dict[str, str]:
-    try:
-        # epoch seconds, not local time (an hour off in the DST fall-back hour); a short timeout:
-        # a slow slurmctld must not hold the signal path (verified: 22.05's scontrol honours it)
-        out = _run(["scontrol", "show", "job", "-o", job_id], timeout=10, env={"SLURM_TIME_FORMAT": "%s"})
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    info: dict[str, str] = {}
-    for token in out.stdout.split():
-        if "=" in token:
-            key, value = token.split("=", 1)
-            info.setdefault(key, value)
-    return info
-
-
-#: scontrol JobStates of a job Slurm is putting back in the queue (verified on 22.05: a
-#: NODE_FAIL with --requeue reads NODE_FAIL, then PENDING with Restarts one higher)
-REQUEUE_STATES = ("NODE_FAIL", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING", "PREEMPTED")
-
-
-def _requeued_by_slurm(job_id: str, restart: int, tries: int = 5, pause_s: float = 1.0) -> str | None:
-    """The JobState when the SIGTERM we got is Slurm ending this allocation to requeue the job
-    (a node failure), None when it is anything else (scancel: CANCELLED). A job still RUNNING
-    or COMPLETING is asked again: slurmctld may not have moved it yet."""
-    for i in range(tries):
-        info = _scontrol_show_job(job_id)
-        state = info.get("JobState", "")
-        if state.startswith("CANCELLED"):
-            return None
-        if state in REQUEUE_STATES or int(info.get("Restarts", "0") or 0) > restart:
-            return state
-        if i + 1 < tries:
-            time.sleep(pause_s)
-    return None
-
-
-def _slurm_time(text: str | None) -> float | None:
-    if not text or text in ("Unknown", "None", "(null)"):
-        return None
-    if text.isdigit():  # SLURM_TIME_FORMAT=%s
-        return float(text) or None
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def _hostnames(nodelist: str | None) -> list[str]:
-    if not nodelist or nodelist in ("(null)", "None"):
-        return []
-    try:
-        out = _run(["scontrol", "show", "hostnames", nodelist])
-        if out.returncode == 0:
-            return [n for n in out.stdout.split() if n]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return [n for n in nodelist.split(",") if n]
-
-
-#: sinfo's short states of a node that cannot take a job (down, drained or draining, failing)
-_NOT_UP = ("down", "drain", "drng", "fail", "maint", "unk", "boot", "npc", "inval", "futr", "pow")
-
-
-def _nodes_up(partition: str | None) -> list[str]:
-    """Nodes of ``partition`` that can run a job now ([] when sinfo cannot be asked)."""
-    if not partition:
-        return []
-    try:
-        out = _run(["sinfo", "-h", "-p", partition, "-N", "-o", "%N %t"], timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    up = set()
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and not parts[1].rstrip("*~#!%$@^-").startswith(_NOT_UP):
-            up.add(parts[0])
-    return sorted(up)
-
-
-def ready_count(run_dir: Path, tag: str) -> int:
-    rd = RunDir(run_dir)
-    return len(list(rd.ready.glob(rd.ready_marker(tag, "*").name))) if rd.ready.is_dir() else 0
-
-
-@dataclass
-class StepEnd:
-    """How one srun step ended, as seen from the batch host."""
-
-    returncode: int
-    srun_errors: list[str]
-    #: stop signal forwarded to the ranks, when the supervisor got it, and why Slurm sent it
-    stop: str | None = None
-    stop_time: float | None = None
-    stop_cause: str | None = None
-    #: named hang: (reason, nodes)
-    hang: tuple[str, tuple[str, ...]] | None = None
-    terminated: bool = False
-    #: the start-up phase that outlived fault.startup_timeout_s
-    startup: str | None = None
-    #: the highest batch any rank's heartbeat reported, and seconds from its first to its last batch
-    top_batch: int = -1
-    heartbeat_train_s: float = 0.0
 
 
 class Supervisor:
@@ -301,7 +166,7 @@ class Supervisor:
         a = attempts.current
         if (a.job_id, a.restart) == (self.job.job_id, self.job.restart):
             return
-        state, ended = _previous_state(a.job_id) if a.job_id else (None, None)
+        state, ended = slurm_job.previous_state(a.job_id) if a.job_id else (None, None)
         a.state, a.ended_at = "lost", ended or (a.started_at + a.train_s)
         a.decided_at = time.time()
         a.cause = policy.lost_cause(state)
@@ -336,49 +201,62 @@ class Supervisor:
         env = self._step_env()
         tag = JobEnv.current(env).step_tag
         started = time.monotonic()
-        proc = subprocess.Popen(self.command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
-        errors: list[str] = []
-        pump = threading.Thread(target=_pump, args=(proc, errors), daemon=True)
-        pump.start()
-        end = StepEnd(returncode=0, srun_errors=errors)
+        step = Step(self.command, env)
+        end = StepEnd(returncode=0, srun_errors=step.errors)
         watch = HangWatch(self.policy.hang_timeout_s)
         ntasks = JobEnv.current(env).ntasks
         # heartbeats change once a period: reading them more often only loads the shared filesystem
-        read_every = max(POLL_S, self.policy.heartbeat_s / 2)
+        # (hang_timeout_s >= 3 periods, so a beat seen a period late still leaves two to spare)
+        read_every = max(POLL_S, self.policy.heartbeat_s)
         last_read = float("-inf")
         refreshed = time.monotonic()
         pending: tuple[str, float] | None = None
-        asked = True
+        ask_at: float | None = None  # when to ask slurmctld why the pending signal came
         forward_at = 0.0
-        while proc.poll() is None:
+        while step.running:
             time.sleep(POLL_S)
             while self._signals:
                 # act first, ask after: a signal far from the end time we know is passed on at
                 # once (a preemption's grace time runs); slurmctld is asked only once it is
                 # (or, near the end, to hold it back until the lead), so a slow one cannot hold it
                 pending = self._signals.popleft()
-                end.stop_cause = self._cached_cause(pending[1])
+                end.stop_cause, end.stop_cause_asked = self._cached_cause(pending[1]), False
                 forward_at = self._forward_at(pending[1], end.stop_cause)
-                asked = False
-            if pending and not asked and (end.stop is not None or end.stop_cause == "time_limit"):
-                asked = True
-                end.stop_cause = self._signal_cause(pending[1])
-                if end.stop is None:
-                    forward_at = self._forward_at(pending[1], end.stop_cause)
+                ask_at = time.monotonic()
+            if (
+                pending
+                and ask_at is not None
+                and time.monotonic() >= ask_at
+                and (end.stop is not None or end.stop_cause == "time_limit")
+            ):
+                cause = self._signal_cause(pending[1])
+                if cause is None:
+                    # slurmctld did not answer (a loaded one can take the whole 10 s timeout): keep
+                    # the guess and ask again, not every poll; never call it a signal sent by hand
+                    ask_at = time.monotonic() + ASK_AGAIN_S
+                else:
+                    ask_at, end.stop_cause, end.stop_cause_asked = None, cause, True
+                    if end.stop is None:
+                        forward_at = self._forward_at(pending[1], end.stop_cause)
             if self.job.job_id and time.monotonic() - refreshed >= END_REFRESH_S:
                 # `scontrol update TimeLimit=` moves the end: the stop lead counts from the new one
                 refreshed = time.monotonic()
-                self.job.end = _slurm_time(self._job_info().get("EndTime")) or self.job.end
+                self.job.end = slurm_job.slurm_time(self._job_info().get("EndTime")) or self.job.end
                 if pending is not None and end.stop is None and end.stop_cause == "time_limit":
                     forward_at = self._forward_at(pending[1], "time_limit")
             if pending is None and self._time_is_up():
                 log.warning("hpc_llm supervisor: no time-limit signal from Slurm, %.0f s left: stopping", self.lead_s)
                 pending = (f"SIG{self.policy.stop_signal}", time.time())
-                end.stop_cause, forward_at = "time_limit", pending[1]
+                end.stop_cause, end.stop_cause_asked, forward_at = "time_limit", True, pending[1]
             if pending and end.stop is None and time.time() >= forward_at and self._all_ready(tag, env):
                 end.stop, end.stop_time = pending[0], pending[1]
-                log.warning("hpc_llm supervisor: forwarding %s to the ranks", pending[0])
-                _send(proc, signal.Signals[pending[0]])
+                log.warning(
+                    "hpc_llm supervisor: forwarding %s to the ranks (%s%s)",
+                    pending[0],
+                    end.stop_cause,
+                    f"; {self.job.end - time.time():.0f} s before the end time" if self.job.end else "",
+                )
+                step.send(signal.Signals[pending[0]])
             if self._terminated and not end.terminated:
                 end.terminated = True
             if self.policy.recover and time.monotonic() - last_read >= read_every:
@@ -389,13 +267,12 @@ class Supervisor:
                 if hang is not None and end.hang is None and end.stop is None:
                     end.hang = hang
                     log.error("hpc_llm supervisor: %s; killing the step", hang[0])
-                    _kill_step(proc)
+                    step.kill()
                 elif stuck is not None and end.startup is None and end.stop is None:
                     end.startup = stuck
                     log.error("hpc_llm supervisor: start-up stuck in %s; killing the step", stuck)
-                    _kill_step(proc)
-        pump.join(timeout=10)
-        end.returncode = proc.returncode
+                    step.kill()
+        end.returncode = step.wait()
         end.top_batch, end.heartbeat_train_s = watch.top_batch, watch.train_s
         return end
 
@@ -424,13 +301,21 @@ class Supervisor:
     def _facts(self, end: StepEnd) -> policy.Stop:
         """The facts of this stop the policy decides on: Slurm is asked again (the end time moves
         with ``scontrol update TimeLimit``; a PreemptTime says a preemption's grace time runs)."""
+        if end.stop is not None and not end.stop_cause_asked and end.stop_time is not None:
+            # the ranks have saved: there is time now to learn what the signal was
+            for _ in range(3):
+                cause = self._signal_cause(end.stop_time)
+                if cause is not None:
+                    end.stop_cause, end.stop_cause_asked = cause, True
+                    break
+                time.sleep(2)
         info = self._job_info() if (end.returncode != 0 or end.terminated) else {}
         # the end time as last read while the step ran (every minute: a shortened limit is in it);
         # not the one Slurm shows now, which a cancellation sets to the moment of the cancel
         end_time = self.job.end
         if info.get("JobState") == "TIMEOUT" and self._terminated_at:
             end_time = self._terminated_at
-        preempting = _preempting(info)
+        preempting = slurm_job.preempting(info)
         sigterm_at = self._terminated_at if end.terminated else None
         requeueing = None
         at_end = sigterm_at is not None and end_time is not None and sigterm_at >= end_time - TERM_AT_END_S
@@ -438,7 +323,7 @@ class Supervisor:
             # a node of the job died (NODE_FAIL), or a preemption's grace time ended before our own
             # requeue (PREEMPTED), and Slurm requeues the job itself: its SIGTERM reaches the batch
             # host. Not a cancellation, and not ours to requeue again.
-            requeueing = _requeued_by_slurm(self.job.job_id, self.job.restart)
+            requeueing = slurm_job.requeued_by_slurm(self.job.job_id, self.job.restart)
         tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
         tasks, nodes = failures.parse_srun_errors(end.srun_errors)
         return policy.Stop(
@@ -507,7 +392,7 @@ class Supervisor:
         first: ``scontrol update TimeLimit`` moves it."""
         if not self.policy.stop_signal or self.job.end is None or time.time() < self.job.end - self.lead_s:
             return False
-        self.job.end = _slurm_time(self._job_info().get("EndTime")) or self.job.end
+        self.job.end = slurm_job.slurm_time(self._job_info().get("EndTime")) or self.job.end
         return time.time() >= self.job.end - self.lead_s
 
     def _cached_cause(self, when: float) -> str:
@@ -518,21 +403,24 @@ class Supervisor:
             return "time_limit"
         return "preemption"
 
-    def _signal_cause(self, when: float) -> str:
+    def _signal_cause(self, when: float) -> str | None:
         """Why Slurm sent the stop signal: while a preemption's grace time runs, ``scontrol show
         job`` has a PreemptTime (verified on 22.05, docs/design.md); otherwise a signal near the
-        end time is the time-limit one, and anything else someone sent (``scancel --signal``)."""
+        end time is the time-limit one, and anything else someone sent (``scancel --signal``).
+        None when slurmctld did not answer."""
         info = self._job_info()
-        if _preempting(info):
+        if self.job.job_id and not info:
+            return None
+        if slurm_job.preempting(info):
             return "preemption"
-        end_time = self.job.end = _slurm_time(info.get("EndTime")) or self.job.end
+        end_time = self.job.end = slurm_job.slurm_time(info.get("EndTime")) or self.job.end
         if end_time is not None and when >= end_time - self.policy.signal_lead_s - TIME_LIMIT_SLACK_S:
             return "time_limit"
         return "signal"
 
     def _job_info(self) -> dict[str, str]:
         """``scontrol show job`` of this allocation now ({} off Slurm)."""
-        return _scontrol_show_job(self.job.job_id) if self.job.job_id else {}
+        return slurm_job.scontrol_show_job(self.job.job_id) if self.job.job_id else {}
 
     # -- acting -------------------------------------------------------------------
     def _this_attempt(self, attempts: Attempts) -> Attempt:
@@ -574,7 +462,7 @@ class Supervisor:
         update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         # records first; the requeue sends this very job SIGTERM, which we must outlive
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        out = _requeue_job(str(self.job.ref))
+        out = slurm_job.requeue_job(str(self.job.ref))
         if out is not None:
             a.requeued, a.action = False, "fail"
             self._fail(
@@ -584,7 +472,7 @@ class Supervisor:
         if a.signal_time:
             a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
         if sorted(exclude) != sorted(self.job.excluded):
-            err = _exclude(str(self.job.ref), exclude)
+            err = slurm_job.exclude(str(self.job.ref), exclude)
             if err:
                 a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"
         attempts.save()
@@ -603,7 +491,7 @@ class Supervisor:
         ours = {n for x in attempts.items for n in x.suspects}
         users = {n for n in self.job.excluded if n not in ours}
         wanted = sorted(users | set(d.exclude))
-        up = _nodes_up(self.job.partition)
+        up = slurm_job.nodes_up(self.job.partition)
         if up and len([n for n in up if n not in wanted]) < self.policy.nodes:
             dropped = sorted(set(wanted) - users)
             warning = (
@@ -613,128 +501,6 @@ class Supervisor:
             log.warning("hpc_llm supervisor: %s", warning)
             return sorted(users), warning
         return wanted, None
-
-
-class HangWatch:
-    """Silence and stalls, judged by the supervisor's own clock."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, when it last changed)
-        self.progress: tuple[int, float] | None = None  # (max batch, when it last changed)
-        self.first_progress: float | None = None
-
-    def startup_stuck(
-        self, beats: dict[int, heartbeat.Beat], elapsed: float, ntasks: int, timeout_s: float | None
-    ) -> str | None:
-        """The phase a step is stuck in when not every rank trains ``timeout_s`` after its start:
-        no heartbeat from some rank (srun or the container), or the least advanced rank's phase
-        (imports, set-up, data, build: model and rendezvous)."""
-        if timeout_s is None or elapsed <= timeout_s or self.progress is not None:
-            return None
-        if len(beats) < ntasks:
-            return f"the container or srun ({ntasks - len(beats)} of {ntasks} ranks never started)"
-        waiting = [b for b in beats.values() if b.phase in heartbeat.STARTUP_PHASES]
-        if not waiting:
-            return None
-        slowest = min(waiting, key=lambda b: list(heartbeat.STARTUP_PHASES).index(b.phase))
-        return f"{heartbeat.STARTUP_PHASES[slowest.phase]} (rank {slowest.rank} on {slowest.node})"
-
-    @property
-    def top_batch(self) -> int:
-        return self.progress[0] if self.progress else -1
-
-    @property
-    def train_s(self) -> float:
-        if self.progress is None or self.first_progress is None:
-            return 0.0
-        return self.progress[1] - self.first_progress
-
-    def check(self, beats: dict[int, heartbeat.Beat], elapsed: float) -> tuple[str, tuple[str, ...]] | None:
-        now = time.monotonic()
-        for rank, beat in beats.items():
-            old = self.seen.get(rank)
-            if old is None or old[0] != beat.seq:
-                self.seen[rank] = (beat.seq, now)
-        silent = sorted(r for r, (_seq, t) in self.seen.items() if now - t > self.timeout_s)
-        if silent:
-            nodes = tuple(sorted({beats[r].node for r in silent if r in beats}))
-            return (
-                f"rank(s) {','.join(map(str, silent))} on {','.join(nodes)} silent for more than "
-                f"{self.timeout_s:g}s (frozen?)",
-                nodes,
-            )
-        top = max((b.batch for b in beats.values()), default=-1)
-        training = bool(beats) and all(b.phase == heartbeat.TRAINING for b in beats.values())
-        if top >= 0:
-            if self.progress is None or self.progress[0] != top:
-                if self.progress is not None and self.first_progress is None:
-                    self.first_progress = self.progress[1]
-                self.progress = (top, now)
-            elif not training:
-                self.progress = (top, now)  # evaluating or past training: no batch is due
-            elif now - self.progress[1] > self.timeout_s:
-                return (
-                    f"no batch trained for more than {self.timeout_s:g}s after batch {top} (a stuck collective?)",
-                    (),
-                )
-        return None
-
-
-def _pump(proc: subprocess.Popen[str], keep: list[str]) -> None:
-    """srun's stderr to ours (the batch log), keeping the lines that name failed tasks."""
-    if proc.stderr is None:
-        return
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        if "srun: error" in line or "NODE_FAIL" in line or "Node failure" in line:
-            keep.append(line.rstrip("\n"))
-
-
-def _send(proc: subprocess.Popen[str], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-
-
-def _kill_step(proc: subprocess.Popen[str]) -> None:
-    """srun's own abort: two interrupts within a second SIGKILL every task, frozen ones too."""
-    _send(proc, signal.SIGINT)
-    time.sleep(0.3)
-    _send(proc, signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def _requeue_job(ref: str) -> str | None:
-    """None when Slurm accepted the requeue, else its one-line complaint."""
-    try:
-        out = _run(["scontrol", "requeue", ref])
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
-
-
-def _exclude(ref: str, nodes: list[str]) -> str | None:
-    try:
-        out = _run(["scontrol", "update", f"JobId={ref}", f"ExcNodeList={','.join(nodes)}"])
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
-
-
-def _previous_state(job_id: str) -> tuple[str | None, float | None]:
-    """The state and end Slurm's accounting gives the previous run of this job (NODE_FAIL,
-    REQUEUED...); (None, None) without accounting or when sacct cannot be asked now."""
-    from hpc_llm.slurm import accounting
-
-    rows = (accounting.attempts([job_id], tries=2) or {}).get(job_id, [])
-    # the last row is the running allocation; the one before it is the previous run
-    if len(rows) < 2:
-        return None, None
-    return rows[-2].state, rows[-2].end
 
 
 def _read_status(run_dir: Path) -> str | None:

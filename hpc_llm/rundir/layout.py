@@ -126,8 +126,9 @@ class RunDir:
     def heartbeats(self) -> Path:
         return self.private / "heartbeat"
 
-    def heartbeat(self, rank: int) -> Path:
-        return self.heartbeats / str(rank)
+    def heartbeat_of_node(self, node: str) -> Path:
+        """One file per node, a fixed-size slot per rank on it (hpc_llm.job.heartbeat)."""
+        return self.heartbeats / node
 
     @property
     def failure_reports(self) -> Path:
