@@ -91,6 +91,11 @@ def slurm_attempts(job_id: str, env: dict[str, str]) -> list[tuple[str, list[str
     ]
 
 
+def with_path(site: Path) -> str:
+    """PYTHONPATH with a pip --target dir in front (kept: a checkout run from PYTHONPATH)."""
+    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def rank_at(run_dir: Path, rank: int, batch: int) -> dict:
     return wait_for(
         lambda: beat(run_dir, rank).get("batch", -1) >= batch and beat(run_dir, rank),
@@ -322,7 +327,7 @@ def test_a_node_whose_gpu_fails_every_attempt_is_blamed_left_out_and_the_run_fin
     blamed; the second time it is left out, and the run completes on the others."""
     site = tmp_path / "site"
     pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(site))
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=with_path(site))
     bad_node_file = tmp_path / "bad_node"
     ref = reference(SHORT, slurm_env, pytestconfig)
     args = [*SHORT, "eval.evaluators=[crash]", f"+eval.options.crash.node_file={bad_node_file}"]
@@ -337,3 +342,58 @@ def test_a_node_whose_gpu_fails_every_attempt_is_blamed_left_out_and_the_run_fin
     assert "ECC" in first["error"] and bystander not in first["suspects"]
     assert (second["cause"], second["action"], second["suspects"]) == ("failure", "requeue", [bad]), second
     assert bad not in done["nodes"] and len(done["nodes"]) == 2
+
+
+def scontrol_job(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True, check=True)
+    return dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+
+
+def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(slurm_env, tmp_path, pytestconfig):
+    """An admin cuts a 15-minute job to 50 s from now (`scontrol update TimeLimit`, as before a
+    maintenance). The supervisor reads the new end time (every minute and on Slurm's signal),
+    stops the ranks 20 s before it, saves and requeues: a time limit, not a cancelled run; the
+    later attempts, which keep the shortened limit, finish the training with the same loss."""
+    args = [*ALONE, "train.max_duration=1000ba"]  # the long time-limit test's reference
+    ref = reference(args, slurm_env, pytestconfig)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    limits = ["resources.time=15", "hydra.launcher.signal_lead_s=45", "fault.stop_lead_s=20"]
+    job_id, run_dir = submit([*args, *limits], env, tmp_path)
+    rank_at(run_dir, 0, 10)
+    h, m, sec = (int(x) for x in scontrol_job(job_id, env)["RunTime"].split("-")[-1].split(":"))
+    limit_s = h * 3600 + m * 60 + sec + 50
+
+    def time_limit(value: str) -> None:
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={value}"], env=env, check=True)
+
+    time_limit(f"{limit_s // 60}:{limit_s % 60:02d}")
+    wait_for(lambda: attempts(run_dir)[0]["state"] != "running", 300, "the first attempt to stop")
+    time_limit("15")  # the maintenance is over: the requeued job may finish in one go
+    r = finished(run_dir, 600)
+    same_loss(r, ref)
+    first = r["attempts"][0]
+    assert (first["state"], first["cause"], first["action"]) == ("stopped", "time_limit", "requeue"), first
+    assert first["stopped_at_batch"] > 10 and r["attempts"][1]["resumed_at_batch"] == first["stopped_at_batch"]
+    assert set(r["restarts_by_cause"]) == {"time_limit"} and r["batches_lost"] == 0
+    assert r["slurm_job_ids"] == [job_id]
+
+
+def test_a_preemption_in_the_post_train_stage_ends_completed(slurm_env, tmp_path):
+    """Preempted while the post-train stage runs (held-out eval, HF export: tens of minutes at
+    70B; the test plugin's evaluator sleeps 40 s on its first try, longer than the partition's
+    20 s grace time): the attempt is a preemption, the next one resumes at max_duration, goes
+    straight to the post-train stage, and the run is completed with every batch trained."""
+    site = tmp_path / "site"
+    pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=with_path(site))
+    args = [*ALONE, "train.max_duration=30ba", "eval.evaluators=[crash]"]
+    args += ["+eval.options.crash.at_batch=1000000", "+eval.options.crash.post_s=40"]
+    job_id, run_dir = submit(args, env, tmp_path)
+    wait_for(lambda: (Path(run_dir) / "crash_post_started").exists(), 300, "the post-train stage to start")
+    preempt(job_nodes(job_id, env), env)
+    r = finished(run_dir, 300)
+    assert r["status"] == "completed" and r["batches_done"] == 30, r.get("error")
+    first, *_, last = r["attempts"]
+    assert (first["cause"], first["action"]) == ("preemption", "requeue"), first
+    assert last["resumed_at_batch"] == 30 and r["eval"]["crash_post_first_attempt"] is False
+    assert set(r["restarts_by_cause"]) == {"preemption"}, r["restarts_by_cause"]

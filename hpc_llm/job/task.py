@@ -171,7 +171,32 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
     t0 = time.time()
     with training_done_goes_on():
         trainer = foundry_train(OmegaConf.create(train_cfg))
+    note_training_end(ctx, trainer)
     return trainer, time.time() - t0
+
+
+def note_training_end(ctx: JobContext, trainer: Any) -> None:
+    """The attempt's record as training ends, before the post-train stage: the final checkpoint
+    (Composer's saver writes it in its own fit_end, after hpc_llm's callback has run its, so
+    that callback cannot see it) and, for an attempt that found training done, where it
+    resumed (no fit ran, so no fit_start noted it). Without them a preemption in the
+    post-train stage looked like an attempt that saved nothing, resumed at batch 0."""
+    from composer.callbacks import CheckpointSaver
+
+    if ctx.record is None:
+        return
+    batch = int(trainer.state.timestamp.batch)
+    changes: dict[str, Any] = {"last_batch": batch}
+    if getattr(trainer, SKIPPED_FIT, False):
+        changes["resumed_at_batch"] = batch
+    saver = next((cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver)), None)
+    if saver is not None and saver.last_checkpoint_batch is not None:
+        changes["checkpoint_batch"] = int(saver.last_checkpoint_batch)
+    ctx.record.note(**changes)
+
+
+#: set on a Trainer whose fit found training already done (training_done_goes_on)
+SKIPPED_FIT = "_hpc_llm_training_was_done"
 
 
 @contextlib.contextmanager
@@ -190,6 +215,7 @@ def training_done_goes_on() -> Iterator[None]:
         if not args and not kwargs and md is not None and md <= self.state.timestamp.get(md.unit):
             log.warning("training already reached max_duration (%s): going on to the post-train stage", md)
             heartbeat.phase("post")
+            setattr(self, SKIPPED_FIT, True)
             return None
         return original(self, *args, **kwargs)
 

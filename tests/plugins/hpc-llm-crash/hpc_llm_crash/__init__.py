@@ -8,7 +8,10 @@ Composer callback that raises ``RuntimeError`` at the end of batch
 on the node named in that file (read when it is due) raises a CUDA ECC error
 ``after`` batches into every attempt, wherever the attempt resumed. It is a
 real third-party package, installed with pip and found through its entry
-point, so the code under test needs no fault-injection hook.
+point, so the code under test needs no fault-injection hook. ``post_s`` makes
+its post-train step take that long on the first attempt that reaches it (a
+70B held-out eval or HF export takes tens of minutes), so a test can preempt a
+run there.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class CrashAt(Evaluator):
         rank: int = 0
         node_file: Optional[str] = None  # noqa: UP045 - OmegaConf structured configs read Optional
         after: int = 7
+        post_s: float = 0.0
 
     def train_config(self, section: Any, plan: Any, data: dict[str, Any]) -> dict[str, Any]:
         opts = self.options(section)
@@ -68,6 +72,16 @@ class CrashAt(Evaluator):
         if opts.node_file:
             args["node_file"] = str(opts.node_file)
         return {"callbacks": {CALLBACK: args}}
+
+    def after_train(self, section: Any, trainer: Any, ctx: Any) -> dict[str, Any]:
+        import time
+
+        marker = Path(ctx.run_dir) / "crash_post_started"
+        first = not marker.exists()
+        marker.touch()
+        if first:
+            time.sleep(float(self.options(section).post_s))
+        return {"crash_post_first_attempt": first}
 
     def prepare(self, section: Any, ctx: Any) -> None:
         from llmfoundry.registry import callbacks
