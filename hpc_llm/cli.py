@@ -32,13 +32,16 @@ def compose(overrides: Sequence[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from hpc_llm.config import foundry_yaml
     from hpc_llm.config.overrides import adding_keys
     from hpc_llm.config.store import register_configs
     from hpc_llm.paths import conf_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=adding_keys(overrides), return_hydra_config=True)
+        cfg = hydra_compose(config_name="config", overrides=adding_keys(overrides), return_hydra_config=True)
+    foundry_yaml.apply(cfg)
+    return cfg
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -77,8 +80,23 @@ def cmd_config(args: argparse.Namespace) -> int:
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
     train = build_train_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
+    if args.as_yaml:
+        # a plain LLM Foundry yaml to start from: without what hpc_llm adds at run time
+        sys.stdout.write(yaml.safe_dump(as_plain_yaml(train), sort_keys=False))
+        return 0
     sys.stdout.write(yaml.safe_dump(train, sort_keys=False))
+    if cfg.yaml:
+        from hpc_llm.config.foundry_yaml import changes
+
+        sys.stdout.write(f"\n# what hpc_llm added or changed against {cfg.yaml} (docs/llmfoundry-yaml.md):\n")
+        sys.stdout.write(changes(str(cfg.yaml), train))
     return 0
+
+
+def as_plain_yaml(train: dict) -> dict:
+    from hpc_llm.config.train_config import without_run_time_keys
+
+    return without_run_time_keys(train)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -335,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plugins)
     p = sub.add_parser("config", help="print the resolved LLM Foundry train config")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
+    p.add_argument(
+        "--as-yaml",
+        action="store_true",
+        help="a plain LLM Foundry yaml to edit and run with yaml=PATH (without hpc_llm's run-time keys)",
+    )
     p.set_defaults(func=cmd_config)
     p = sub.add_parser("render", help="print the sbatch script a Slurm run would submit")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")

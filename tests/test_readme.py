@@ -91,6 +91,21 @@ COVERED: dict[str, Run | By] = {
     ),
     "hpc-llm plugins": Run(("plugins",), out="data source"),
     "hpc-llm config +experiment=mpt_tiny": Run(("config", "+experiment=mpt_tiny"), out="max_duration"),
+    # -- your own LLM Foundry yaml ----------------------------------------------------
+    "python -m hpc_llm yaml=mpt-125m.yaml train.variables.data_local=/scratch/c4": By(
+        "tests/test_foundry_yaml.py::test_a_foundry_pretraining_yaml_runs_unchanged_with_only_its_variables_pointed_at_the_data",  # noqa: E501
+        ("yaml=", "train.variables.data_local="),
+    ),
+    "python -m hpc_llm yaml=mpt-125m.yaml hydra/launcher=slurm resources.nodes=1,2,4,8": By(
+        "tests/test_foundry_yaml.py::test_the_same_yaml_sweeps_node_counts_on_slurm",
+        ("yaml=", "hydra/launcher=slurm", "resources.nodes=1,2"),
+    ),
+    "hpc-llm config yaml=mpt-125m.yaml": By(
+        "tests/test_foundry_yaml.py::test_config_shows_what_hpc_llm_added_against_the_file", ('"config"', "yaml=")
+    ),
+    "hpc-llm config +experiment=mpt7b_dolly --as-yaml > mine.yaml": By(
+        "tests/test_foundry_yaml.py::test_a_preset_written_out_as_yaml_trains_the_same", ('"--as-yaml"', "mine.yaml")
+    ),
     # -- on Slurm ----------------------------------------------------------------------
     "eval $(hpc-llm dev-cluster up --nodes 3)": Run(("dev-cluster", "up", "--nodes", "3"), needs="cluster-root"),
     "hpc-llm dev-cluster down": Run(("dev-cluster", "down"), needs="cluster-root"),

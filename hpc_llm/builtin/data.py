@@ -6,7 +6,7 @@ against the merged LLM Foundry train config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,6 +84,27 @@ class LocalMds(DataSource):
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         local = str(Path(section.path).expanduser().resolve())
         return text_loaders(section, local=local, workers=workers_for(plan.device))
+
+
+class FromYaml(DataSource):
+    name = "yaml"
+    description = "the loaders of an LLM Foundry train yaml (yaml=PATH), as written"
+
+    @dataclass
+    class Options:
+        # The local paths the yaml reads (data, tokenizer, model), set when it is read
+        # (hpc_llm/config/foundry_yaml.py): a container binds them.
+        paths: list[str] = field(default_factory=list)
+
+    def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        # the yaml's train_loader / eval_loader / tokenizer are the train config's own keys; its
+        # local paths were checked when the yaml was read
+        return {}
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        return [
+            HostPath(str(Path(p).expanduser().resolve()), "a path the yaml reads") for p in self.options(section).paths
+        ]
 
 
 class RemoteMds(DataSource):
@@ -232,3 +253,4 @@ def hpc_llm_register_data_sources(register) -> None:
     register(RemoteMds())
     register(C4())
     register(Finetuning())
+    register(FromYaml())

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm import hookimpl
 from hpc_llm.config.plan import JobPlan
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.plugins.base import ParallelismStrategy
 
 # FSDP1 defaults from LLM Foundry's pretraining yamls; FSDP2 takes a subset. Checkpoints
@@ -101,15 +101,22 @@ class FSDP(ParallelismStrategy):
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         version = fsdp_version(section, plan)
         allowed_keys = FSDP2_KEYS if version == 2 else FSDP1_KEYS
-        for key in section.options or {}:
-            if key not in allowed_keys:
-                raise ConfigError(
-                    f"parallelism.options.{key}: not an FSDP{version} option; "
-                    f"allowed: {', '.join(sorted(allowed_keys))}"
-                )
+        unknown = [key for key in section.options or {} if key not in allowed_keys]
+        if unknown and section.lenient:
+            warn_once(
+                f"fsdp_config: FSDP{version} is used ({'on CPU Composer needs FSDP2' if version == 2 else 'GPU'}), "
+                f"which has no {', '.join(unknown)}: left out (parallelism.fsdp_version picks the version)"
+            )
+        elif unknown:
+            raise ConfigError(
+                f"parallelism.options.{unknown[0]}: not an FSDP{version} option; "
+                f"allowed: {', '.join(sorted(allowed_keys))}"
+            )
 
     def _fsdp_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         options = OmegaConf.to_container(section.options, resolve=True) if section.options else {}
+        allowed_keys = FSDP2_KEYS if fsdp_version(section, plan) == 2 else FSDP1_KEYS
+        options = {k: v for k, v in options.items() if k in allowed_keys}  # type: ignore[union-attr]
         if fsdp_version(section, plan) == 2:
             base: dict[str, Any] = {"mixed_precision": "DEFAULT"}
         else:

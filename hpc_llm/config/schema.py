@@ -78,6 +78,10 @@ class ParallelismConfig:
     # Passed through to Composer's FSDP config (mixed_precision,
     # activation_checkpointing, sharding_strategy, ...).
     options: dict[str, Any] = field(default_factory=dict)
+    # An option the FSDP version in use lacks (an FSDP1-only key under FSDP2 on CPU) is
+    # dropped with a warning instead of refused; yaml= runs set it (their fsdp_config was
+    # written for GPUs).
+    lenient: bool = False
 
 
 @dataclass
@@ -276,5 +280,8 @@ class HpcLlmConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # An LLM Foundry train yaml (the file `composer train/train.py` takes), run as written:
+    # it becomes `train` whole (docs/llmfoundry-yaml.md). None: train comes from the presets.
+    yaml: Optional[str] = None
     # LLM Foundry train config (model, optimizer, max_duration, ...).
     train: dict[str, Any] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config import trackers
 from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab, collective_timeout_s
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, warn_once
 
 #: names under which the job registers hpc_llm's logger and callbacks in LLM
 #: Foundry's registries (hpc_llm.job.foundry), so the train config can list them
@@ -25,9 +25,41 @@ PREEMPTION_CALLBACK = "hpc_llm_preemption"
 WATCHDOG_CALLBACK = "hpc_llm_watchdog"
 
 
+def check_owned_keys(cfg: DictConfig) -> None:
+    """``train.*`` keys that hpc_llm owns (docs/llmfoundry-yaml.md), given to a preset
+    experiment: refused or reconciled in one line, never taken silently."""
+    train = cfg.train
+    if "run_name" in train:
+        warn_once(
+            f"train.run_name={train.run_name!r} is not used: hpc_llm names the run <experiment>-<date>-<job>, "
+            "the same on every attempt (Composer's autoresume finds the checkpoints by it)"
+        )
+    if train.get("autoresume") is False and cfg.fault.enabled:
+        raise ConfigError(
+            "train.autoresume=false, but fault.enabled=true resumes requeued attempts from the last "
+            "checkpoint; allowed: checkpoint.autoresume=false with fault.enabled=false"
+        )
+    if cfg.yaml:
+        return  # the yaml's save_folder and fsdp_config are followed (hpc_llm/config/foundry_yaml.py)
+    if "save_folder" in train:
+        raise ConfigError(
+            "train.save_folder: the checkpoint folder is checkpoint.location (hpc_llm prunes and resumes "
+            "from it); allowed: checkpoint.location=PATH or an object-store URI with checkpoint=uri"
+        )
+    if "fsdp_config" in train and cfg.parallelism.name == "ddp":
+        raise ConfigError(
+            "train.fsdp_config given with parallelism=ddp, which would ignore it; allowed: parallelism=fsdp "
+            "(or hsdp) with parallelism.options.<key>=..."
+        )
+
+
 def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> dict[str, Any]:
     plan = job.plan
+    check_owned_keys(cfg)
     data = job.data.train_config(cfg.data, plan)
+    if cfg.yaml:
+        # the evaluators read the loaders they need from the data fragment: a yaml's own
+        data = {k: copy.deepcopy(v) for k, v in cfg.train.items() if k in ("train_loader", "eval_loader")}
     fragments: list[dict[str, Any]] = [
         data,
         job.parallelism.train_config(cfg.parallelism, plan),
@@ -39,7 +71,6 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
         data.pop("eval_loader", None)
     fragments.extend(eval_fragments)
     ours: dict[str, Any] = {
-        "run_name": run_name,
         "loggers": {RESULTS_LOGGER: {}, **trackers.train_loggers(cfg, plan.run_dir, run_name, plan.nodes)},
         # torch.distributed's process-group timeout: a stuck collective raises
         "dist_timeout": collective_timeout_s(cfg, job.plan),
@@ -60,7 +91,7 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
         ours["callbacks"] = callbacks
     fragments.append(ours)
     merged: dict[str, Any] = {}
-    for fragment in [*fragments, OmegaConf.to_container(cfg.train, resolve=False)]:
+    for fragment in [*fragments, OmegaConf.to_container(cfg.train, resolve=False), {"run_name": run_name}]:
         _deep_merge(merged, fragment)  # type: ignore[arg-type]
     # one OmegaConf pass resolves ${max_seq_len}-style references against the result
     resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
@@ -89,3 +120,19 @@ def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             _deep_merge(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
+
+
+def without_run_time_keys(train: dict[str, Any]) -> dict[str, Any]:
+    """A train config as a plain LLM Foundry yaml (``hpc-llm config --as-yaml``): without the
+    keys hpc_llm sets for one run (run_name, the run dir's save_folder, its logger and
+    callbacks), which it sets again when the yaml is run with ``yaml=PATH``."""
+    out = copy.deepcopy(train)
+    out.pop("run_name", None)
+    out.pop("save_folder", None)
+    for section, ours in (("loggers", (RESULTS_LOGGER,)), ("callbacks", (PREEMPTION_CALLBACK, WATCHDOG_CALLBACK))):
+        kept = {k: v for k, v in (out.get(section) or {}).items() if k not in ours}
+        if kept:
+            out[section] = kept
+        else:
+            out.pop(section, None)
+    return out

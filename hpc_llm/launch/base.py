@@ -15,6 +15,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
 
+from hpc_llm.config import foundry_yaml
 from hpc_llm.config.store import require_schema
 from hpc_llm.errors import Failed, warn_once
 from hpc_llm.results import console
@@ -133,6 +134,7 @@ class BaseLauncher(Launcher):
             cfg = cached
         else:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            foundry_yaml.apply(cfg)
         with open_dict(cfg):
             cfg.hydra.job.id = f"{self.kind}_{idx}"
             cfg.hydra.job.num = idx

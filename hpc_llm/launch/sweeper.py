@@ -19,6 +19,7 @@ from hydra.core.override_parser.types import Override
 from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
+from hpc_llm.config import foundry_yaml
 from hpc_llm.config.store import require_schema
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, copy_config
@@ -45,6 +46,7 @@ class ValidatingSweeper(BasicSweeper):
         if getattr(task_function, "__module__", None) == "hpc_llm.app":  # hpc_llm's own app, not any Hydra app
             require_schema(config)  # before the sweep dir exists
         check_launcher_options(config.hydra.launcher)  # before Hydra instantiates the launcher with them
+        foundry_yaml.apply(config)  # yaml=PATH names the sweep dir (outputs/<yaml stem>/...) as its jobs do
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def compose_jobs(self, arguments: list[str]) -> dict[tuple[str, ...], DictConfig]:
@@ -66,6 +68,7 @@ class ValidatingSweeper(BasicSweeper):
                     cfg = loader.load_sweep_config(self.config, list(job_overrides))
                     if shape is not None:
                         composed[shape] = cfg
+                foundry_yaml.apply(cfg)  # yaml=PATH: the yaml is the job's train config
                 with open_dict(cfg):
                     cfg.hydra.job.num = len(jobs)
                 jobs[tuple(job_overrides)] = cfg

@@ -1,0 +1,247 @@
+"""``yaml=PATH``: the LLM Foundry train yaml a user already has, run as written.
+
+The file is the one ``composer train/train.py PATH`` takes. It becomes the job's
+``train`` section whole: none of the default experiment's model or data is
+merged into it. ``train.<key>=...`` on the command line (``train.variables.*``
+included) is applied to it first, then its interpolations are resolved here,
+on the login node, as LLM Foundry would resolve them in the job. hpc_llm's own
+sections then follow the yaml, so what hpc_llm does around the run (the
+checkpoint folder it prunes and resumes from, the parallelism plugin, the
+evaluators) agrees with it: :data:`FOLLOWS`. What hpc_llm itself sets in the
+train config is listed once, in :data:`OWNED` (and in
+docs/llmfoundry-yaml.md, which a test compares with it); ``hpc-llm config
+yaml=PATH`` shows every line it added or changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml as pyyaml
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from hpc_llm.errors import ConfigError, warn_once
+
+#: what hpc_llm sets in a train config it runs, and why running under hpc_llm needs it
+OWNED: dict[str, str] = {
+    "run_name": "set to <experiment>-<date>-<job>, the same on every attempt: Composer's autoresume "
+    "finds the run's checkpoints by it (a yaml's own run_name, or null, would break resume "
+    "or collide between the points of a sweep)",
+    "save_folder": "the run dir's checkpoints/ when the yaml has none (kept when it has one): a requeued "
+    "attempt resumes from it",
+    "autoresume": "true: a requeued or restarted attempt continues from the last checkpoint "
+    "(false is refused while fault.enabled=true)",
+    "save_interval": "checkpoint.interval when the yaml has none",
+    "save_num_checkpoints_to_keep": "checkpoint.keep when the yaml has none; hpc_llm also prunes "
+    "what earlier attempts left beyond it",
+    "save_overwrite": "false when the yaml has none: a requeued attempt must not overwrite a checkpoint",
+    "loggers": "hpc_llm_results added (it writes results.json), and the tracker of logger=...; "
+    "the yaml's loggers are kept",
+    "callbacks": "hpc_llm_preemption added while fault.enabled (saves and stops at Slurm's signal), "
+    "hpc_llm_watchdog while watchdog.enabled; the yaml's callbacks are kept",
+    "dist_timeout": "fault.collective_timeout_s (default 600 s, or half the time limit) when the yaml "
+    "has none: a stuck collective ends before the allocation does",
+}
+
+#: hpc_llm's sections that take their values from the yaml (section key: yaml key)
+FOLLOWS: dict[str, str] = {
+    "checkpoint.location": "save_folder",
+    "checkpoint.interval": "save_interval",
+    "checkpoint.keep": "save_num_checkpoints_to_keep",
+    "checkpoint.load_path": "load_path",
+    "eval.interval": "eval_interval",
+    "parallelism.name": "fsdp_config (fsdp when present, else ddp)",
+    "parallelism.options": "fsdp_config",
+    "data.name": "train_loader (data source 'yaml': the yaml's own loaders)",
+}
+
+#: the data source of a yaml run: the yaml's loaders as written (hpc_llm/builtin/data.py)
+DATA_SOURCE = "yaml"
+
+
+def experiment_name(path: str) -> str:
+    """A yaml run's experiment name (its run dirs' folder): the file's stem."""
+    return Path(path).stem or "yaml"
+
+
+def load(path: str) -> DictConfig:
+    """The yaml as a mapping, interpolations unresolved; or one ConfigError line."""
+    p = Path(path).expanduser()
+    allowed = "allowed: the path of an LLM Foundry train yaml (the file `composer train/train.py` takes)"
+    if not p.is_file():
+        raise ConfigError(f"yaml={path}: no such file; {allowed}")
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"yaml={path}: cannot be read ({exc.strerror}); {allowed}") from None
+    try:
+        data = pyyaml.safe_load(text)
+    except pyyaml.YAMLError as exc:
+        # where the broken construct starts (an unclosed bracket is only noticed at the end)
+        where = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(f"yaml={path}: not valid YAML{at}; {allowed}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"yaml={path} holds a {type(data).__name__}, not a mapping of train-config keys; {allowed}")
+    return OmegaConf.create(data)
+
+
+def _train_overrides(cfg: DictConfig) -> list[tuple[str, Any, bool]]:
+    """(key below train, value, delete) of this job's ``train.*`` command-line overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
+    out = []
+    for o in OverridesParser.create().parse_overrides(task):
+        if o.key_or_group == "experiment" and o.is_add():
+            raise ConfigError(
+                f"yaml={cfg.yaml} together with +experiment={o.value()}: the yaml is the whole train config; "
+                "allowed: one of them"
+            )
+        if o.key_or_group.startswith("train.") and not o.is_sweep_override():  # (the sweep's own config)
+            out.append((o.key_or_group.removeprefix("train."), o.value(), o.is_delete()))
+    return out
+
+
+def _resolved(node: DictConfig, path: str) -> dict[str, Any]:
+    try:
+        out = OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"yaml={path}: {key + ': ' if key else ''}{first}; allowed: an entry under variables: "
+            "or train.variables.<name>=... on the command line"
+        ) from None
+    return out  # type: ignore[return-value]
+
+
+def _looks_local(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(("/", "./", "../", "~"))
+
+
+def local_paths(train: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) of every local path the yaml reads that must exist before the job starts:
+    loaders' datasets without a remote, tokenizer and model directories. Remote URIs and hub
+    ids pass through (they are the job's to fetch)."""
+    out: list[tuple[str, str]] = []
+    for loader in ("train_loader", "eval_loader"):
+        section = train.get(loader)
+        for i, one in enumerate(section if isinstance(section, list) else [section]):
+            ds = (one or {}).get("dataset") or {}
+            name = f"{loader}{f'[{i}]' if isinstance(section, list) else ''}.dataset"
+            if ds.get("local") and not ds.get("remote"):
+                out.append((f"{name}.local", str(ds["local"])))
+            if _looks_local(ds.get("hf_name")):
+                out.append((f"{name}.hf_name", str(ds["hf_name"])))
+    if _looks_local((train.get("tokenizer") or {}).get("name")):
+        out.append(("tokenizer.name", str(train["tokenizer"]["name"])))
+    if _looks_local((train.get("model") or {}).get("pretrained_model_name_or_path")):
+        out.append(("model.pretrained_model_name_or_path", str(train["model"]["pretrained_model_name_or_path"])))
+    return out
+
+
+def check_paths(train: dict[str, Any], path: str) -> None:
+    for key, value in local_paths(train):
+        if not Path(value).expanduser().exists():
+            raise ConfigError(
+                f"yaml={path}: train.{key}={value!r} does not exist; allowed: a path the nodes see "
+                f"(override it with train.{key}=... or through train.variables), or a remote URI"
+            )
+
+
+def apply(cfg: DictConfig) -> None:
+    """Make ``cfg.train`` the yaml (plus the command line's ``train.*``) and point hpc_llm's
+    sections at what the yaml says (:data:`FOLLOWS`). A no-op without ``yaml=``."""
+    path = OmegaConf.select(cfg, "yaml", default=None)
+    if not path:
+        return
+    node = load(str(path))
+    for key, value, delete in _train_overrides(cfg):
+        if delete:
+            parent_key, _, leaf = key.rpartition(".")
+            parent = OmegaConf.select(node, parent_key) if parent_key else node
+            if isinstance(parent, DictConfig) and leaf in parent:
+                del parent[leaf]
+        else:
+            OmegaConf.update(node, key, value, merge=True, force_add=True)
+    train = _resolved(node, str(path))
+    check_paths(train, str(path))
+    if train.get("autoresume") is False and cfg.fault.enabled:
+        raise ConfigError(
+            f"yaml={path} sets autoresume: false, but fault.enabled=true resumes requeued attempts from "
+            "the last checkpoint; allowed: train.autoresume=true, or fault.enabled=false to run it as written"
+        )
+    save_folder = train.get("save_folder")
+    if save_folder and "://" not in str(save_folder):
+        # the ranks work in node-local scratch: a relative folder would be a different one on each node
+        train["save_folder"] = save_folder = str(Path(str(save_folder)).expanduser().resolve())
+    if cfg.cluster.device == "cpu":
+        cpu_stand_ins(train, str(path))
+    with open_dict(cfg):
+        if cfg.experiment == "default":
+            cfg.experiment = experiment_name(str(path))  # the run dirs: outputs/<yaml stem>/<date>
+        fsdp = train.pop("fsdp_config", None)
+        cfg.train = train
+        cfg.data.name = DATA_SOURCE
+        cfg.data.options = {"paths": [p for _, p in local_paths(train)]}  # bound into a container
+        cfg.parallelism.name = "fsdp" if fsdp else "ddp"
+        cfg.parallelism.options = fsdp or {}
+        cfg.parallelism.lenient = True
+        if save_folder:
+            cfg.checkpoint.name = "uri" if "://" in str(save_folder) else "folder"
+            cfg.checkpoint.location = str(save_folder)
+        for section_key, yaml_key in (
+            ("checkpoint.interval", "save_interval"),
+            ("checkpoint.keep", "save_num_checkpoints_to_keep"),
+            ("checkpoint.load_path", "load_path"),
+            ("eval.interval", "eval_interval"),
+        ):
+            value = train.get(yaml_key)
+            if value is not None:
+                OmegaConf.update(cfg, section_key, str(value) if section_key.endswith("interval") else value)
+        if "eval_loader" not in train and "heldout" in cfg.eval.evaluators:
+            # held-out metrics come from the yaml's own eval_loader; without one there are none
+            cfg.eval.evaluators = [e for e in cfg.eval.evaluators if e != "heldout"]
+            warn_once(f"yaml={path} has no eval_loader: no held-out evaluation (evaluator 'heldout' left out)")
+
+
+#: what a yaml written for GPUs uses that has no CPU implementation: (key, GPU values, None
+#: standing for LLM Foundry's default, CPU stand-in); a CPU profile runs the stand-in and says so
+CPU_STAND_INS = (
+    ("precision", ("amp_bf16", "amp_fp16", "amp_fp8"), "fp32"),  # Composer: "not supported for CPU training"
+    ("model.loss_fn", ("fused_crossentropy", None), "torch_crossentropy"),  # MPT's default needs CUDA
+    ("model.attn_config.attn_impl", ("flash", "triton", None), "torch"),
+    # Composer's FSDP meta init materialises parameters with to_empty(device="cuda")
+    ("model.init_device", ("meta", "mixed"), "cpu"),
+)
+
+
+def cpu_stand_ins(train: dict[str, Any], path: str) -> None:
+    """A yaml written for GPUs on a CPU profile (this machine's tests, a laptop): what has no
+    CPU implementation is swapped for its stand-in, in one line each."""
+    node = OmegaConf.create(train)
+    is_mpt = OmegaConf.select(node, "model.name", default=None) == "mpt_causal_lm"
+    for key, gpu_values, stand_in in CPU_STAND_INS:
+        if key.startswith("model.") and not is_mpt:
+            continue
+        value = OmegaConf.select(node, key, default=None)
+        if value in gpu_values and (value is not None or key.startswith("model.")):
+            OmegaConf.update(node, key, stand_in, force_add=True)
+            warn_once(
+                f"yaml={path}: {key}={value or '(default)'} needs a GPU; cluster.device=cpu runs "
+                f"{stand_in} (a GPU profile such as cluster=h100 runs the yaml's)"
+            )
+    train.clear()
+    train.update(OmegaConf.to_container(node))  # type: ignore[arg-type]
+
+
+def changes(path: str, train: dict[str, Any]) -> str:
+    """What hpc_llm added or changed against the file, as a unified diff of the two yamls."""
+    before = pyyaml.safe_dump(_resolved(load(path), path), sort_keys=True).splitlines()
+    after = pyyaml.safe_dump(train, sort_keys=True).splitlines()
+    diff = difflib.unified_diff(before, after, fromfile=path, tofile="the train config hpc_llm runs", lineterm="")
+    return "\n".join(diff) + "\n"
