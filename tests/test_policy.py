@@ -75,6 +75,14 @@ S3_SLOWDOWN = (
 ROWS = [
     # (id, history, current kwargs, stop kwargs, settings, expected (action, cause), extra checks)
     ("completed", [], {"state": "completed"}, {"returncode": 0}, S, ("done", "completed")),
+    (
+        "completed, then the time-limit signal kills the exiting ranks: still done",
+        [],
+        {"state": "completed"},
+        {"returncode": 1, "stop_cause": "time_limit", "task_errors": (TaskError("n1", "0", "User defined signal 2"),)},
+        S,
+        ("done", "completed"),
+    ),
     ("no recovery: the exit code is all", [], {}, {"returncode": 3}, Settings(recover=False), ("fail", "failure")),
     (
         "time limit, saved",

@@ -293,8 +293,12 @@ def decide(
     """What this stop means and what to do. ``history``: the run's attempts before this one;
     ``current``: this attempt as rank 0 left it; ``earlier_failures``: rank failure reports of
     earlier attempts (where an error repeats decides whose it is)."""
-    if current.state == "completed" and stop.returncode == 0:
-        return Decision("done", "completed", "training and the post-train stage finished", "completed")
+    if current.state == "completed":
+        # rank 0 records completed after the post-train stage's barrier: every rank's work is
+        # done, and a signal or kill while the processes exit (a time limit, a preemption that
+        # lands then) changes nothing of it (seen on the dev cluster: a completed run requeued)
+        notes = () if stop.returncode == 0 else (f"the step exited with {stop.returncode} after the run completed",)
+        return Decision("done", "completed", "training and the post-train stage finished", "completed", notes=notes)
     if not s.recover:
         first = stop.task_errors[0] if stop.task_errors else None
         last_words = f"srun: error: {first.node}: task {first.tasks}: {first.what}" if first else None
