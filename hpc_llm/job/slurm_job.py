@@ -159,14 +159,7 @@ def exclude(ref: str, nodes: list[str]) -> str | None:
         out = _run(["scontrol", "update", f"JobId={ref}", f"ExcNodeList={','.join(nodes)}"])
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
-    said = " ".join(out.stderr.split())
-    if out.returncode == 0 or "Job is pending execution" in said:
-        # ESLURM_JOB_PENDING (job_mgr.c, _job_requeue_op): slurmctld requeued the job itself first
-        # (a preemption whose grace time ended, a node failure) while this stop was decided; what
-        # we asked for has happened (seen on the dev cluster: a preemption in the post-train
-        # stage was failed for it)
-        return None
-    return said or f"exit {out.returncode}"
+    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
 
 
 def previous_state(job_id: str) -> tuple[str | None, float | None]:
