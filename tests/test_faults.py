@@ -188,14 +188,21 @@ def test_an_exception_before_the_first_batch_is_not_retried(slurm_env, tmp_path)
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
 
 
-def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path, pytestconfig):
-    args = [*ALONE, "train.max_duration=300ba"]
-    ref = reference(args, slurm_env, pytestconfig)
+def preempted_run(args: list[str], slurm_env: dict[str, str], tmp_path: Path) -> tuple[str, dict]:
+    """Submit ``args`` (an exclusive one-node run), preempt it once it passes batch 20, and
+    wait for it to end: its job id and results."""
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
     job_id, run_dir = submit(args, env, tmp_path)
     rank_at(run_dir, 0, 20)
     preempt(job_nodes(job_id, env), env)
-    r = finished(run_dir, 300)
+    return job_id, finished(run_dir, 300)
+
+
+def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path, pytestconfig):
+    args = [*ALONE, "train.max_duration=300ba"]
+    ref = reference(args, slurm_env, pytestconfig)
+    job_id, r = preempted_run(args, slurm_env, tmp_path)
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
     same_loss(r, ref)
     first, second = r["attempts"]
     assert (first["state"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")

@@ -241,18 +241,14 @@ def test_a_foundry_finetuning_yaml_of_a_local_llama_trains_with_fsdp_and_exports
 def test_a_preempted_yaml_run_resumes_exactly(slurm_env, cache_dir, tmp_path, pytestconfig):
     """The yaml on one exclusive Slurm node, preempted mid-training: it saves, is requeued and
     ends with the final loss of an uninterrupted run of the same yaml."""
-    from tests.jobs import ALONE, finished, job_nodes, preempt, submit
-    from tests.test_faults import rank_at, reference, same_loss
+    from tests.jobs import ALONE
+    from tests.test_faults import preempted_run, reference, same_loss
 
     alone = [a for a in ALONE if not a.startswith("+experiment=")]
     args = [f"yaml={PRETRAIN}", *pointed(corpus(cache_dir)), *alone, "train.max_duration=300ba"]
     args.append("train.eval_interval=100ba")  # the yaml's 6ba: fifty evaluations of a short run
     ref = reference(args, slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit(args, env, tmp_path)
-    rank_at(run_dir, 0, 20)
-    preempt(job_nodes(job_id, env), env)
-    r = finished(run_dir, 300)
+    _, r = preempted_run(args, slurm_env, tmp_path)
     same_loss(r, ref)
     first, second = r["attempts"]
     assert (first["cause"], first["action"]) == ("preemption", "requeue")
