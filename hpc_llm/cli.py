@@ -13,6 +13,7 @@
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
     hpc-llm preflight [overrides]    health checks (all-reduce busbw table, GPUs) on an allocation like the run's
     hpc-llm data prepare NAME --out DIR [--source DIR] [--splits A,B] [overrides]
+    hpc-llm model fetch HUB_ID --out DIR [--revision REV]   a hub model into a directory the nodes read
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -345,6 +346,14 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model(args: argparse.Namespace) -> int:
+    from hpc_llm.data import model_fetch
+
+    fetched = model_fetch.fetch(args.repo_id, args.out, revision=args.revision)
+    sys.stdout.write(model_fetch.summary(fetched))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpc-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -434,6 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated splits to write, e.g. train,val_small (default: the data source's)",
     )
     p.set_defaults(func=cmd_data)
+    p = sub.add_parser("model", help="fetch a Hugging Face hub model (weights, config, tokenizer) into a directory")
+    p.add_argument("action", choices=["fetch"])
+    p.add_argument("repo_id", help="a hub model id, e.g. meta-llama/Llama-3.1-8B")
+    p.add_argument("--out", required=True, help="a new directory the compute nodes read (shared filesystem)")
+    p.add_argument("--revision", help="a branch, tag or commit (default: main; the commit fetched is recorded)")
+    p.set_defaults(func=cmd_model)
     return parser
 
 

@@ -144,6 +144,25 @@ def local_paths(train: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def hub_ids(train: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, id) of the model and tokenizer the yaml names by hub id (not a local path, not a URI)."""
+    out = []
+    for key, value in (
+        ("model.pretrained_model_name_or_path", (train.get("model") or {}).get("pretrained_model_name_or_path")),
+        ("tokenizer.name", (train.get("tokenizer") or {}).get("name")),
+    ):
+        # transformers reads an existing directory first, as here, and the hub otherwise
+        if (
+            isinstance(value, str)
+            and value
+            and not _looks_local(value)
+            and "://" not in value
+            and not Path(value).exists()
+        ):
+            out.append((key, value))
+    return out
+
+
 def check_paths(train: dict[str, Any], path: str) -> None:
     for key, value in local_paths(train):
         if not Path(value).expanduser().exists():
@@ -151,6 +170,15 @@ def check_paths(train: dict[str, Any], path: str) -> None:
                 f"yaml={path}: train.{key}={value!r} does not exist; allowed: a path the nodes see "
                 f"(override it with train.{key}=... or through train.variables), or a remote URI"
             )
+
+
+def warn_hub_ids(train: dict[str, Any], path: str) -> None:
+    for key, value in hub_ids(train):
+        # compute nodes of most clusters have no route to the hub: the job would fail at model load
+        warn_once(
+            f"yaml={path}: train.{key}={value!r} is a hub id, downloaded by every node at start; where the "
+            f"nodes cannot reach the hub: hpc-llm model fetch {value} --out DIR, then train.{key}=DIR"
+        )
 
 
 def apply(cfg: DictConfig) -> None:
@@ -175,6 +203,7 @@ def apply(cfg: DictConfig) -> None:
             f"yaml={path} sets autoresume: false, but fault.enabled=true resumes requeued attempts from "
             "the last checkpoint; allowed: train.autoresume=true, or fault.enabled=false to run it as written"
         )
+    warn_hub_ids(train, str(path))
     save_folder = train.get("save_folder")
     if save_folder and "://" not in str(save_folder):
         # the ranks work in node-local scratch: a relative folder would be a different one on each node
