@@ -69,18 +69,30 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         console.print(line)
     for blocked in plugins.blocked:
         console.print(literal(f"blocked: {blocked}"))
+    # where cluster profiles (and other presets) beside the shipped conf/ come from
+    from hpc_llm.config import site
+
+    print("\nsite config directories (searched after the shipped conf/, first match wins):")
+    for d in site.config_dirs():
+        print(f"  {d} ({site.where(d)}{'' if d.is_dir() else ', missing'})")
+    for f in site.site_files():
+        print(f"  {f.choice:32s} {f.path}" + (f"  ({f.note})" if f.note else ""))
     return 1 if collisions else 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
+    from hpc_llm.config.site import origins
     from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
     train = build_train_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
+    # the presets a site directory gave (a cluster profile, ...), as comments the yaml keeps
+    runtime = cfg.hydra.runtime
+    sys.stdout.write("".join(f"# {o.line()}\n" for o in origins(runtime.choices, runtime.config_sources)))
     if args.as_yaml:
         # a plain LLM Foundry yaml to start from: without what hpc_llm adds at run time
         sys.stdout.write(yaml.safe_dump(as_plain_yaml(train), sort_keys=False))

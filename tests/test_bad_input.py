@@ -44,6 +44,15 @@ CASES = [
     (["hydra/launcher=slurm", "hydra.launcher.nodes=4"], "for submitit's nodes use resources.nodes; allowed keys"),
     (["+hydra.launcher.timeout_min=60"], "for submitit's timeout_min use resources.time"),
     (["hydra/launcher=slurm", "+hydra.launcher.gpus_per_node=8"], "use resources.gpus_per_node"),
+    # GPUs: resources.gpus_per_node (+ resources.gpu_type) only, one --gpus-per-node
+    (["resources.gpu_type=h100"], "resources.gpu_type=h100 asks for no GPUs (resources.gpus_per_node=0)"),
+    (["cluster=h100", "resources.gpu_type='gpu:h100'"], "resources.gpu_type='gpu:h100' is not a GPU type"),
+    (
+        ["cluster=h100", "hydra/launcher=slurm", "cluster.sbatch.gres=gpu:h100:8"],
+        "cluster.sbatch.gres='gpu:h100:8' asks Slurm for GPUs beside resources.gpus_per_node=8 "
+        "(--gpus-per-node=8); allowed: GPUs only through resources.gpus_per_node, with resources.gpu_type",
+    ),
+    (["hydra/launcher=slurm", "+hydra.launcher.gres=gpu:8"], "for submitit's gres use resources.gpus_per_node and"),
     # a threshold of checks that do not run
     (["preflight.min_busbw_gbps=300"], "preflight.min_busbw_gbps=300.0 is ignored while preflight.enabled=false"),
     # a sweep given to a command that shows one config (Hydra: a ValueError, then Ambiguous value)

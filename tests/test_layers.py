@@ -36,7 +36,7 @@ IN_JOB_HANDOVERS = {
 
 def core_modules() -> list[str]:
     names = [m.name for m in pkgutil.walk_packages(hpc_llm.__path__, "hpc_llm.")]
-    names += ["hpc_llm", "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins"]
+    names += ["hpc_llm", "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins", "hydra_plugins.hpc_llm_site.searchpath"]
     return sorted(n for n in names if not n.startswith(NOT_CORE) and n != "hpc_llm.__main__")
 
 

@@ -27,6 +27,7 @@ def test_wheel_ships_and_resolves_package_data(tmp_path: Path):
         "hpc_llm/assets/tiny_corpus.txt",
         "hpc_llm/py.typed",
         "hydra_plugins/hpc_llm_launchers/hpc_llm_plugins.py",
+        "hydra_plugins/hpc_llm_site/searchpath.py",
     ):
         assert required in names, required
     site = tmp_path / "site"
@@ -38,12 +39,22 @@ def test_wheel_ships_and_resolves_package_data(tmp_path: Path):
     conf, module = out.stdout.split()
     assert conf == str(site / "hpc_llm" / "_data" / "conf")
     assert module.startswith(str(site))
+    # the installed wheel's Hydra plugin puts a site config directory on the search path
+    profile = tmp_path / "site_conf" / "cluster" / "wheelsite.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text("# @package _global_\ncluster:\n  name: wheelsite\n")
     cfg = subprocess.run(
-        [sys.executable, "-c", "from hpc_llm.cli import main; main()", "config", "+experiment=mpt_tiny", "eval=none"],
-        env=env,
+        [
+            sys.executable,
+            "-c",
+            "from hpc_llm.cli import main; main()",
+            *("config", "+experiment=mpt_tiny", "eval=none", "cluster=wheelsite"),
+        ],
+        env=dict(env, HPC_LLM_CONFIG_PATH=str(profile.parents[1])),
         cwd=tmp_path,
         capture_output=True,
         text=True,
     )
     assert cfg.returncode == 0, explain(cfg)
     assert "max_duration: 40ba" in cfg.stdout
+    assert cfg.stdout.startswith(f"# cluster=wheelsite from {profile} (site config, $HPC_LLM_CONFIG_PATH)\n")

@@ -67,6 +67,8 @@ def _program(cmd: str) -> tuple[str, list[str]]:
     return "other", tokens
 
 
+SITE_TEST = "tests/test_site_profiles.py::test_the_example_site_profile_carries_the_seeds_fabric"
+
 COVERED: dict[str, Run | By] = {
     # -- first lines ---------------------------------------------------------------
     "python3 -m venv .venv && .venv/bin/pip install -e .[train] && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
@@ -103,6 +105,9 @@ COVERED: dict[str, Run | By] = {
     "hpc-llm config yaml=mpt-125m.yaml": By(
         "tests/test_foundry_yaml.py::test_config_shows_what_hpc_llm_added_against_the_file", ('"config"', "yaml=")
     ),
+    "hpc-llm model fetch meta-llama/Llama-3.1-8B --out /shared/models/llama-3.1-8b": By(
+        "tests/test_model_fetch.py::test_fetch_writes_the_model_pinned_and_whole", ('"model", "fetch"', '"--out"')
+    ),
     "hpc-llm config +experiment=mpt7b_dolly --as-yaml > mine.yaml": By(
         "tests/test_foundry_yaml.py::test_a_preset_written_out_as_yaml_trains_the_same", ('"--as-yaml"', "mine.yaml")
     ),
@@ -130,6 +135,22 @@ COVERED: dict[str, Run | By] = {
     "hpc-llm status": Run(("status",), needs="slurm", out="{job_id}"),
     "hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]": Run(("logs", "{run_dir}"), needs="slurm"),
     "hpc-llm cancel <run id | job id | run dir>": Run(("cancel", "{job_id}"), needs="slurm"),
+    # -- your site: tests/test_site_profiles.py copies the example profile the same way ------------
+    "mkdir -p ~/.config/hpc_llm/cluster": By(SITE_TEST, ('mine = tmp_path / "xdg" / "hpc_llm" / "cluster"',)),
+    "cp docs/examples/site/cluster/roce_h100_example.yaml ~/.config/hpc_llm/cluster/mysite.yaml": By(
+        SITE_TEST, ('"roce_h100_example.yaml"', 'shutil.copy(example, mine / "mysite.yaml")')
+    ),
+    "hpc-llm render +experiment=mpt125m_c4 cluster=mysite resources.nodes=8": By(
+        SITE_TEST, ('["render", "+experiment=mpt125m_c4", "cluster=mysite", "resources.nodes=8"',)
+    ),
+    "hpc-llm config cluster=mysite": By(SITE_TEST, ('["config", "cluster=mysite"]',)),
+    "HPC_LLM_CONFIG_PATH=docs/examples/site hpc-llm render +experiment=mpt125m_c4 cluster=roce_h100_example": By(
+        SITE_TEST,
+        (
+            "HPC_LLM_CONFIG_PATH=str(example.parents[1])",
+            '["render", "+experiment=mpt125m_c4", "cluster=roce_h100_example"',
+        ),
+    ),
     # -- sweeps --------------------------------------------------------------------------
     "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1 train.optimizer.lr=1e-4,2e-4,3e-4 hydra.launcher.array_parallelism=2": Run(  # noqa: E501
         (

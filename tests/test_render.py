@@ -95,3 +95,66 @@ def test_keys_of_free_form_mappings_need_no_plus(app_env, runs_dir: Path, tmp_pa
     for text in (script.read_text(), rendered.stdout):
         assert "#SBATCH --constraint=h100" in text and "#SBATCH --reservation=big" in text
         assert "export NCCL_DEBUG=INFO" in text
+
+
+def _gpu_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("#SBATCH --gpus") or "--gres" in line]
+
+
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        ([], "#SBATCH --gpus-per-node=8"),
+        (["resources.gpu_type=h100"], "#SBATCH --gpus-per-node=h100:8"),
+        (["resources.gpu_type=a100", "resources.gpus_per_node=4", "resources.tasks_per_node=4"], None),
+    ],
+    ids=["untyped", "typed", "typed-4"],
+)
+def test_one_gpu_request_typed_or_not(extra, expected, app_env):
+    """resources.gpu_type makes the one --gpus-per-node typed; no --gres beside it."""
+    proc = run_cli(["render", *CASES["sbatch_h100_4nodes.sh"], *extra, *FIXED], app_env)
+    assert proc.returncode == 0, explain(proc)
+    assert _gpu_lines(proc.stdout) == [expected or "#SBATCH --gpus-per-node=a100:4"]
+
+
+def test_other_gres_passes_beside_the_gpu_request(app_env):
+    proc = run_cli(
+        ["render", *CASES["sbatch_h100_4nodes.sh"], "resources.gpu_type=h100", "cluster.sbatch.gres=nvme:1", *FIXED],
+        app_env,
+    )
+    assert proc.returncode == 0, explain(proc)
+    assert _gpu_lines(proc.stdout) == ["#SBATCH --gpus-per-node=h100:8", "#SBATCH --gres=nvme:1"]
+
+
+@pytest.mark.parametrize(
+    "passthrough",
+    [
+        "cluster.sbatch.gres=gpu:h100:8",
+        "cluster.sbatch.gpus_per_node=8",
+        "hydra.launcher.extra_sbatch.gres=gpu:8",
+        "hydra.launcher.extra_sbatch.gpus_per_node=h100:8",
+        "hydra.launcher.extra_sbatch.gpus=32",
+    ],
+)
+@pytest.mark.parametrize("gpu_type", [None, "h100"])
+def test_a_gpu_passthrough_beside_the_request_is_refused_before_anything_exists(
+    passthrough, gpu_type, app_env, runs_dir: Path, tmp_path: Path
+):
+    """Slurm would take both flags (--gpus-per-node=8 and --gres=gpu:h100:8): one line naming
+    the key and resources.gpu_type, from `hpc-llm render` and from a submit alike."""
+    from tests.conftest import run_app
+
+    key = passthrough.split("=")[0]
+    args = [*CASES["sbatch_h100_4nodes.sh"], passthrough] + ([f"resources.gpu_type={gpu_type}"] if gpu_type else [])
+    flag = f"{gpu_type}:8" if gpu_type else "8"
+    for proc in (
+        run_cli(["render", *args], app_env),
+        run_app([*args, "hydra/launcher=slurm"], app_env, cwd=tmp_path),
+    ):
+        assert proc.returncode == 2, explain(proc)
+        [line] = proc.stderr.splitlines()
+        assert line.startswith(f"hpc_llm: error: {key}="), line
+        assert f"asks Slurm for GPUs beside resources.gpus_per_node=8 (--gpus-per-node={flag})" in line
+        assert "resources.gpu_type" in line and line.endswith(f"remove {key}"), line
+        assert proc.stdout == "", explain(proc)
+    assert not runs_dir.exists() and not (tmp_path / "outputs").exists()

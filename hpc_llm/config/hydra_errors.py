@@ -36,7 +36,9 @@ def format_missing(exc: MissingConfigException) -> str:
     options = exc.options or []
     if "/" in missing:
         group, name = missing.rsplit("/", 1)
-        return f"unknown {group} '{name}'; allowed: {allowed(options)}"
+        from hpc_llm.config.site import missing_hint
+
+        return f"unknown {group} '{name}'; allowed: {allowed(options)}{missing_hint(group, name)}"
     first = str(exc).strip().splitlines()[0]
     return f"{first}; allowed: {allowed(options)}" if options else first
 

@@ -72,12 +72,35 @@ def _positive(section: str, key: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+#: a GRES type name as slurm.conf takes it (Gres=gpu:h100:8): no ':' or ',' of the request syntax
+_GPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def check_gpu_type(gpu_type: Any, gpus_per_node: int) -> str | None:
+    """``resources.gpu_type``, checked: a GRES type name, and only with GPUs asked for."""
+    if gpu_type is None:
+        return None
+    text = str(gpu_type)
+    if not _GPU_TYPE.match(text):
+        raise ConfigError(
+            f"resources.gpu_type={gpu_type!r} is not a GPU type; allowed: a GRES type of the cluster "
+            "(as in slurm.conf's Gres=gpu:TYPE:N, e.g. h100, a100), or null for any GPU"
+        )
+    if gpus_per_node < 1:
+        raise ConfigError(
+            f"resources.gpu_type={text} asks for no GPUs (resources.gpus_per_node={gpus_per_node}); "
+            "allowed: resources.gpus_per_node >= 1, or resources.gpu_type=null"
+        )
+    return text
+
+
 def make_plan(cfg: DictConfig, run_dir: str | None = None) -> JobPlan:
     r = cfg.resources
     nodes = _positive("resources", "nodes", r.nodes)
     tasks = _positive("resources", "tasks_per_node", r.tasks_per_node)
     gpus = _positive("resources", "gpus_per_node", r.gpus_per_node, minimum=0)
     cpus = _positive("resources", "cpus_per_task", r.cpus_per_task)
+    check_gpu_type(r.get("gpu_type"), gpus)
     device = cfg.cluster.device
     if device not in DEVICES:
         raise ConfigError(f"cluster.device={device!r}; allowed: {', '.join(DEVICES)}")

@@ -22,6 +22,10 @@ class ResourcesConfig:
     tasks_per_node: int = 2
     # GPUs per node requested from Slurm (--gpus-per-node=N); 0 on CPU-only profiles.
     gpus_per_node: int = 0
+    # GPU type (a GRES type of the cluster's slurm.conf, e.g. h100, a100): --gpus-per-node=h100:8.
+    # None: any GPU (--gpus-per-node=8). The only way to ask for GPUs: a gres or gpus_per_node
+    # in cluster.sbatch / hydra.launcher.extra_sbatch is refused.
+    gpu_type: Optional[str] = None
     # CPU cores per rank (Slurm --cpus-per-task).
     cpus_per_task: int = 1
     # Memory per node (Slurm --mem), e.g. "64G"; None leaves the partition default.

@@ -106,8 +106,10 @@ SUBMITIT_NAMES = {
     "name": "hydra.job.name",
     **{
         k: f"hydra.launcher.extra_sbatch.{k}"
-        for k in ("constraint", "exclude", "gres", "comment", "cpus_per_gpu", "gpus_per_task", "mem_per_cpu")
+        for k in ("constraint", "exclude", "comment", "cpus_per_gpu", "gpus_per_task", "mem_per_cpu")
     },
+    "gres": "resources.gpus_per_node and resources.gpu_type for GPUs (e.g. resources.gpu_type=h100), "
+    "hydra.launcher.extra_sbatch.gres for other GRES",
     "mem_per_gpu": "hydra.launcher.extra_sbatch.mem_per_gpu",
 }
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_llm.config.plan import parse_time_limit
+from hpc_llm.config.plan import check_gpu_type, parse_time_limit
 from hpc_llm.errors import ConfigError
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.slurm.render import SbatchSpec
@@ -32,19 +32,69 @@ class JobResources:
     cpus_per_task: int = 1
     mem_per_node: str | None = None
     time_s: int = 3600
+    #: a GRES type (h100): --gpus-per-node=h100:8; None: any GPU
+    gpu_type: str | None = None
+
+    @property
+    def gpus_flag(self) -> str | int | None:
+        """The one --gpus-per-node value of the job (None: no GPUs)."""
+        if not self.gpus_per_node:
+            return None
+        return f"{self.gpu_type}:{self.gpus_per_node}" if self.gpu_type else self.gpus_per_node
 
 
 def job_resources(cfg: DictConfig, opts: DictConfig) -> JobResources:
+    """The job's resources; raises on an unparsable time limit or a GPU request outside them."""
     r = OmegaConf.select(cfg, str(opts.resources_key), default=None) or {}
     time_text = opts.time or r.get("time") or "01:00:00"
-    return JobResources(
+    gpus = int(r.get("gpus_per_node", 0) or 0)
+    res = JobResources(
         nodes=int(r.get("nodes", 1)),
         tasks_per_node=int(r.get("tasks_per_node", 1)),
-        gpus_per_node=int(r.get("gpus_per_node", 0) or 0),
+        gpus_per_node=gpus,
         cpus_per_task=int(r.get("cpus_per_task", 1)),
         mem_per_node=r.get("mem_per_node"),
         time_s=parse_time_limit(time_text),
+        gpu_type=check_gpu_type(r.get("gpu_type"), gpus),
     )
+    check_gpu_passthrough(cfg, opts, res)
+    return res
+
+
+#: #SBATCH keys that ask for GPUs per node or in all (gres only for its gpu entries)
+GPU_FLAGS = ("gpus_per_node", "gpus", "gres")
+
+
+def _asks_gpus(key: str, value: Any) -> bool:
+    if key != "gres":
+        return True
+    # --gres=gpu:h100:8,nvme:1 (or gres/gpu:8): a GPU request only in its gpu entries
+    return any(e.strip().split(":")[0].removeprefix("gres/") == "gpu" for e in str(value).split(","))
+
+
+def check_gpu_passthrough(cfg: DictConfig, opts: DictConfig, res: JobResources) -> None:
+    """GPUs are asked for in one place, ``resources.gpus_per_node`` (+ ``resources.gpu_type``),
+    rendered as one ``--gpus-per-node``: a gres / gpus_per_node / gpus flag passed through
+    beside it would be a second, conflicting request (Slurm takes both)."""
+    sources = (
+        (f"{opts.cluster_key}.sbatch", OmegaConf.select(cfg, f"{opts.cluster_key}.sbatch", default=None)),
+        ("hydra.launcher.extra_sbatch", opts.extra_sbatch),
+    )
+    for where, flags in sources:
+        for key, value in (flags or {}).items():
+            name = str(key).replace("-", "_")
+            if name in GPU_FLAGS and value not in (None, False) and _asks_gpus(name, value):
+                n, kind = res.gpus_per_node, res.gpu_type
+                asked = (
+                    f"beside resources.gpus_per_node={n} (--gpus-per-node={res.gpus_flag})"
+                    if n
+                    else "outside resources.gpus_per_node (0 here)"
+                )
+                raise ConfigError(
+                    f"{where}.{key}={value!r} asks Slurm for GPUs {asked}; allowed: GPUs only through "
+                    f"resources.gpus_per_node, with resources.gpu_type for a GPU type (resources.gpu_type="
+                    f"{kind or 'h100'} renders --gpus-per-node={kind or 'h100'}:{n or 8}); remove {where}.{key}"
+                )
 
 
 def slurm_time(seconds: int) -> str:
@@ -199,8 +249,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         "exclusive": bool(opts.exclusive if opts.exclusive is not None else cluster.get("exclusive", False)),
         "export": export_list(passthrough),
     }
-    if res.gpus_per_node:
-        flags["gpus_per_node"] = res.gpus_per_node
+    if res.gpus_flag is not None:
+        flags["gpus_per_node"] = res.gpus_flag
     for key, value in sorted((cluster.get("sbatch") or {}).items()):
         flags[str(key)] = value
     for key, value in sorted((opts.extra_sbatch or {}).items()):
