@@ -14,6 +14,7 @@
     hpc-llm preflight [overrides]    health checks (all-reduce busbw table, GPUs) on an allocation like the run's
     hpc-llm data prepare NAME --out DIR [--source DIR] [--splits A,B] [overrides]
     hpc-llm model fetch HUB_ID --out DIR [--revision REV]   a hub model into a directory the nodes read
+    hpc-llm doctor [partition=NAME] [--run RUN_DIR] [--image PATH] [--json] [--write-profile NAME [--force]] [overrides]
 
 Training itself is ``python -m hpc_llm [overrides]``. Nothing here imports
 torch, composer or llmfoundry.
@@ -25,24 +26,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from omegaconf import DictConfig
-
-
-def compose(overrides: Sequence[str]) -> DictConfig:
-    """The job config ``python -m hpc_llm <overrides>`` would compose (one point, no sweep)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from hpc_llm.config import foundry_yaml
-    from hpc_llm.config.overrides import adding_keys
-    from hpc_llm.config.store import register_configs
-    from hpc_llm.paths import conf_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=adding_keys(overrides), return_hydra_config=True)
-    foundry_yaml.apply(cfg)
-    return cfg
+from hpc_llm.config.compose import compose
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -113,32 +97,10 @@ def as_plain_yaml(train: dict) -> dict:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from hpc_llm.config.store import register_configs
-    from hpc_llm.launch.options import SlurmLauncherConf
-    from hpc_llm.launch.sweeper import job_run_dir
+    from hpc_llm.slurm.preview import compose_job
     from hpc_llm.slurm.render import render
-    from hpc_llm.slurm.spec import build_spec
 
-    register_configs()
-    overrides = list(args.overrides)
-    if not any(o.startswith(("hydra/launcher=", "hydra.launcher=")) for o in overrides):
-        overrides.append("hydra/launcher=slurm")
-    cfg = compose(overrides)
-    from omegaconf import OmegaConf, open_dict
-
-    with open_dict(cfg):
-        cfg.hydra.job.num = 0
-    opts: DictConfig = OmegaConf.merge(
-        OmegaConf.structured(SlurmLauncherConf),
-        {  # type: ignore[assignment]
-            k: v for k, v in cfg.hydra.launcher.items() if k in SlurmLauncherConf.__dataclass_fields__
-        },
-    )
-    run_dir = job_run_dir(cfg)
-    from hpc_llm.app import validate_job
-
-    validate_job(cfg, run_dir, preview=True)
-    sys.stdout.write(render(build_spec(cfg, opts, run_dir)))
+    sys.stdout.write(render(compose_job(args.overrides).spec))
     return 0
 
 
@@ -461,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="a new directory the compute nodes read (shared filesystem)")
     p.add_argument("--revision", help="a branch, tag or commit (default: main; the commit fetched is recorded)")
     p.set_defaults(func=cmd_model)
+    from hpc_llm.slurm import doctor
+
+    doctor.add_parser(sub)
     return parser
 
 

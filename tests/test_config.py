@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hpc_llm.builtin.parallelism import hsdp_degrees
-from hpc_llm.cli import compose
+from hpc_llm.config.compose import compose
 from hpc_llm.config.llmfoundry_keys import LLMFOUNDRY_VERSION, TRAIN_CONFIG_KEYS
 from hpc_llm.config.plan import make_plan, parse_time_limit
 from hpc_llm.config.train_config import build_train_config

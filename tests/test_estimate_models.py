@@ -15,7 +15,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from hpc_llm.cli import compose
+from hpc_llm.config.compose import compose
 from hpc_llm.config.flops import HUB_MODELS, model_size
 from hpc_llm.errors import ConfigError
 from hpc_llm.results.estimate import estimate

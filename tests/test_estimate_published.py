@@ -22,7 +22,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from hpc_llm.cli import compose
+from hpc_llm.config.compose import compose
 from hpc_llm.config.flops import model_flops_per_token
 from hpc_llm.results.estimate import estimate
 

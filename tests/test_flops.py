@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from hpc_llm.cli import compose
+from hpc_llm.config.compose import compose
 from hpc_llm.config.flops import flops_per_token, model_flops_per_token, model_size, mpt_params
 
 

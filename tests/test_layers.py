@@ -114,7 +114,7 @@ def test_login_path_with_plugins_loaded_imports_no_job_module():
     """Composing, resolving the plugins and building the train config, as `hpc-llm config` does."""
     code = (
         "import sys\n"
-        "from hpc_llm.cli import compose\n"
+        "from hpc_llm.config.compose import compose\n"
         "from hpc_llm.config.validate import resolve_job\n"
         "from hpc_llm.config.train_config import build_train_config\n"
         "import hpc_llm.app, hpc_llm.launch.local, hpc_llm.launch.slurm\n"

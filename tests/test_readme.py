@@ -114,6 +114,10 @@ COVERED: dict[str, Run | By] = {
     # -- on Slurm ----------------------------------------------------------------------
     "eval $(hpc-llm dev-cluster up --nodes 3)": Run(("dev-cluster", "up", "--nodes", "3"), needs="cluster-root"),
     "hpc-llm dev-cluster down": Run(("dev-cluster", "down"), needs="cluster-root"),
+    "hpc-llm doctor": By(
+        "tests/test_doctor.py::test_the_dev_cluster_passes_and_its_node_sees_the_run_dir",
+        ('run_cli(["doctor", "+experiment=mpt_tiny", "resources.nodes=2"]',),
+    ),
     "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2": Run(
         ("+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2"),
         needs="slurm",

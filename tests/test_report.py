@@ -234,7 +234,7 @@ def test_bad_report_input(tmp_path, sweep, app_env):
 def test_estimate_arithmetic_by_hand():
     from omegaconf import OmegaConf
 
-    from hpc_llm.cli import compose
+    from hpc_llm.config.compose import compose
 
     train = OmegaConf.to_container(compose(["model=mpt-70b", "cluster=h100"]).train, resolve=True)
     e8 = estimate(train, nodes=8, gpus_per_node=8, peak_flops_per_gpu=989e12, from_experiment=False)
@@ -274,7 +274,7 @@ def test_estimate_cli_answers_the_70b_question(app_env):
 def test_estimate_uses_a_measured_sweep(sweep):
     from omegaconf import OmegaConf
 
-    from hpc_llm.cli import compose
+    from hpc_llm.config.compose import compose
 
     train = OmegaConf.to_container(compose(["model=mpt-7b"]).train, resolve=True)
     e = estimate(train, nodes=4, gpus_per_node=8, peak_flops_per_gpu=989e12, sweep=sweep, from_experiment=False)
@@ -301,7 +301,7 @@ def test_pretraining_checkpoints_are_periodic_and_kept_few_from_the_estimated_sa
     """Not 1ep (never, within an epoch of C4) and not keep-all (a 70B run fills the disk)."""
     from omegaconf import OmegaConf
 
-    from hpc_llm.cli import compose
+    from hpc_llm.config.compose import compose
     from hpc_llm.results.estimate import checkpoint_plan
 
     cfg = compose([f"+experiment={experiment}"])

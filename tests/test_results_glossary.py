@@ -48,7 +48,7 @@ def assert_documented(results: dict[str, Any]) -> None:
 
 def _record(run_dir: Path) -> dict[str, Any]:
     """A results.json as a supervised run that stopped once and was requeued leaves it."""
-    from hpc_llm.cli import compose
+    from hpc_llm.config.compose import compose
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.rundir import provenance
     from hpc_llm.rundir.record import Attempts, RunRecord, read_results, run_info, update_results

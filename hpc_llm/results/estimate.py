@@ -123,12 +123,19 @@ class CheckpointPlan:
     keep: int = KEEP_CHECKPOINTS
 
 
+def checkpoint_save_s(n_params: float, nodes: int) -> float:
+    """Seconds to save a sharded checkpoint of ``n_params`` parameters (weights and Adam's
+    moments, CHECKPOINT_BYTES_PER_PARAM) from ``nodes`` nodes at WRITE_GBPS_PER_NODE each
+    (also ``hpc-llm doctor``'s guess when no run has measured one)."""
+    return n_params * CHECKPOINT_BYTES_PER_PARAM / (max(1, nodes) * WRITE_GBPS_PER_NODE * GB)
+
+
 def checkpoint_plan(e: Estimate, tokens_per_batch: float) -> CheckpointPlan:
     """When to checkpoint a run like ``e`` (J. W. Young, "A first order approximation to the
     optimum checkpoint interval", CACM 1974): the save time and the failure rate of
     ``e.nodes`` nodes decide it, not the epoch."""
     size = e.n_params * CHECKPOINT_BYTES_PER_PARAM
-    save = size / (e.nodes * WRITE_GBPS_PER_NODE * GB)
+    save = checkpoint_save_s(e.n_params, e.nodes)
     mtbf = NODE_MTBF_DAYS * 86400 / e.nodes
     interval = (2 * save * mtbf) ** 0.5
     batches = max(1, round(interval * e.tokens_per_sec / tokens_per_batch))

@@ -1,0 +1,186 @@
+"""``hpc-llm doctor``'s checks of what a compute node sees, from the probe job's report
+(:mod:`hpc_llm.slurm.doctor.probe`): the run dir, ``--run``, the Python environment, the
+container image, Apptainer, GPUs. Pure: facts and needs in, a row out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from hpc_llm.slurm.doctor.facts import Facts, Needs
+from hpc_llm.slurm.doctor.probe import Probe
+from hpc_llm.slurm.doctor.row import FAIL, OK, WARN, Row
+
+
+def _probed(facts: Facts) -> tuple[Probe | None, str]:
+    """The probe's report if it ran, else why the node-side checks were not made."""
+    p = facts.probe
+    if p is None:
+        return None, f"not checked from a node ({facts.probe_skipped or 'no probe job'})"
+    if not p.ran:
+        return None, "not checked from a node (the probe job did not run)"
+    return p, ""
+
+
+def check_probe(facts: Facts, needs: Needs, part: str | None) -> Row:
+    p = facts.probe
+    if p is None:
+        return Row("probe job", "-", WARN, f"no probe job ({facts.probe_skipped or 'not run'})")
+    if p.busy:
+        return Row("probe job", "did not start", WARN, f"{p.error}: the node-side checks below were not made")
+    if p.error:
+        return Row(
+            "probe job",
+            "failed",
+            FAIL,
+            f"{p.error}: a job like this one cannot run on partition {part}; the node-side checks were not made",
+        )
+    return Row("probe job", f"job {p.job_id} on {p.node} (host {p.host})", OK, f"ran in {p.seconds:.1f} s")
+
+
+def _private_tmp(facts: Facts, path: str) -> bool:
+    private = facts.config.get("JobContainerType", "").endswith("job_container/tmpfs")
+    return private and any(path == d or path.startswith(d + "/") for d in ("/tmp", "/dev/shm"))
+
+
+def check_run_dir(facts: Facts, needs: Needs, part: str | None) -> Row:
+    p, why = _probed(facts)
+    where = needs.run_dir
+    private = _private_tmp(facts, os.path.abspath(where))
+    hidden = (
+        "the job could not read its config or write its results there; use a run dir on a filesystem every "
+        "node mounts (HPC_LLM_RUNS=DIR or hydra.sweep.dir=DIR)"
+    )
+    if private and (p is None or p.marker != "seen" or not p.write_seen):
+        return Row(
+            "run dir",
+            f"{where}: not visible from {p.node if p else 'the nodes'}",
+            FAIL,
+            f"each job gets a private /tmp and /dev/shm here (JobContainerType=job_container/tmpfs): {hidden}",
+        )
+    if p is None:
+        return Row("run dir", where, WARN, why)
+    if p.marker != "seen":
+        return Row("run dir", f"{where}: not visible from {p.node}", FAIL, f"{p.node} does not see it: {hidden}")
+    if not p.write_seen:
+        return Row(
+            "run dir",
+            f"{where}: read-only from {p.node}",
+            FAIL,
+            f"{p.node} sees it, but what it writes there does not reach this machine: {hidden}",
+        )
+    return Row("run dir", f"{where}: seen and written from {p.node}", OK, "on a filesystem this node shares")
+
+
+def check_run_arg(facts: Facts, needs: Needs, part: str | None) -> Row | None:
+    if needs.run is None:
+        return None
+    p, why = _probed(facts)
+    if p is None:
+        return Row("--run dir", needs.run, WARN, why)
+    state = p.paths.get(needs.run, "missing")
+    if state == "readable":
+        return Row("--run dir", f"{needs.run}: readable on {p.node}", OK, "a requeued attempt reads it again")
+    return Row(
+        "--run dir",
+        f"{needs.run}: {state} on {p.node}",
+        FAIL,
+        "the run's next attempt could not read it there; keep run dirs on a filesystem every node mounts",
+    )
+
+
+def check_python(facts: Facts, needs: Needs, part: str | None) -> Row:
+    cmd = " ".join(needs.python) or "python"
+    p, why = _probed(facts)
+    if p is None:
+        return Row("Python env", cmd, WARN, why)
+    status, _, said = p.python.partition(" ")
+    if status == "ok":
+        prefix, version, ours = ([*said.rsplit(" ", 2)] + ["?", "?"])[:3]
+        return Row(
+            "Python env",
+            f"{prefix} (Python {version}, hpc_llm {ours}) on {p.node}",
+            OK,
+            "the batch script's supervisor runs it" + (", and every rank" if needs.container == "none" else ""),
+        )
+    return Row(
+        "Python env",
+        f"{cmd}: fails on {p.node}",
+        FAIL,
+        f"`{cmd} -c 'import hpc_llm'` fails there ({said or 'no output'}): the batch script's supervisor "
+        "cannot start; install the environment on a filesystem every node mounts, or set "
+        "hydra.launcher.python to one the nodes have",
+    )
+
+
+def check_image(facts: Facts, needs: Needs, part: str | None) -> Row:
+    if needs.image is None:
+        return Row("container image", "-", OK, f"no container (container={needs.container})")
+    p, why = _probed(facts)
+    if p is None:
+        return Row("container image", needs.image, WARN, why)
+    state = p.paths.get(needs.image, "missing")
+    if state == "readable":
+        return Row("container image", f"{needs.image}: readable on {p.node}", OK, "every rank runs in it")
+    return Row(
+        "container image",
+        f"{needs.image}: {state} on {p.node}",
+        FAIL,
+        "every rank runs in this image and cannot start without it; put it on a filesystem every node mounts",
+    )
+
+
+def check_apptainer(facts: Facts, needs: Needs, part: str | None) -> Row:
+    must = needs.container == "apptainer" or needs.image is not None
+    p, why = _probed(facts)
+    if p is None:
+        return Row("Apptainer", needs.apptainer, WARN if must else OK, why if must else "not needed (no container)")
+    if p.apptainer:
+        return Row(
+            "Apptainer",
+            f"{p.apptainer} on {p.node}",
+            OK,
+            "runs the container image" if must else f"not needed (container={needs.container})",
+        )
+    if must:
+        return Row(
+            "Apptainer",
+            f"{needs.apptainer}: not on {p.node}",
+            FAIL,
+            "container=apptainer runs every rank through it; ask your admin to install Apptainer on the "
+            "compute nodes (or set container.executable to where it is)",
+        )
+    return Row("Apptainer", f"not on {p.node}", OK, "needed only with container=apptainer")
+
+
+def check_node_gpus(facts: Facts, needs: Needs, part: str | None) -> Row:
+    p, why = _probed(facts)
+    if needs.gpus_per_node <= 0:
+        seen = "-" if p is None or not p.gpus else p.gpus[0]
+        return Row("GPUs on the node", seen, OK, "none asked")
+    if p is None:
+        return Row("GPUs on the node", "-", WARN, why)
+    if p.gpus is None:
+        return Row(
+            "GPUs on the node",
+            f"no nvidia-smi on {p.node}",
+            WARN,
+            "the GPUs' type and driver were not checked (nvidia-smi is not on the node's PATH)",
+        )
+    gpus = [g for g in p.gpus if g.startswith("GPU ")]
+    if not gpus:
+        return Row(
+            "GPUs on the node",
+            f"none on {p.node}",
+            FAIL,
+            f"the probe was given a GPU (--gpus-per-node=1) but nvidia-smi sees none there ({'; '.join(p.gpus)}): "
+            "the ranks would find no CUDA device; ask your admin to check the node's gres.conf and driver",
+        )
+    return Row("GPUs on the node", f"{gpu_model(p)} on {p.node}", OK, "nvidia-smi -L, for the probe's one GPU")
+
+
+def gpu_model(probe: Probe | None) -> str | None:
+    """The first GPU ``nvidia-smi -L`` named on the probe's node (``NVIDIA H100 80GB HBM3``)."""
+    gpus = [g for g in (probe.gpus or []) if g.startswith("GPU ")] if probe is not None and probe.ran else []
+    return re.sub(r"^GPU \d+:\s*|\s*\(UUID:[^)]*\)", "", gpus[0]) if gpus else None
