@@ -7,7 +7,7 @@
     hpc-llm wait SWEEP_DIR|RUN      until every run has ended, with a live line per run
     hpc-llm logs RUN [--rank N] [-f]
     hpc-llm cancel RUN
-    hpc-llm dev-cluster up|down [--nodes N] [--root DIR]
+    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11]
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
@@ -154,10 +154,12 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
 
     root = Path(args.root) if args.root else None
     if args.action == "up":
-        c = devcluster.up(root=root, nodes=args.nodes, ctld_port=args.port)
+        c = devcluster.up(root=root, nodes=args.nodes, ctld_port=args.port, slurm=args.slurm)
         print(f"# dev cluster: {c.nodes} nodes ({', '.join(c.node_names)}), partitions low (default) and high")
-        print(f"# logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
+        print(f"# Slurm {c.slurm}; logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
         print(f"export SLURM_CONF={c.conf}")
+        if c.prefix is not None:  # its commands (sbatch, srun in the jobs, scontrol, sacct) first
+            print(f'export PATH="{c.prefix / "bin"}:$PATH"')
     else:
         stopped = devcluster.down(root=root)
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -367,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--root", help="state/config directory (default ~/.hpc_llm/dev-cluster; not under /tmp)")
     p.add_argument("--port", type=int, default=16817, help="slurmctld port; node i's slurmd uses port+i")
+    p.add_argument(
+        "--slurm",
+        default="22.05",
+        help="22.05 (Debian bookworm's, on PATH) or 24.11 (trixie's, from scripts/install-slurm.sh 24.11)",
+    )
     p.set_defaults(func=cmd_dev_cluster)
     p = sub.add_parser("report", help="tables (md, csv) and a scaling plot from a sweep's results.json files")
     p.add_argument("sweep_dir")

@@ -40,6 +40,8 @@ def app_env(runs_dir: Path, cache_dir: Path, tmp_path: Path) -> dict[str, str]:
         HPC_LLM_RUNS=str(runs_dir),
         HPC_LLM_CACHE=str(cache_dir),
         HPC_LLM_HOME=str(tmp_path / "hpc_llm_home"),  # the run ledger
+        # site profiles: none of the developer's own (~/.config/hpc_llm); HPC_LLM_CONFIG_PATH is dropped above
+        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -141,18 +143,34 @@ def _slurm_tests_wanted(config: pytest.Config) -> bool:
 CLUSTER_ENV = "HPC_LLM_TEST_CLUSTER"
 
 
-def _start_cluster(config: pytest.Config):
-    from hpc_llm.slurm import devcluster
+#: the second cluster's root under the shared dir (Slurm 24.11, tests marked slurm24)
+CLUSTER_24_DIR = "devcluster-24.11"
 
+
+def _fresh_shared(config: pytest.Config) -> Path:
+    """The session's shared dir, emptied by the first cluster start of the session (a cluster
+    an interrupted session left behind is stopped first); the second start keeps it."""
     shared = shared_dir(config)
     if str(shared).startswith("/tmp/"):
         raise pytest.UsageError("Slurm jobs get a private /tmp: run pytest with --basetemp outside /tmp (see README)")
-    root = shared / "devcluster"
-    devcluster.down(root)  # a cluster an interrupted session left behind
+    if getattr(config, "_hpc_llm_shared_fresh", False):
+        return shared
+    from hpc_llm.slurm import devcluster
+
+    for name in ("devcluster", CLUSTER_24_DIR):
+        devcluster.down(shared / name)  # a cluster an interrupted session left behind
     import shutil
 
     shutil.rmtree(shared, ignore_errors=True)
     shared.mkdir(parents=True)
+    config._hpc_llm_shared_fresh = True  # type: ignore[attr-defined]
+    return shared
+
+
+def _start_cluster(config: pytest.Config):
+    from hpc_llm.slurm import devcluster
+
+    root = _fresh_shared(config) / "devcluster"
     cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16))
     os.environ[CLUSTER_ENV] = str(root)
     config._hpc_llm_cluster = cluster  # type: ignore[attr-defined]
@@ -181,11 +199,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    cluster = getattr(config, "_hpc_llm_cluster", None)
-    if cluster is not None:
-        from hpc_llm.slurm import devcluster
+    for attr in ("_hpc_llm_cluster", "_hpc_llm_cluster_24"):
+        cluster = getattr(config, attr, None)
+        if cluster is not None:
+            from hpc_llm.slurm import devcluster
 
-        devcluster.down(cluster.root)
+            devcluster.down(cluster.root)
 
 
 @pytest.fixture(scope="session")
@@ -211,3 +230,65 @@ def dev_cluster(pytestconfig: pytest.Config):
 @pytest.fixture
 def slurm_env(app_env: dict[str, str], dev_cluster) -> dict[str, str]:
     return dict(app_env, **dev_cluster.env())
+
+
+# -- the second cluster: Slurm 24.11 (scripts/install-slurm.sh), for the tests marked slurm24 -------
+
+
+def _slurm24_installed() -> bool:
+    from hpc_llm.slurm import devcluster
+
+    return os.geteuid() == 0 and "24.11" in devcluster.installed_versions()
+
+
+def _start_cluster_24(config: pytest.Config):
+    """The session's 24.11 cluster, on its own port block, in ``<shared>/devcluster-24.11``."""
+    from hpc_llm.slurm import devcluster
+
+    root = _fresh_shared(config) / CLUSTER_24_DIR
+    devcluster.down(root)  # one an interrupted session left behind
+    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm="24.11")
+    config._hpc_llm_cluster_24 = cluster  # type: ignore[attr-defined]
+    return cluster
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under xdist the controlling process starts the 24.11 cluster, as it does the session's
+    22.05 one, once a worker's collection shows a selected test marked slurm24 (every test of
+    test_slurm24.py, and only those, carry the mark); the workers find it in the shared dir."""
+    config = node.config
+    if getattr(config, "_hpc_llm_cluster_24", None) is not None or getattr(config, "_hpc_llm_24_asked", False):
+        return
+    if any(i.split("::", 1)[0].endswith("test_slurm24.py") for i in ids):
+        config._hpc_llm_24_asked = True
+        if _slurm24_installed():
+            _start_cluster_24(config)
+
+
+@pytest.fixture(scope="session")
+def dev_cluster_24(pytestconfig: pytest.Config):
+    """A second real 3-node cluster running Debian trixie's Slurm 24.11 from its private prefix
+    (``devcluster.up(slurm="24.11")``), shared like ``dev_cluster``; started only for a session
+    that selected a test marked slurm24. Without 24.11 installed the tests skip (fail in CI)."""
+    from hpc_llm.slurm import devcluster
+
+    if not _slurm24_installed():
+        reason = "needs Slurm 24.11 beside 22.05, and root: bash scripts/install-slurm.sh 24.11 (setup-dev.sh runs it)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    root = shared_dir(pytestconfig) / CLUSTER_24_DIR
+    if hasattr(pytestconfig, "workerinput"):
+        cluster = devcluster.load(root)  # the controlling process started it
+    else:
+        cluster = getattr(pytestconfig, "_hpc_llm_cluster_24", None) or _start_cluster_24(pytestconfig)
+    assert cluster is not None and devcluster.running(cluster), f"the session's 24.11 dev cluster in {root} is not up"
+    assert cluster.slurm == "24.11"
+    return cluster
+
+
+@pytest.fixture
+def slurm24_env(app_env: dict[str, str], dev_cluster_24) -> dict[str, str]:
+    """The app's environment on the 24.11 cluster: its slurm.conf, and its commands first on PATH."""
+    return dict(app_env, **dev_cluster_24.env())

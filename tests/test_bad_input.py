@@ -88,3 +88,13 @@ def test_bad_input_is_one_line_and_leaves_nothing(overrides, message, app_env, r
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not runs_dir.exists(), f"a run directory was created: {list(runs_dir.rglob('*'))}"
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_a_dev_cluster_of_a_slurm_that_cannot_run_here_is_one_line(app_env, tmp_path):
+    from tests.conftest import explain, run_cli
+
+    proc = run_cli(["dev-cluster", "up", "--slurm", "23.02", "--root", str(tmp_path / "dc")], app_env)
+    assert proc.returncode == 2, explain(proc)
+    [line] = proc.stderr.strip().splitlines()
+    assert line == "hpc_llm: error: --slurm=23.02: not a Slurm a dev cluster can run; installable: 22.05, 24.11"
+    assert not (tmp_path / "dc").exists()

@@ -66,17 +66,37 @@ def scontrol_show_job(job_id: str) -> dict[str, str]:
         out = _run(["scontrol", "show", "job", "-o", job_id], timeout=10, env={"SLURM_TIME_FORMAT": "%s"})
     except (OSError, subprocess.SubprocessError):
         return {}
+    return parse_show_job_o(out.stdout)
+
+
+def parse_show_job_o(out: str) -> dict[str, str]:
+    """``scontrol show job -o`` (one job, one line) as its fields; a key's first value wins
+    (22.05 prints TRES=, 24.11 ReqTRES= and AllocTRES=; neither is read here)."""
     info: dict[str, str] = {}
-    for token in out.stdout.split():
+    for token in out.split():
         if "=" in token:
             key, value = token.split("=", 1)
             info.setdefault(key, value)
     return info
 
 
-#: scontrol JobStates of a job Slurm is putting back in the queue (verified on 22.05: a
-#: NODE_FAIL with --requeue reads NODE_FAIL, then PENDING with Restarts one higher)
+#: scontrol JobStates of a job Slurm is putting back in the queue. A node failure with --requeue,
+#: polled every 0.2 s: 22.05 went RUNNING -> PENDING (Reason=BeginTime) with Restarts one higher;
+#: 24.11 RUNNING -> COMPLETING (FailedNode=<the dead node>, Restarts already one higher, the
+#: survivors still in NodeList) -> PENDING. The Restarts count is what tells both apart from a cancel.
 REQUEUE_STATES = ("NODE_FAIL", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING", "PREEMPTED")
+
+
+def requeueing(info: dict[str, str], restart: int) -> bool | None:
+    """Whether ``scontrol show job`` says Slurm is putting this allocation (restart count
+    ``restart``) back in the queue: False for a cancel, None while it cannot tell yet (RUNNING or
+    COMPLETING with the same restart count: slurmctld may not have moved the job yet)."""
+    state = info.get("JobState", "")
+    if state.startswith("CANCELLED"):
+        return False
+    if state in REQUEUE_STATES or int(info.get("Restarts", "0") or 0) > restart:
+        return True
+    return None
 
 
 def requeued_by_slurm(job_id: str, restart: int, tries: int = 5, pause_s: float = 1.0) -> str | None:
@@ -85,14 +105,86 @@ def requeued_by_slurm(job_id: str, restart: int, tries: int = 5, pause_s: float 
     or COMPLETING is asked again: slurmctld may not have moved it yet."""
     for i in range(tries):
         info = scontrol_show_job(job_id)
-        state = info.get("JobState", "")
-        if state.startswith("CANCELLED"):
-            return None
-        if state in REQUEUE_STATES or int(info.get("Restarts", "0") or 0) > restart:
-            return state
+        seen = requeueing(info, restart)
+        if seen is not None:
+            return info.get("JobState", "") if seen else None
         if i + 1 < tries:
             time.sleep(pause_s)
     return None
+
+
+#: Slurm >= 24.05 books a batch job that ends after its preemption's grace-time signal as
+#: PREEMPTED and requeues it (proc_req.c, the job's GRACE_PREEMPT flag: SchedMD commit a689104d,
+#: "Treat jobs completing after being signalled for GraceTime as preempted"). The flag is cleared
+#: on that path only: neither `scontrol requeue` nor slurmctld's own requeue at the end of the
+#: grace time clears it. Seen on 24.11.5 (22.05 has no such flag): after the supervisor's own
+#: `scontrol requeue` of a preempted run, the next attempt trained to the end and was booked
+#: PREEMPTED and requeued once more (a third attempt, "nothing to do"); with Requeue=0 set before
+#: that end it was not requeued but still booked PREEMPTED. So on >= 24.05 the supervisor ends the
+#: batch script in the grace time instead of `scontrol requeue` (:func:`requeued_by_ending`: one
+#: PREEMPTED row, then COMPLETED), and sets Requeue=0 before any end for good
+#: (:func:`ending_for_good`), for a flag left by slurmctld's own requeue (a save longer than the
+#: grace time): such a run is not started again, only booked PREEMPTED.
+GRACE_PREEMPT_REQUEUES_SINCE = (24, 5)
+_version: tuple[int, int] | None = None
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``scontrol --version`` ("slurm-wlm 24.11.5", "slurm 22.05.8") -> (24, 11)."""
+    for word in text.split():
+        parts = word.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            return int(parts[0]), int(parts[1])
+    return None
+
+
+def slurm_version() -> tuple[int, int] | None:
+    """This Slurm's release, from ``scontrol --version`` (asked once; None when it cannot be)."""
+    global _version
+    if _version is None:
+        try:
+            _version = parse_version(_run(["scontrol", "--version"], timeout=10).stdout)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return _version
+
+
+def requeued_by_ending(job_id: str | None, partition: str | None = None) -> bool:
+    """Whether the end of this batch script is itself the job's requeue: on Slurm >= 24.05, in a
+    preemption's grace time (PreemptTime set), for a --requeue job on a partition that preempts by
+    REQUEUE. Slurm then books the attempt PREEMPTED, requeues the job and clears its grace-time
+    flag; `scontrol requeue` instead would leave the flag set (GRACE_PREEMPT_REQUEUES_SINCE).
+    False when any of it is not so, or cannot be asked: `scontrol requeue` as on 22.05. (A new
+    ExcNodeList needs that too: Slurm takes it only once the job is pending again, "Job is no
+    longer pending execution" on a running one, seen on 24.11; 22.05's job_mgr.c has the same
+    ESLURM_JOB_NOT_PENDING check.)"""
+    version = slurm_version()
+    if not job_id or version is None or version < GRACE_PREEMPT_REQUEUES_SINCE:
+        return False
+    info = scontrol_show_job(job_id)
+    if not preempting(info) or info.get("Requeue") != "1":
+        return False
+    part = info.get("Partition") or partition
+    try:
+        out = _run(["scontrol", "show", "partition", "-o", part], timeout=10) if part else None
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out is not None and "REQUEUE" in parse_show_job_o(out.stdout).get("PreemptMode", "")
+
+
+def ending_for_good(ref: str) -> str | None:
+    """The batch script is about to end and the job must not come back (the run is done, or
+    failed): on Slurm >= 24.05 set the job's Requeue=0, so that an earlier preemption's grace-time
+    flag cannot requeue it (GRACE_PREEMPT_REQUEUES_SINCE). None when done or not needed, else
+    Slurm's complaint (the run's outcome stands either way)."""
+    version = slurm_version()
+    if version is None or version < GRACE_PREEMPT_REQUEUES_SINCE:
+        return None
+    try:
+        out = _run(["scontrol", "update", f"JobId={ref}", "Requeue=0"], timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
 
 
 def slurm_time(text: str | None) -> float | None:
@@ -130,8 +222,14 @@ def nodes_up(partition: str | None) -> list[str]:
         out = _run(["sinfo", "-h", "-p", partition, "-N", "-o", "%N %t"], timeout=10)
     except (OSError, subprocess.SubprocessError):
         return []
+    return parse_nodes_up(out.stdout)
+
+
+def parse_nodes_up(out: str) -> list[str]:
+    """``sinfo -h -N -o '%N %t'`` -> the nodes that can take a job. After a node death 24.11 showed
+    the survivors of its job ``comp`` (completing) for a while, 22.05 ``idle``: both are up."""
     up = set()
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2 and not parts[1].rstrip("*~#!%$@^-").startswith(_NOT_UP):
             up.add(parts[0])

@@ -136,6 +136,7 @@ class Supervisor:
         self._close_lost(attempts)
         early = self._already_completed()
         if early is not None:
+            self._end_for_good()
             return early
         self.lead_s = self._lead(attempts)
         while True:
@@ -362,6 +363,7 @@ class Supervisor:
     def _act(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
         """Record the decision, then carry it out (records first: a requeue SIGTERMs this job)."""
         if d.action == "done":
+            self._end_for_good()
             return 0
         if d.action == "slurm_requeues":
             # the attempt stays "running"; the next start closes it from accounting (_close_lost)
@@ -462,6 +464,14 @@ class Supervisor:
         attempts.save()
         update_results(self.run_dir, attempts, "failed", {"error": reason})
         log.error("hpc_llm supervisor: the run failed: %s", reason)
+        self._end_for_good()
+
+    def _end_for_good(self) -> None:
+        """The job ends now and must stay ended: after a preemption Slurm >= 24.05 would requeue
+        it once more (slurm_job.ending_for_good)."""
+        err = slurm_job.ending_for_good(str(self.job.ref)) if self.job.ref else None
+        if err:
+            log.warning("hpc_llm supervisor: could not set Requeue=0 (%s): Slurm may start the job once more", err)
 
     def _requeue(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int:
         exclude, warning = self._exclusions(attempts, d)
@@ -473,7 +483,11 @@ class Supervisor:
         update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         # records first; the requeue sends this very job SIGTERM, which we must outlive
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        out = slurm_job.requeue_job(str(self.job.ref))
+        change = sorted(exclude) != sorted(self.job.excluded)
+        # Slurm >= 24.05 in a preemption's grace time: ending the batch script is the requeue
+        # (slurm_job.requeued_by_ending); a new ExcNodeList needs the job pending, so not then
+        by_ending = not change and slurm_job.requeued_by_ending(self.job.job_id, self.job.partition)
+        out = None if by_ending else slurm_job.requeue_job(str(self.job.ref))
         if out is not None:
             a.requeued, a.action = False, "fail"
             self._fail(
@@ -482,7 +496,7 @@ class Supervisor:
             return 1
         if a.signal_time:
             a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
-        if sorted(exclude) != sorted(self.job.excluded):
+        if change:
             err = slurm_job.exclude(str(self.job.ref), exclude)
             if err:
                 a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"

@@ -43,8 +43,9 @@ class Paths:
         self.slurmdbd_log = root / "log" / "slurmdbd.log"
 
 
-def missing_binaries() -> list[str]:
-    return [b for b in BINARIES if shutil.which(b) is None]
+def missing_binaries(path: str | None = None) -> list[str]:
+    """The binaries accounting needs that are not on ``path`` (default: $PATH)."""
+    return [b for b in BINARIES if shutil.which(b, path=path) is None]
 
 
 def my_cnf(p: Paths) -> str:
@@ -70,10 +71,12 @@ socket={p.socket}
 """
 
 
-def slurmdbd_conf(p: Paths, dbd_port: int, password: str) -> str:
+def slurmdbd_conf(p: Paths, dbd_port: int, password: str, plugin_dir: Path | None = None) -> str:
+    # a Slurm in a private prefix (24.11): its own plugins, not the compiled-in (system's) dir
+    plugins = f"PluginDir={plugin_dir}\n" if plugin_dir else ""
     return f"""\
 # Written by `hpc-llm dev-cluster up`. Mode 0600: slurmdbd refuses to start otherwise.
-AuthType=auth/none
+{plugins}AuthType=auth/none
 DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort={dbd_port}
@@ -152,12 +155,16 @@ def prepare_database(p: Paths, wipe: bool) -> str:
     return password
 
 
-def start_slurmdbd(p: Paths, slurm_conf: Path, dbd_port: int, password: str, timeout_s: float = 30) -> None:
-    """Write slurmdbd.conf and start slurmdbd; wait until it accepts connections."""
-    p.dbd_conf.write_text(slurmdbd_conf(p, dbd_port, password))
+def start_slurmdbd(
+    p: Paths, slurm_conf: Path, dbd_port: int, password: str, timeout_s: float = 30, plugin_dir: Path | None = None
+) -> None:
+    """Write slurmdbd.conf and start slurmdbd; wait until it accepts connections. ``plugin_dir``:
+    a Slurm in a private prefix, whose slurmdbd is ``<plugin_dir>/../bin/slurmdbd``."""
+    p.dbd_conf.write_text(slurmdbd_conf(p, dbd_port, password, plugin_dir))
     p.dbd_conf.chmod(0o600)
     env = dict(os.environ, SLURM_CONF=str(slurm_conf), MYSQL_UNIX_PORT=str(p.socket))
-    subprocess.run(["slurmdbd"], env=env, check=True)
+    slurmdbd = str(plugin_dir.parent / "bin" / "slurmdbd") if plugin_dir else "slurmdbd"
+    subprocess.run([slurmdbd], env=env, check=True)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -169,10 +176,10 @@ def start_slurmdbd(p: Paths, slurm_conf: Path, dbd_port: int, password: str, tim
             time.sleep(0.1)
 
 
-def add_cluster(slurm_conf: Path, cluster: str, timeout_s: float = 30) -> None:
+def add_cluster(slurm_conf: Path, cluster: str, timeout_s: float = 30, path: str | None = None) -> None:
     """Register ``cluster`` with slurmdbd (slurmctld would on its first registration too);
-    "already exists" is fine."""
-    env = dict(os.environ, SLURM_CONF=str(slurm_conf))
+    "already exists" is fine. ``path``: the PATH that finds this Slurm's sacctmgr."""
+    env = dict(os.environ, SLURM_CONF=str(slurm_conf), **({"PATH": path} if path else {}))
     deadline = time.monotonic() + timeout_s
     while True:
         out = _run(["sacctmgr", "-i", "add", "cluster", cluster], env=env)

@@ -22,6 +22,15 @@ The recipe (auth/none, job_container/tmpfs, partition-priority preemption with
 REQUEUE and preempt_send_user_signal) is the one described in docs/design.md.
 Partitions: ``low`` (default, preemptable, GraceTime) and ``high``.
 
+Two Slurm versions (``up(slurm=...)``): "22.05", the system's (Debian bookworm's
+slurm-wlm, on PATH), and "24.11", Debian trixie's, installed beside it by
+``scripts/install-slurm.sh 24.11`` in a private prefix (``/opt/slurm-24.11`` or
+``$HPC_LLM_SLURM_24_11_PREFIX``). A 24.11 cluster starts its daemons from
+``<prefix>/bin``, says ``PluginDir=<prefix>/plugins``, starts slurmd with ``-d
+<prefix>/bin/slurmstepd`` (its compiled-in slurmstepd is /usr/sbin's, 22.05's), and
+``DevCluster.env()`` puts ``<prefix>/bin`` first on PATH, so every client command, and the
+jobs' srun and scontrol (PATH is exported to them), are 24.11's.
+
 Fault injection: ``kill_node`` kills a node's slurmd, its slurmstepds and their
 tasks (a dead machine); ``revive_node`` restarts its slurmd (``ReturnToService=2``
 brings the node back). With ``SlurmdTimeout=10`` the node is DOWN and its job
@@ -51,6 +60,47 @@ SLURMD_BASE_PORT = CTLD_PORT + 1  # slurmd of node i listens on CTLD_PORT + i
 GRACE_TIME_S = 20
 DEFAULT_CPUS_PER_NODE = 16  # an 8-task-per-node job with 2 CPUs per task
 DEFAULT_GPUS_PER_NODE = 8
+#: the Slurm versions a dev cluster can run: the system's and the one install-slurm.sh installs
+SYSTEM_SLURM = "22.05"
+SLURM_VERSIONS = (SYSTEM_SLURM, "24.11")
+PREFIX_ENV = {"24.11": "HPC_LLM_SLURM_24_11_PREFIX"}
+DEFAULT_PREFIX = {"24.11": Path("/opt/slurm-24.11")}
+#: slurm.conf's first lines name the version (what ``load`` reads back)
+_VERSION_TAG = "# hpc-llm dev-cluster slurm="
+
+
+def slurm_prefix(version: str) -> Path | None:
+    """Where ``version`` is installed: None for the system's Slurm (on PATH), else its private
+    prefix (from scripts/install-slurm.sh), whether installed or not."""
+    if version == SYSTEM_SLURM:
+        return None
+    env = os.environ.get(PREFIX_ENV[version])
+    return Path(env).expanduser() if env else DEFAULT_PREFIX[version]
+
+
+def installed_versions() -> list[str]:
+    """The Slurm versions a dev cluster can start on this machine."""
+    out = [SYSTEM_SLURM] if shutil.which("slurmctld") else []
+    for v in SLURM_VERSIONS[1:]:
+        prefix = slurm_prefix(v)
+        if prefix is not None and (prefix / "bin" / "slurmctld").is_file():
+            out.append(v)
+    return out
+
+
+def _require_version(version: str) -> None:
+    if version not in SLURM_VERSIONS:
+        raise ConfigError(
+            f"--slurm={version}: not a Slurm a dev cluster can run; installable: {', '.join(SLURM_VERSIONS)}"
+        )
+    if version == SYSTEM_SLURM or version in installed_versions():
+        return
+    have = ", ".join(installed_versions()) or "none"
+    raise ConfigError(
+        f"Slurm {version} is not installed (no {slurm_prefix(version)}/bin/slurmctld; "
+        f"${PREFIX_ENV[version]} names another prefix); installed: {have}; "
+        f"install it with `bash scripts/install-slurm.sh {version}`"
+    )
 
 
 def default_root() -> Path:
@@ -69,17 +119,34 @@ class DevCluster:
     accounting: bool = True
     dbd_port: int | None = None  # slurmdbd's port, with accounting
     mem_per_node_mb: int = 0  # RealMemory (0: not declared)
+    slurm: str = SYSTEM_SLURM  # which Slurm runs it (SLURM_VERSIONS)
 
     @property
     def conf(self) -> Path:
         return self.root / "etc" / "slurm.conf"
 
     @property
+    def prefix(self) -> Path | None:
+        """The private install this cluster's Slurm runs from (None: the system's)."""
+        return slurm_prefix(self.slurm)
+
+    def bin(self, name: str) -> str:
+        """The Slurm command or daemon ``name`` of this cluster's version."""
+        return name if self.prefix is None else str(self.prefix / "bin" / name)
+
+    @property
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
 
     def env(self) -> dict[str, str]:
-        return {"SLURM_CONF": str(self.conf)}
+        """What a shell needs to use this cluster (24.11: its commands first on PATH)."""
+        env = {"SLURM_CONF": str(self.conf)}
+        if self.prefix is not None:
+            env["PATH"] = f"{self.prefix / 'bin'}:{os.environ.get('PATH', os.defpath)}"
+        return env
+
+    def full_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env()}
 
     def pidfile(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
@@ -110,8 +177,9 @@ JobAcctGatherType=jobacct_gather/linux"""
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none"""
     return f"""\
-# Written by `hpc-llm dev-cluster up`: a {c.nodes}-node Slurm cluster on {hostname}.
-ClusterName={CLUSTER_NAME}
+{_VERSION_TAG}{c.slurm}
+# Written by `hpc-llm dev-cluster up`: a {c.nodes}-node Slurm {c.slurm} cluster on {hostname}.
+{_version_lines(c)}ClusterName={CLUSTER_NAME}
 SlurmctldHost={hostname}(127.0.0.1)
 SlurmctldPort={c.ctld_port}
 SlurmUser=root
@@ -166,6 +234,21 @@ NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr=127.0.0.1 Port=[{c.slurmd_
 PartitionName=low Nodes=n[1-{last}] Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={GRACE_TIME_S} MaxTime=INFINITE State=UP
 PartitionName=high Nodes=n[1-{last}] PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP
 """  # noqa: E501
+
+
+def _version_lines(c: DevCluster) -> str:
+    """slurm.conf lines only the 24.11 cluster (a private-prefix Slurm) needs. Everything else is
+    the same file: 24.11.5 still takes auth/none, cred/none, TaskPlugin=task/none (read as no
+    task plugin: `scontrol show config` says TaskPlugin=(null)), job_container/tmpfs with one
+    job_container.conf line per node, AuthInfo=cred_expire and preempt_send_user_signal."""
+    if c.prefix is None:
+        return ""
+    return (
+        # the plugins of this version, not the compiled-in /usr/lib/x86_64-linux-gnu/slurm-wlm (22.05's)
+        f"PluginDir={c.prefix / 'plugins'}\n"
+        # 22.05's default; 24.11's is priority/multifactor (every job Priority=1 with the weights at 0)
+        "PriorityType=priority/basic\n"
+    )
 
 
 def job_container_conf(c: DevCluster) -> str:
@@ -234,10 +317,12 @@ def running(c: DevCluster) -> dict[str, int]:
     return out
 
 
-def _require_binaries(accounting: bool) -> None:
-    missing = [b for b in ("slurmctld", "slurmd", "sinfo", "sbatch") if shutil.which(b) is None]
+def _require_binaries(c: DevCluster) -> None:
+    _require_version(c.slurm)
+    accounting, path = c.accounting, c.env().get("PATH")
+    missing = [b for b in ("slurmctld", "slurmd", "sinfo", "sbatch") if shutil.which(b, path=path) is None]
     if accounting:
-        missing += accounting_db.missing_binaries()
+        missing += accounting_db.missing_binaries(path)
     if missing:
         raise ConfigError(
             f"dev-cluster needs Slurm{' and MariaDB' if accounting else ''} ({', '.join(missing)} not on PATH); "
@@ -254,9 +339,11 @@ def load(root: Path) -> DevCluster | None:
     if not conf.is_file():
         return None
     nodes, cpus, port, dport, gpus, accounting, dbd_port = 1, 1, CTLD_PORT, SLURMD_BASE_PORT, 0, False, None
-    mem = 0
+    mem, slurm = 0, SYSTEM_SLURM  # a root written before the version was recorded: 22.05
     for line in conf.read_text().splitlines():
-        if line.startswith("NodeName=n[1-"):
+        if line.startswith(_VERSION_TAG):
+            slurm = line.removeprefix(_VERSION_TAG).strip()
+        elif line.startswith("NodeName=n[1-"):
             nodes = int(line.split("n[1-", 1)[1].split("]", 1)[0])
             cpus = int(line.split("CPUs=", 1)[1].split()[0])
             dport = int(line.split("Port=[", 1)[1].split("-", 1)[0])
@@ -280,6 +367,7 @@ def load(root: Path) -> DevCluster | None:
         accounting=accounting,
         dbd_port=dbd_port if accounting else None,
         mem_per_node_mb=mem,
+        slurm=slurm,
     )
 
 
@@ -314,11 +402,14 @@ def up(
     timeout_s: float = 60,
     accounting: bool = True,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    slurm: str = SYSTEM_SLURM,
 ) -> DevCluster:
     """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is,
     with a node whose slurmd died started again).
 
     ``accounting``: also a private MariaDB + slurmdbd (``sacct``); without it, ~2-3 s faster.
+    ``slurm``: "22.05" (the system's) or "24.11" (scripts/install-slurm.sh's private prefix);
+    a version not installed is a ConfigError naming those that are.
     Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd)."""
     root = (root or default_root()).expanduser().resolve()
     if str(root).startswith("/tmp/") or str(root) == "/tmp":
@@ -327,7 +418,6 @@ def up(
         raise ConfigError(f"--nodes={nodes}: must be >= 1")
     if gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node={gpus_per_node}: must be >= 0")
-    _require_binaries(accounting)
     cpus = cpus_per_node or max(DEFAULT_CPUS_PER_NODE, os.cpu_count() or 2)
     c = DevCluster(
         root=root,
@@ -339,12 +429,14 @@ def up(
         accounting=accounting,
         dbd_port=ctld_port + nodes + 1 if accounting else None,
         mem_per_node_mb=_host_mem_mb(),
+        slurm=slurm,
     )
+    _require_binaries(c)
     existing = load(root)
     if existing is not None:
         alive = running(existing)
         if alive:
-            same = (existing.nodes, existing.accounting) == (nodes, accounting)
+            same = (existing.nodes, existing.accounting, existing.slurm) == (nodes, accounting, slurm)
             dead = [name for name, _pf in _daemons(existing) if name not in alive]
             if same and all(name.startswith("slurmd -N ") for name in dead):
                 # already up (idempotent); a node killed by kill_node is started again alone:
@@ -353,6 +445,11 @@ def up(
                     revive_node(existing, name.removeprefix("slurmd -N "), timeout_s=timeout_s)
                 return existing
             down(root)
+        if existing.slurm != slurm:
+            # the other version's state and accounting: a 24.11 slurmdbd converts 22.05's schema,
+            # which 22.05's then cannot read; start this root afresh
+            for sub in ("state", "db"):
+                shutil.rmtree(root / sub, ignore_errors=True)
     _check_ports_free(list(range(ctld_port, ctld_port + nodes + 1 + (1 if accounting else 0))))
     for sub in ("etc", "state", "spool", "run", "log", "jc", *(f"spool/{n}" for n in c.node_names)):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -363,7 +460,7 @@ def up(
     gres = c.conf.parent / "gres.conf"
     gres.write_text(gres_conf(c))
     _write_gpu_devices(c)
-    env = dict(os.environ, SLURM_CONF=str(c.conf))
+    env = c.full_env()
     try:
         if accounting:
             assert c.dbd_port is not None
@@ -372,12 +469,13 @@ def up(
             # `slurmctld -c` drops the jobs but keeps numbering them on from state/job_state: the
             # database keeps its history as long as state/ does, and is wiped with it.
             password = accounting_db.prepare_database(db, wipe=fresh_state)
-            accounting_db.start_slurmdbd(db, c.conf, c.dbd_port, password, timeout_s=timeout_s)
-            accounting_db.add_cluster(c.conf, CLUSTER_NAME, timeout_s=timeout_s)
+            plugins = c.prefix / "plugins" if c.prefix else None
+            accounting_db.start_slurmdbd(db, c.conf, c.dbd_port, password, timeout_s=timeout_s, plugin_dir=plugins)
+            accounting_db.add_cluster(c.conf, CLUSTER_NAME, timeout_s=timeout_s, path=env["PATH"])
         # -c: start from clean state (no jobs from an earlier `up`); -i: ignore errors in it.
-        subprocess.run(["slurmctld", "-c", "-i", "-f", str(c.conf)], env=env, check=True)
+        subprocess.run([c.bin("slurmctld"), "-c", "-i", "-f", str(c.conf)], env=env, check=True)
         for n in c.node_names:
-            subprocess.run(["slurmd", "-f", str(c.conf), "-N", n], env=env, check=True)
+            _start_slurmd(c, n, env)
         _wait_idle(c, env, timeout_s)
     except BaseException:
         down(root)  # leave nothing half-started behind
@@ -385,8 +483,17 @@ def up(
     return c
 
 
+def _start_slurmd(c: DevCluster, node: str, env: dict[str, str]) -> None:
+    # -d: the slurmstepd to run steps with; compiled in as /usr/sbin/slurmstepd, which is the
+    # system's (22.05) whatever the slurmd (slurmd.c: `case 'd'`, conf->stepd_loc)
+    stepd = ["-d", c.bin("slurmstepd")] if c.prefix is not None else []
+    subprocess.run([c.bin("slurmd"), "-f", str(c.conf), "-N", node, *stepd], env=env, check=True)
+
+
 def _node_states(c: DevCluster, env: dict[str, str]) -> dict[str, str]:
-    out = subprocess.run(["sinfo", "-h", "-N", "-p", "low", "-o", "%N %T"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [c.bin("sinfo"), "-h", "-N", "-p", "low", "-o", "%N %T"], env=env, capture_output=True, text=True
+    )
     return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
 
 
@@ -429,11 +536,11 @@ def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
     c = load(root)
     if c is None:
         return []
-    env = dict(os.environ, SLURM_CONF=str(c.conf))
+    env = c.full_env()
     alive = running(c)
     if "slurmctld" in alive:
-        subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True)
-        _wait_no_jobs(env, timeout_s=15)
+        subprocess.run([c.bin("scancel"), "--full", "--user", "root"], env=env, capture_output=True)
+        _wait_no_jobs(c, env, timeout_s=15)
     slurm = {k: v for k, v in alive.items() if k not in ("slurmdbd", "mariadbd")}
     stopped = _stop(slurm, timeout_s)
     for n in c.node_names:  # steps whose slurmd is gone
@@ -461,10 +568,10 @@ def _unmount_under(root: Path) -> list[str]:
     return [f"mount {t}" for t in left]
 
 
-def _wait_no_jobs(env: dict[str, str], timeout_s: float) -> None:
+def _wait_no_jobs(c: DevCluster, env: dict[str, str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+        out = subprocess.run([c.bin("squeue"), "-h", "-o", "%i"], env=env, capture_output=True, text=True)
         if out.returncode != 0 or not out.stdout.strip():
             return
         time.sleep(0.5)
@@ -556,12 +663,12 @@ def revive_node(c: DevCluster, name: str, timeout_s: float = 60) -> None:
     (``ReturnToService=2`` returns a node that was DOWN for not responding)."""
     if name not in c.node_names:
         raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
-    env = dict(os.environ, SLURM_CONF=str(c.conf))
+    env = c.full_env()
     pidfile = _slurmd_pidfile(c, name)
     pid = _read_pid(pidfile)
     deadline = time.monotonic() + timeout_s
     if pid is None or not _alive(pid):
-        subprocess.run(["slurmd", "-f", str(c.conf), "-N", name], env=env, check=True)
+        _start_slurmd(c, name, env)
         # slurmd forks and the child writes the pid file a moment after the command returns
         # (seen: `running()` right after read the dead slurmd's pid)
         while (new := _read_pid(pidfile)) in (None, pid) or not _alive(new):
