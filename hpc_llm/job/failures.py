@@ -52,7 +52,8 @@ INFRA_PATTERNS = re.compile(
         )
     )
 )
-#: srun's one line per failed task: "srun: error: n2: task 3: Killed"
+#: srun's one line per failed task: "srun: error: n2: task 3: Killed" (and the node-failure line
+#: below: the same on 22.05 and 24.11, tests/fixtures/slurm/*/srun_errors.txt)
 _SRUN_TASK = re.compile(r"srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
 _SRUN_NODE_FAIL = re.compile(r"(?:Node failure on|node failure on|NODE_FAIL.*on) (?P<node>[\w\-\[\],.]+)")
 

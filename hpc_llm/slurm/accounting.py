@@ -5,7 +5,8 @@ duplicates a requeue leaves; without it only the latest attempt shows):
 state (REQUEUED, PREEMPTED, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, CANCELLED,
 FAILED, COMPLETED), reason, submit/start/end, elapsed, nodes, exit code and
 AllocTRES (``cpu=16,gres/gpu=16,node=2``: the GPU-hours budget). Slurm 22.05
-has no ``Restarts`` field: attempts are counted from these rows.
+has no ``Restarts`` field (24.11 has, and ``FailedNode``; 22.05 refuses a field it does not
+know): attempts are counted from these rows, on both.
 
 A failed query is *unknown*, retried with backoff, never "finished". A job
 that left squeue may not be in sacct yet (slurmdbd lags under load): callers
