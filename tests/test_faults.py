@@ -306,6 +306,11 @@ def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_pa
         "hydra.launcher.exclusive=true",
         "fault.heartbeat_s=2",
         "train.max_duration=120ba",
+        # once in a full suite under load (2026-11-24), one rank of the resumed HSDP attempt never
+        # joined the rendezvous (TCPStore "3/4 clients joined"); the run recovered by restarting
+        # the step, but only after the 600 s dist timeout. The start-up watchdog ends such a
+        # start sooner, as it would on a cluster.
+        "fault.startup_timeout_s=180",
         *layout,
     ]
     ref = reference(args, slurm_env, pytestconfig)
@@ -313,10 +318,10 @@ def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_pa
     job_id, run_dir = submit(args, env, tmp_path)
     rank_at(run_dir, 0, 15)
     preempt(job_nodes(job_id, env), env)
-    r = finished(run_dir, 420)
+    r = finished(run_dir, 600)
     same_loss(r, ref)
-    first, second = r["attempts"]
-    assert first["cause"] == "preemption" and second["resumed_at_batch"] == first["stopped_at_batch"] > 0
+    first, *_, last = r["attempts"]  # a start-up restart in between, if one hung (see above)
+    assert first["cause"] == "preemption" and last["resumed_at_batch"] == first["stopped_at_batch"] > 0
     # each shard written by its own rank: a directory of .distcp files, not one rank-0 file
     # (FSDP: one per rank; HSDP: one per shard, the replicas hold the same ones)
     ckpt = Path(r["checkpoint"])
@@ -339,7 +344,8 @@ def test_a_node_whose_gpu_fails_every_attempt_is_blamed_left_out_and_the_run_fin
     ref = reference(SHORT, slurm_env, pytestconfig)
     args = [*SHORT, "eval.evaluators=[crash]", f"+eval.options.crash.node_file={bad_node_file}"]
     job_id, run_dir = submit(args, env, tmp_path)
-    nodes = wait_for(lambda: job_nodes(job_id, env), 120, "the job to start")
+    # a wait in the queue: other tests' exclusive jobs may hold the nodes for minutes
+    nodes = wait_for(lambda: job_nodes(job_id, env), 600, "the job to start")
     bad, bystander = nodes[1], nodes[0]
     bad_node_file.write_text(bad)
     r = finished(run_dir, 420)
