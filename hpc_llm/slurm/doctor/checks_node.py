@@ -73,19 +73,25 @@ def check_run_dir(facts: Facts, needs: Needs, part: str | None) -> Row:
     return Row("run dir", f"{where}: seen and written from {p.node}", OK, "on a filesystem this node shares")
 
 
+def _path_on_node(facts: Facts, check: str, path: str, ok_why: str, fail_why: str) -> Row:
+    """Whether the probe's node could read ``path`` (a file the job needs from a shared filesystem)."""
+    p, why = _probed(facts)
+    if p is None:
+        return Row(check, path, WARN, why)
+    state = p.paths.get(path, "missing")
+    if state == "readable":
+        return Row(check, f"{path}: readable on {p.node}", OK, ok_why)
+    return Row(check, f"{path}: {state} on {p.node}", FAIL, fail_why)
+
+
 def check_run_arg(facts: Facts, needs: Needs, part: str | None) -> Row | None:
     if needs.run is None:
         return None
-    p, why = _probed(facts)
-    if p is None:
-        return Row("--run dir", needs.run, WARN, why)
-    state = p.paths.get(needs.run, "missing")
-    if state == "readable":
-        return Row("--run dir", f"{needs.run}: readable on {p.node}", OK, "a requeued attempt reads it again")
-    return Row(
+    return _path_on_node(
+        facts,
         "--run dir",
-        f"{needs.run}: {state} on {p.node}",
-        FAIL,
+        needs.run,
+        "a requeued attempt reads it again",
         "the run's next attempt could not read it there; keep run dirs on a filesystem every node mounts",
     )
 
@@ -117,16 +123,11 @@ def check_python(facts: Facts, needs: Needs, part: str | None) -> Row:
 def check_image(facts: Facts, needs: Needs, part: str | None) -> Row:
     if needs.image is None:
         return Row("container image", "-", OK, f"no container (container={needs.container})")
-    p, why = _probed(facts)
-    if p is None:
-        return Row("container image", needs.image, WARN, why)
-    state = p.paths.get(needs.image, "missing")
-    if state == "readable":
-        return Row("container image", f"{needs.image}: readable on {p.node}", OK, "every rank runs in it")
-    return Row(
+    return _path_on_node(
+        facts,
         "container image",
-        f"{needs.image}: {state} on {p.node}",
-        FAIL,
+        needs.image,
+        "every rank runs in it",
         "every rank runs in this image and cannot start without it; put it on a filesystem every node mounts",
     )
 
