@@ -199,6 +199,38 @@ def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
     assert s["total_wallclock_s"] == 170.0
 
 
+def test_an_attempt_that_only_ran_the_post_train_stage_keeps_the_runs_loss(tmp_path):
+    """Stopped after its last batch (a time limit at batch 220 of 220), the run's next attempt
+    resumes at max_duration, trains nothing and completes: results.json keeps the loss, the
+    throughput and the history of the attempts that trained (it said train_loss: null)."""
+    from hpc_llm.config.plan import JobPlan
+    from hpc_llm.rundir.record import RunRecord, read_results
+
+    plan = JobPlan("mpt_tiny", 1, 1, 0, 1, 1, "cpu", "ddp", 3600, str(tmp_path))
+    first = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=0, started_at=time.time())
+    history = [[b, 10.0 - b / 100] for b in range(1, 221)]
+    first.stopped({"train_loss": history[-1][1], "train_loss_history": history}, batch=220, cause="time_limit")
+    done = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=1, started_at=time.time())
+    done.note(resumed_at_batch=220)
+    r = done.completed({"batches_done": 220, "tokens_per_sec": None, "eval": {"loss": 1.0}}, batch=220)
+    assert r["train_loss"] == pytest.approx(7.8) and r["train_loss_first"] == pytest.approx(9.99)
+    assert len(r["train_loss_history"]) == 220 and read_results(tmp_path)["train_loss"] == pytest.approx(7.8)
+
+
+def test_the_loss_history_spans_attempts_and_replayed_batches_replace_the_lost_ones(tmp_path):
+    from hpc_llm.config.plan import JobPlan
+    from hpc_llm.rundir.record import RunRecord
+
+    plan = JobPlan("mpt_tiny", 1, 1, 0, 1, 1, "cpu", "ddp", 3600, str(tmp_path))
+    first = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=0, started_at=time.time())
+    first.failed("boom", {"train_loss_history": [[b, 1.0] for b in range(1, 38)]}, batch=37, status="interrupted")
+    again = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=0, started_at=time.time(), step=1)
+    again.note(resumed_at_batch=30)  # the checkpoint at 30: batches 31-37 are trained again
+    r = again.completed({"train_loss_history": [[b, 2.0] for b in range(31, 61)]}, batch=60)
+    assert [b for b, _ in r["train_loss_history"]] == list(range(1, 61))
+    assert {v for b, v in r["train_loss_history"] if b > 30} == {2.0} and r["train_loss"] == 2.0
+
+
 def test_budgets_are_counted_per_cause(tmp_path):
     causes = ["time_limit", "time_limit", "preemption", "hang", "failure", "node_failure"]
     counted = (

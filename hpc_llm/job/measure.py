@@ -52,6 +52,8 @@ def progress_figures(ctx: JobContext) -> dict[str, Any]:
     if ctx.loss_history:
         out["batches_done"] = ctx.loss_history[-1][0]
         out["train_loss"] = ctx.loss_history[-1][1]
+        # a stop keeps this attempt's history too: the next attempt's record goes on from it
+        out["train_loss_history"] = ctx.loss_history
     if ctx.preflight is not None:
         out["preflight"] = ctx.preflight
     if ctx.watchdog_events:
@@ -79,7 +81,6 @@ def training_figures(ctx: JobContext, trainer: Any, *, train_s: float, job_s: fl
     )
     if ctx.loss_history:
         out["train_loss_first"] = ctx.loss_history[0][1]
-        out["train_loss_history"] = ctx.loss_history
     per_rank = dist.all_gather_object({**placement(ctx), "peak_memory_bytes": peak_memory_bytes()})
     out["ranks"] = per_rank
     out["peak_memory_bytes_per_rank"] = [r["peak_memory_bytes"] for r in per_rank]

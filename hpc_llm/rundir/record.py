@@ -342,6 +342,32 @@ def update_results(run_dir: Path | str, attempts: Attempts, status: str, fields_
     return results
 
 
+#: what only an attempt that trains measures: an attempt that trained nothing (one that resumed at
+#: max_duration after a stop in the post-train stage) keeps the run's earlier figures
+CARRIED_FIGURES = ("tokens_per_sec", "mfu")
+
+
+def carry_training(results: dict[str, Any], earlier: dict[str, Any], resumed_at: int) -> None:
+    """The run's loss history across attempts, in ``results`` (what this attempt writes): the
+    earlier record's entries up to the batch this attempt resumed at, then this attempt's own
+    (the batches after it were trained again, or never kept); ``train_loss`` and
+    ``train_loss_first`` from that whole history. An attempt that trained nothing keeps the
+    earlier record's loss and :data:`CARRIED_FIGURES` instead of writing null over them."""
+    own = [(int(b), float(v)) for b, v in results.get("train_loss_history") or []]
+    kept = [(int(b), float(v)) for b, v in earlier.get("train_loss_history") or [] if int(b) <= resumed_at]
+    if not kept and not own and earlier.get("train_loss") is not None and results.get("train_loss") is None:
+        results["train_loss"] = earlier["train_loss"]  # an older record without a history
+    history = kept + [x for x in own if x[0] > resumed_at]
+    if history:
+        results["train_loss_history"] = [list(x) for x in history]
+        results["train_loss"] = history[-1][1]
+        results["train_loss_first"] = history[0][1]
+    if not own:
+        for key in CARRIED_FIGURES:
+            if results.get(key) is None and earlier.get(key) is not None:
+                results[key] = earlier[key]
+
+
 class RunRecord:
     """The record of one run, kept by global rank 0 of a training step.
 
@@ -440,9 +466,11 @@ class RunRecord:
         if batch is not None:
             a.last_batch = batch
         self.attempts.save()
+        earlier = read_results(self.run_dir) or {}
         results = skeleton(self.plan, status)
         results.update(self.info)
         results.update({k: v for k, v in figures.items() if v is not None or k not in results})
+        carry_training(results, earlier, a.resumed_at_batch)
         if results.get("batches_done") is None and batch is not None:
             results["batches_done"] = batch
         results.update(self.attempts.summary())

@@ -1,0 +1,37 @@
+"""Test plugin: every training batch takes at least ``batch_s`` seconds.
+
+hpc_llm's fault tests inject a fault "once the run passes batch 8", or need a
+run to outlast several one-minute time limits. How far a run gets in a given
+time depends on the machine (a newcomer's idle laptop trains mpt_tiny several
+times faster than a loaded CI machine), so those tests pace their runs: each
+batch is held to ``batch_s`` seconds (a sleep at the batch's end, on every
+rank), which bounds how many batches a minute can train from above, whatever
+the machine. It changes no number the run computes: the loss is the same as
+an unpaced run's, so the tests compare against unpaced reference runs.
+
+Registered in LLM Foundry's callback registry through its ``llmfoundry_callbacks``
+entry point; a run asks for it with ``++train.callbacks.hpc_llm_test_pace.batch_s=0.1``.
+It is a real pip-installed package, so the code under test has no test hook.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+# Composer is importable wherever LLM Foundry loads this entry point (inside a job only)
+from composer.core import Callback
+
+
+class Pace(Callback):
+    def __init__(self, batch_s: float = 0.1) -> None:
+        self.batch_s = float(batch_s)
+        self._started = time.monotonic()
+
+    def batch_start(self, state: Any, logger: Any) -> None:
+        self._started = time.monotonic()
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        left = self.batch_s - (time.monotonic() - self._started)
+        if left > 0:
+            time.sleep(left)
