@@ -60,6 +60,35 @@ def pip_install(src: Path, target: Path) -> None:
     )
 
 
+TEST_PLUGINS = ("hpc-llm-crash", "hpc-llm-pace")
+
+
+@pytest.fixture(scope="session")
+def test_site(pytestconfig: pytest.Config) -> Path:
+    """The test plugins (tests/plugins/*: crash, pace) pip-installed once for the session into
+    one ``--target`` dir that every xdist worker shares (the first to ask installs them under a
+    lock); put it on PYTHONPATH with :func:`with_site`."""
+    import fcntl
+
+    site = shared_dir(pytestconfig) / "test-plugins"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(site) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = site / ".installed"
+        if not done.exists():
+            for name in TEST_PLUGINS:
+                pip_install(ROOT / "tests" / "plugins" / name, site)
+            done.touch()
+    return site
+
+
+def with_site(env: dict[str, str], site: Path) -> dict[str, str]:
+    """``env`` with a pip --target dir in front of its PYTHONPATH (a checkout run from
+    PYTHONPATH keeps working)."""
+    path = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return dict(env, PYTHONPATH=path)
+
+
 def run_app(
     args: list[str],
     env: dict[str, str],

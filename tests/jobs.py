@@ -24,6 +24,14 @@ ALONE = [
 ]
 
 
+def paced(batch_s: float) -> list[str]:
+    """Overrides that hold every batch to ``batch_s`` seconds (tests/plugins/hpc-llm-pace, on
+    PYTHONPATH through the ``test_site`` fixture): a test that must catch a run mid-training, or
+    needs it to outlast several time limits, gets there on any machine. The loss is unchanged, so
+    reference runs stay unpaced."""
+    return [f"++train.callbacks.hpc_llm_test_pace.batch_s={batch_s:g}"]
+
+
 def submit(args: list[str], env: dict[str, str], cwd: Path) -> tuple[str, Path]:
     """``python -m hpc_llm <args>`` (no wait): the Slurm job id and the run dir."""
     proc = run_app(args, env, cwd=cwd, timeout=120)

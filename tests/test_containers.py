@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.conftest import PY, ROOT, explain, pip_install, results_of, run_app, run_cli
-from tests.jobs import beat, finished, job_nodes, preempt, submit, wait_for
+from tests.conftest import PY, ROOT, explain, pip_install, results_of, run_app, run_cli, with_site
+from tests.jobs import beat, finished, job_nodes, paced, preempt, submit, wait_for
 from tests.skeleton import host_binds, make_skeleton
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -512,10 +512,10 @@ def test_a_node_whose_image_has_no_python_is_named_and_nothing_trains(slurm_env,
 
 
 @pytest.mark.slurm
-def test_a_preempted_run_in_apptainer_saves_requeues_and_resumes(slurm_env, sif, tmp_path):
+def test_a_preempted_run_in_apptainer_saves_requeues_and_resumes(slurm_env, sif, test_site, tmp_path):
     """Slurm's stop signal goes to the supervisor, which forwards it to the srun step; srun
     signals each task, which is apptainer's process, and Apptainer passes it on to the rank."""
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     args = [
         *RUN,
         "resources.nodes=1",
@@ -523,6 +523,7 @@ def test_a_preempted_run_in_apptainer_saves_requeues_and_resumes(slurm_env, sif,
         "hydra.launcher.exclusive=true",
         "fault.heartbeat_s=2",
         f"container.image={sif}",
+        *paced(0.1),  # still training when the preemption lands, on any machine
     ]
     job_id, run_dir = submit(args, env, tmp_path)
     wait_for(lambda: beat(run_dir, 0).get("batch", -1) >= 10, 300, "rank 0 to pass batch 10")

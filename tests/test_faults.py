@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, explain, pip_install, results_of, run_app, run_cli, shared_dir
-from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, preempt, submit, wait_for
+from tests.conftest import explain, results_of, run_app, run_cli, shared_dir, with_site
+from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, paced, preempt, submit, wait_for
 
 pytestmark = [pytest.mark.slurm]
 
@@ -42,6 +42,9 @@ BASE = [
     "fault.hang_timeout_s=20",
 ]
 SHORT = [*BASE, "train.max_duration=60ba"]
+#: a fault injected "once rank 1 passes batch 8" must find SHORT still training on any machine:
+#: at most 10 batches a second (heartbeats every 2 s: the test sees batch 8 by batch ~30)
+PACE = paced(0.1)
 
 
 def reference(args: list[str], env: dict[str, str], pytestconfig: pytest.Config) -> dict:
@@ -91,11 +94,6 @@ def slurm_attempts(job_id: str, env: dict[str, str]) -> list[tuple[str, list[str
     ]
 
 
-def with_path(site: Path) -> str:
-    """PYTHONPATH with a pip --target dir in front (kept: a checkout run from PYTHONPATH)."""
-    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-
-
 def rank_at(run_dir: Path, rank: int, batch: int) -> dict:
     return wait_for(
         lambda: beat(run_dir, rank).get("batch", -1) >= batch and beat(run_dir, rank),
@@ -104,10 +102,10 @@ def rank_at(run_dir: Path, rank: int, batch: int) -> dict:
     )
 
 
-def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, tmp_path, pytestconfig):
+def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, test_site, tmp_path, pytestconfig):
     ref = reference(SHORT, slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit(SHORT, env, tmp_path)
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    job_id, run_dir = submit([*SHORT, *PACE], env, tmp_path)
     victim = rank_at(run_dir, 1, 8)
     os.kill(victim["pid"], signal.SIGKILL)  # the OOM killer, a GPU off the bus
     r = finished(run_dir, 300)
@@ -122,10 +120,10 @@ def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, tmp_path,
     assert 0 < r["goodput"] < 1
 
 
-def test_a_frozen_rank_is_named_and_the_step_restarted(slurm_env, tmp_path, pytestconfig):
+def test_a_frozen_rank_is_named_and_the_step_restarted(slurm_env, test_site, tmp_path, pytestconfig):
     ref = reference(SHORT, slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    _job_id, run_dir = submit(SHORT, env, tmp_path)
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    _job_id, run_dir = submit([*SHORT, *PACE], env, tmp_path)
     victim = rank_at(run_dir, 1, 8)
     frozen_at = time.monotonic()
     os.kill(victim["pid"], signal.SIGSTOP)  # a process stuck in the kernel, a wedged driver
@@ -138,12 +136,14 @@ def test_a_frozen_rank_is_named_and_the_step_restarted(slurm_env, tmp_path, pyte
     assert "rank(s) 1 on" in first["error"] and "silent for more than 20s" in first["error"]
 
 
-def test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(slurm_env, dev_cluster, tmp_path, pytestconfig):
+def test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(
+    slurm_env, dev_cluster, test_site, tmp_path, pytestconfig
+):
     from hpc_llm.slurm import devcluster
 
     ref = reference(SHORT, slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit(SHORT, env, tmp_path)
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    job_id, run_dir = submit([*SHORT, *PACE], env, tmp_path)
     victim = rank_at(run_dir, 1, 8)
     devcluster.kill_node(dev_cluster, victim["node"])  # its slurmd, slurmstepds and tasks
     try:
@@ -163,10 +163,8 @@ def test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(slurm_env, d
     assert shown.returncode == 0 and "NODE_FAIL" in shown.stdout and "COMPLETED" in shown.stdout, explain(shown)
 
 
-def test_a_user_exception_fails_after_two_attempts(slurm_env, tmp_path):
-    site = tmp_path / "site"
-    pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=str(site))
+def test_a_user_exception_fails_after_two_attempts(slurm_env, test_site, tmp_path):
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     job_id, run_dir = submit([*SHORT, "eval.evaluators=[crash]", "+eval.options.crash.at_batch=7"], env, tmp_path)
     r = finished(run_dir, 300)
     assert r["status"] == "failed"
@@ -188,20 +186,21 @@ def test_an_exception_before_the_first_batch_is_not_retried(slurm_env, tmp_path)
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
 
 
-def preempted_run(args: list[str], slurm_env: dict[str, str], tmp_path: Path) -> tuple[str, dict]:
-    """Submit ``args`` (an exclusive one-node run), preempt it once it passes batch 20, and
-    wait for it to end: its job id and results."""
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit(args, env, tmp_path)
+def preempted_run(args: list[str], slurm_env: dict[str, str], tmp_path: Path, site: Path) -> tuple[str, dict]:
+    """Submit ``args`` (an exclusive one-node run of at least 100 batches), paced to at most 10
+    batches a second, preempt it once it passes batch 20, and wait for it to end: its job id and
+    results. ``site``: the test plugins (the ``test_site`` fixture)."""
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), site)
+    job_id, run_dir = submit([*args, *PACE], env, tmp_path)
     rank_at(run_dir, 0, 20)
     preempt(job_nodes(job_id, env), env)
     return job_id, finished(run_dir, 300)
 
 
-def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, tmp_path, pytestconfig):
+def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, test_site, tmp_path, pytestconfig):
     args = [*ALONE, "train.max_duration=300ba"]
     ref = reference(args, slurm_env, pytestconfig)
-    job_id, r = preempted_run(args, slurm_env, tmp_path)
+    job_id, r = preempted_run(args, slurm_env, tmp_path, test_site)
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
     same_loss(r, ref)
     first, second = r["attempts"]
@@ -237,38 +236,43 @@ def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):
 
 
 @pytest.mark.long
-@pytest.mark.timeout(1800)  # ~10 attempts of a minute each here, and the reference run
-def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, pytestconfig):
+@pytest.mark.timeout(1800)  # ~6 attempts of a minute each here, and the reference run
+def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, test_site, tmp_path, pytestconfig):
     """A 1-minute time limit stands in for 24 h: the run needs several, and is preempted once.
 
     The ranks stop 20 s before each limit (fault.stop_lead_s; Slurm's own signal
     is asked for at 45 s and held back until then; slurmctld may send it that early
     that it is lost, and then the supervisor stops them at 20 s itself), save, and
     the job is requeued.
+
+    Sized by the pace, not by this machine's speed: at 2 batches a second an attempt trains
+    at most ~64 batches (a minute, less the 20 s lead and a start-up of 8 s or more), so 220
+    batches need at least three full attempts besides the preempted one, however fast the
+    machine (a slower one needs more attempts, each still a time limit).
     """
     args = [
         *ALONE,
-        "train.max_duration=1000ba",
+        "train.max_duration=220ba",
         "resources.time=1",
         "hydra.launcher.signal_lead_s=45",
         "fault.stop_lead_s=20",
         "checkpoint.keep=2",  # a checkpoint every epoch (78 batches) and at every stop
     ]
-    ref = reference([*ALONE, "train.max_duration=1000ba"], slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit(args, env, tmp_path)
-    # preempt the third attempt once it trains
+    ref = reference([*ALONE, "train.max_duration=220ba"], slurm_env, pytestconfig)
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    job_id, run_dir = submit([*args, *paced(0.5)], env, tmp_path)
+    # preempt the second attempt once it trains
     wait_for(
         lambda: (
-            len(attempts(run_dir)) >= 3
+            len(attempts(run_dir)) >= 2
             and attempts(run_dir)[-1]["state"] == "running"
             and beat(run_dir, 0).get("batch", -1) > attempts(run_dir)[-1]["resumed_at_batch"]
         ),
         600,
-        "the third attempt to train",
+        "the second attempt to train",
     )
     preempt(job_nodes(job_id, env), env)
-    r = finished(run_dir, 900)
+    r = finished(run_dir, 1200)
     same_loss(r, ref)
     causes = r["restarts_by_cause"]
     assert causes.get("time_limit", 0) >= 3 and causes.get("preemption") == 1, causes
@@ -298,7 +302,7 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, tmp_path, py
     ],
     ids=["fsdp-2-ranks", "hsdp-4-ranks"],
 )
-def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_path, pytestconfig):
+def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, test_site, tmp_path, pytestconfig):
     args = [
         "+experiment=mpt_tiny",
         "hydra/launcher=slurm",
@@ -314,8 +318,8 @@ def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_pa
         *layout,
     ]
     ref = reference(args, slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    job_id, run_dir = submit(args, env, tmp_path)
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    job_id, run_dir = submit([*args, *PACE], env, tmp_path)
     rank_at(run_dir, 0, 15)
     preempt(job_nodes(job_id, env), env)
     r = finished(run_dir, 600)
@@ -332,17 +336,16 @@ def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, tmp_pa
 
 
 def test_a_node_whose_gpu_fails_every_attempt_is_blamed_left_out_and_the_run_finishes(
-    slurm_env, tmp_path, pytestconfig
+    slurm_env, test_site, tmp_path, pytestconfig
 ):
     """A rank on one node raises a CUDA ECC error 7 batches into every attempt; srun then
     terminates the other node's rank (--kill-on-bad-exit). That node, never the bystander, is
     blamed; the second time it is left out, and the run completes on the others."""
-    site = tmp_path / "site"
-    pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=with_path(site))
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     bad_node_file = tmp_path / "bad_node"
     ref = reference(SHORT, slurm_env, pytestconfig)
-    args = [*SHORT, "eval.evaluators=[crash]", f"+eval.options.crash.node_file={bad_node_file}"]
+    # paced: the node file is written once the job runs, before any attempt reaches batch 7
+    args = [*SHORT, "eval.evaluators=[crash]", f"+eval.options.crash.node_file={bad_node_file}", *PACE]
     job_id, run_dir = submit(args, env, tmp_path)
     # a wait in the queue: other tests' exclusive jobs may hold the nodes for minutes
     nodes = wait_for(lambda: job_nodes(job_id, env), 600, "the job to start")
@@ -366,16 +369,20 @@ def scontrol_job(job_id: str, env: dict[str, str]) -> dict[str, str]:
 STOPS = {"time_limit", "signal"}
 
 
-def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(slurm_env, tmp_path, pytestconfig):
+def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(
+    slurm_env, test_site, tmp_path, pytestconfig
+):
     """An admin cuts a 15-minute job to a minute or so from now (`scontrol update TimeLimit`, as before a
     maintenance). The supervisor reads the new end time (every minute and on Slurm's signal),
     stops the ranks 20 s before it, saves and requeues: a time limit, not a cancelled run; the
     later attempts, which keep the shortened limit, finish the training with the same loss."""
-    args = [*ALONE, "train.max_duration=1000ba"]  # the long time-limit test's reference
+    args = [*ALONE, "train.max_duration=600ba"]
     ref = reference(args, slurm_env, pytestconfig)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     limits = ["resources.time=15", "hydra.launcher.signal_lead_s=45", "fault.stop_lead_s=20"]
-    job_id, run_dir = submit([*args, *limits], env, tmp_path)
+    # at most ~7 batches a second: by the stop (at most 70 s after batch 10) the run is at
+    # batch 480 or less, on any machine
+    job_id, run_dir = submit([*args, *limits, *paced(0.15)], env, tmp_path)
     rank_at(run_dir, 0, 10)
     h, m, sec = (int(x) for x in scontrol_job(job_id, env)["RunTime"].split("-")[-1].split(":"))
     ran_s = h * 3600 + m * 60 + sec
@@ -383,8 +390,8 @@ def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(slu
     def time_limit(value: str) -> None:
         subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={value}"], env=env, check=True)
 
-    # Slurm keeps limits in whole minutes (rounded up): the new end is 30-90 s from now, so
-    # the stop comes mid-run (at ~10 batches/s the run has 100 s of training left)
+    # Slurm keeps limits in whole minutes (rounded up): the new end is 30-90 s from now, the stop
+    # 20 s before it, so it comes mid-run (paced: the run has at least 90 s of training left)
     time_limit(str(-(-(ran_s + 30) // 60)))
     wait_for(lambda: attempts(run_dir)[0]["state"] != "running", 300, "the first attempt to stop")
     time_limit("15")  # the maintenance is over: the requeued job may finish in one go
@@ -400,14 +407,12 @@ def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(slu
     assert r["slurm_job_ids"] == [job_id]
 
 
-def test_a_preemption_in_the_post_train_stage_ends_completed(slurm_env, tmp_path):
+def test_a_preemption_in_the_post_train_stage_ends_completed(slurm_env, test_site, tmp_path):
     """Preempted while the post-train stage runs (held-out eval, HF export: tens of minutes at
     70B; the test plugin's evaluator sleeps 40 s on its first try, longer than the partition's
     20 s grace time): the attempt is a preemption, the next one resumes at max_duration, goes
     straight to the post-train stage, and the run is completed with every batch trained."""
-    site = tmp_path / "site"
-    pip_install(ROOT / "tests" / "plugins" / "hpc-llm-crash", site)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), PYTHONPATH=with_path(site))
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     args = [*ALONE, "train.max_duration=30ba", "eval.evaluators=[crash]"]
     args += ["+eval.options.crash.at_batch=1000000", "+eval.options.crash.post_s=40"]
     job_id, run_dir = submit(args, env, tmp_path)

@@ -238,7 +238,7 @@ def test_a_foundry_finetuning_yaml_of_a_local_llama_trains_with_fsdp_and_exports
 
 @pytest.mark.slurm
 @pytest.mark.train
-def test_a_preempted_yaml_run_resumes_exactly(slurm_env, cache_dir, tmp_path, pytestconfig):
+def test_a_preempted_yaml_run_resumes_exactly(slurm_env, cache_dir, test_site, tmp_path, pytestconfig):
     """The yaml on one exclusive Slurm node, preempted mid-training: it saves, is requeued and
     ends with the final loss of an uninterrupted run of the same yaml."""
     from tests.jobs import ALONE
@@ -248,7 +248,7 @@ def test_a_preempted_yaml_run_resumes_exactly(slurm_env, cache_dir, tmp_path, py
     args = [f"yaml={PRETRAIN}", *pointed(corpus(cache_dir)), *alone, "train.max_duration=300ba"]
     args.append("train.eval_interval=100ba")  # the yaml's 6ba: fifty evaluations of a short run
     ref = reference(args, slurm_env, pytestconfig)
-    _, r = preempted_run(args, slurm_env, tmp_path)
+    _, r = preempted_run(args, slurm_env, tmp_path, test_site)
     same_loss(r, ref)
     first, second = r["attempts"]
     assert (first["cause"], first["action"]) == ("preemption", "requeue")

@@ -18,7 +18,8 @@ import pytest
 
 from hpc_llm.job.watchdog import ThroughputWatch
 from hpc_llm.results import preflight
-from tests.conftest import explain, results_of, run_app, run_cli
+from tests.conftest import explain, results_of, run_app, run_cli, with_site
+from tests.jobs import paced
 
 
 def test_busbw_is_algbw_times_two_n_minus_one_over_n():
@@ -69,7 +70,7 @@ STALL_S = 20
 
 
 @pytest.mark.train
-def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
+def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, test_site, tmp_path):
     """The rank is frozen for STALL_S mid-run (SIGSTOP/SIGCONT), as a stalled node would be."""
     stalled: dict[str, float] = {}
 
@@ -113,8 +114,10 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, tmp_path):
             # here with both workers training), far below what load alone does
             "watchdog.fraction=0.2",
             "train.console_log_interval=1ba",
+            # batches 15-40 last at least 2.5 s on any machine: the stall lands mid-run
+            *paced(0.1),
         ],
-        app_env,
+        with_site(app_env, test_site),
         cwd=tmp_path,
     )
     t.join(timeout=STALL_S + 10)

@@ -62,14 +62,14 @@ def test_a_dry_run_asks_sbatch_test_only_and_submits_nothing(slurm24_env, runs_d
     assert test_sweeps.queued(slurm24_env, tmp_path) == set()
 
 
-def test_a_preempted_run_resumes_exactly_in_one_preempted_attempt(slurm24_env, tmp_path, pytestconfig):
+def test_a_preempted_run_resumes_exactly_in_one_preempted_attempt(slurm24_env, test_site, tmp_path, pytestconfig):
     """As on 22.05 (test_faults), and accounting has exactly the preempted attempt and the one
     that finished: the supervisor ends its batch script in the grace time, so Slurm requeues it
     and clears the preemption's flag (with `scontrol requeue` instead, 24.11 booked the finished
     attempt PREEMPTED and started a third one: slurm_job.requeued_by_ending)."""
     args = [*ALONE, "train.max_duration=300ba"]
     ref = test_faults.reference(args, slurm24_env, pytestconfig)
-    job_id, r = test_faults.preempted_run(args, slurm24_env, tmp_path)
+    job_id, r = test_faults.preempted_run(args, slurm24_env, tmp_path, test_site)
     test_faults.same_loss(r, ref)
     first, second = r["attempts"]
     assert (first["state"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
@@ -81,16 +81,16 @@ def test_a_preempted_run_resumes_exactly_in_one_preempted_attempt(slurm24_env, t
     assert "PREEMPTED" in shown.stdout and "COMPLETED" in shown.stdout and "preemption" in shown.stdout, explain(shown)
 
 
-def test_a_dead_node_is_requeued_by_slurm_and_left_out(slurm24_env, dev_cluster_24, tmp_path, pytestconfig):
+def test_a_dead_node_is_requeued_by_slurm_and_left_out(slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig):
     """24.11 shows the job COMPLETING (FailedNode=) before PENDING where 22.05 went to PENDING
     at once: the supervisor tells a requeue from a cancel by the restart count either way."""
     test_faults.test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(
-        slurm24_env, dev_cluster_24, tmp_path, pytestconfig
+        slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig
     )
 
 
-def test_a_killed_rank_is_restarted_in_place(slurm24_env, tmp_path, pytestconfig):
-    test_faults.test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm24_env, tmp_path, pytestconfig)
+def test_a_killed_rank_is_restarted_in_place(slurm24_env, test_site, tmp_path, pytestconfig):
+    test_faults.test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm24_env, test_site, tmp_path, pytestconfig)
 
 
 def test_status_reads_a_cancelled_and_a_failed_job_from_sacct(slurm24_env, runs_dir, tmp_path):

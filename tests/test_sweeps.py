@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, ROOT, explain, run_app, run_cli
-from tests.jobs import ALONE, attempts, beat, finished, job_nodes, preempt, submit, wait_for
+from tests.conftest import PY, ROOT, explain, run_app, run_cli, with_site
+from tests.jobs import ALONE, attempts, beat, finished, job_nodes, paced, preempt, submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -211,16 +211,17 @@ def test_snapshot_with_a_container_is_refused_in_one_line(slurm_env, runs_dir, t
     assert not runs_dir.exists()
 
 
-def test_an_array_task_is_preempted_and_resumed_on_its_own(slurm_env, runs_dir, tmp_path):
+def test_an_array_task_is_preempted_and_resumed_on_its_own(slurm_env, runs_dir, test_site, tmp_path):
     """Two points of one shape (one array, each task on a node of its own): preempting the
     node of task 1 stops, requeues and resumes task 1 alone."""
-    env = dict(slurm_env)
+    env = with_site(dict(slurm_env), test_site)
     proc = run_app(
         [
             *ALONE,
             "checkpoint.interval=10ba",
             "train.max_duration=200ba",
             "train.seed=1,2",
+            *paced(0.1),  # still training when the preemption lands, on any machine
         ],
         env,
         cwd=tmp_path,

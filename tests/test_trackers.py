@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import explain, results_of, run_app
-from tests.jobs import ALONE, attempts, beat, finished, job_nodes, preempt, submit, wait_for
+from tests.conftest import explain, results_of, run_app, with_site
+from tests.jobs import ALONE, attempts, beat, finished, job_nodes, paced, preempt, submit, wait_for
 
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 TINY = ["+experiment=mpt_tiny", "eval=none", "resources.tasks_per_node=1"]
@@ -103,14 +103,15 @@ def test_a_run_logs_to_one_mlflow_run_named_after_it(mlflow_server, app_env, run
 
 
 @pytest.mark.slurm
-def test_a_preempted_run_is_one_mlflow_run_with_a_continuous_history(mlflow_server, slurm_env, tmp_path):
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
+def test_a_preempted_run_is_one_mlflow_run_with_a_continuous_history(mlflow_server, slurm_env, test_site, tmp_path):
+    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     job_id, run_dir = submit(
         [
             *ALONE,
             "train.max_duration=150ba",
             "logger=mlflow",
             f"logger.tracking_uri={mlflow_server}",
+            *paced(0.1),  # still training when the preemption lands, on any machine
         ],
         env,
         tmp_path,
