@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' image helpers
 from tests.skeleton import host_binds, make_skeleton  # noqa: E402
 
-IMPORTS = "import hpc_llm.job.task, torch, composer, llmfoundry"
+IMPORTS = "import hpc_llm.job.rank.task, torch, composer, llmfoundry"
 
 
 def skeleton(root: Path, pad_mb: int = 0) -> Path:

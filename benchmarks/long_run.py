@@ -1,6 +1,6 @@
 """A 70B pretraining run of two months on 64 H100 nodes, simulated: does the fault policy finish it?
 
-Drives **the same decision function the supervisor runs** (``hpc_llm.job.policy.decide``,
+Drives **the same decision function the supervisor runs** (``hpc_llm.job.supervisor.policy.decide``,
 imported, not copied) through a simulated run, event by event: every stop of a
 training step becomes the facts the supervisor would gather (``policy.Stop``), the
 decision is carried out (restart in the allocation, requeue, fail), and time,
@@ -46,8 +46,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpc_llm.job import policy  # noqa: E402
 from hpc_llm.job.failures import RankFailure, TaskError  # noqa: E402
+from hpc_llm.job.supervisor import policy  # noqa: E402
 from hpc_llm.results.estimate import CHECKPOINT_BYTES_PER_PARAM, GB, NODE_MTBF_DAYS, WRITE_GBPS_PER_NODE  # noqa: E402
 from hpc_llm.rundir.record import Attempt  # noqa: E402
 
@@ -274,7 +274,9 @@ def optimum_goodput() -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=100)
-    ap.add_argument("--before", action="store_true", help="the rules before hpc_llm.job.policy (legacy flags)")
+    ap.add_argument(
+        "--before", action="store_true", help="the rules before hpc_llm.job.supervisor.policy (legacy flags)"
+    )
     args = ap.parse_args(argv)
     runs = [simulate(seed, args.before) for seed in range(args.seeds)]
     done = [r for r in runs if r.completed]

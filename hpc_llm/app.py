@@ -21,7 +21,7 @@ from hpc_llm.results.console import LOG_LEVEL_ENV
 
 def task(cfg: DictConfig) -> Any:
     from hpc_llm.config.store import require_schema
-    from hpc_llm.job.task import run
+    from hpc_llm.job.rank.task import run
 
     require_schema(cfg)  # under Hydra's own launchers, which hpc_llm's checks do not reach
 

@@ -1,4 +1,4 @@
-"""hpc_llm.job.compat's fixes for upstream bugs, each against the real upstream code."""
+"""hpc_llm.job.rank.compat's fixes for upstream bugs, each against the real upstream code."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_a_run_resumed_at_an_epoch_boundary_sees_the_next_epoch_not_the_last_aga
     """Streaming 0.12 saves the finished epoch at sample 0: resumed, the run replayed it."""
     from streaming import MDSWriter
 
-    from hpc_llm.job import compat
+    from hpc_llm.job.rank import compat
 
     compat.apply()
     root = tmp_path / "mds"

@@ -63,12 +63,12 @@ def test_docs_cite_no_file_outside_the_repository():
 # -- the upstream fixes: one numbered list, in docs/design.md ---------------------
 
 DESIGN = ROOT / "docs" / "design.md"
-COMPAT = ROOT / "hpc_llm" / "job" / "compat.py"
+COMPAT = ROOT / "hpc_llm" / "job" / "rank" / "compat.py"
 FIXES_HEADING = "Upstream fixes"
 #: "upstream fix 3", "upstream fixes 3 and 4", "upstream fixes 8 to 12" (line breaks allowed);
 #: "upstream hazard N" is the same citation in older wording
 CITATION = re.compile(r"upstream\s+(?:fix|hazard)(?:e?s)?\s+(\d+)(?:\s*(,|and|to|-)\s*(\d+))?")
-#: "`hpc_llm/job/task.py: node_local_dir`": a name defined in that file
+#: "`hpc_llm/job/rank/task.py: node_local_dir`": a name defined in that file
 LOCATION = re.compile(r"(hpc_llm/[\w/]+\.py): (\w+)")
 #: what a list entry says the upstream version is: "(Composer 0.32)", "(torch 2.7)", ...
 VERSION = re.compile(r"\(([A-Za-z][\w. -]*? \d+\.\d+)")
@@ -159,9 +159,11 @@ def test_every_patch_compat_applies_is_cited_by_number_and_the_entry_names_it():
         assert numbers, f"compat.{fn.name}'s docstring cites no 'docs/design.md, upstream fix N'"
         for n in numbers:
             assert n in fixes, f"compat.{fn.name} cites upstream fix {n}, which docs/design.md lacks"
-            assert f"hpc_llm/job/compat.py: {fn.name}" in fixes[n], f"upstream fix {n} does not name compat.{fn.name}"
+            assert f"hpc_llm/job/rank/compat.py: {fn.name}" in fixes[n], (
+                f"upstream fix {n} does not name compat.{fn.name}"
+            )
         covered |= numbers
-    in_compat = {n for n, entry in fixes.items() if "hpc_llm/job/compat.py: " in entry}
+    in_compat = {n for n, entry in fixes.items() if "hpc_llm/job/rank/compat.py: " in entry}
     assert in_compat == covered, f"entries naming compat.py {sorted(in_compat)}, patches citing {sorted(covered)}"
     assert not re.search(r"^\s*\d+\. ", ast.get_docstring(ast.parse(COMPAT.read_text())) or "", re.M), (
         "compat.py keeps no numbered list of its own"
@@ -259,7 +261,7 @@ def test_a_stale_name_is_caught():
     stale = (
         "`hpc_llm/launchers/payload.py`, hpc_llm/trainconfig.py and `hpc_llm/job/distenv.py`; "
         "`hpc_llm.launchers.payload`, hpc_llm.rundir.payload.RankEntry, hpc_llm.job.health; "
-        "`hpc_llm/job/task.py: no_such_function`, tests/test_nothing.py, (job/health.py)"
+        "`hpc_llm/job/rank/task.py: no_such_function`, tests/test_nothing.py, (job/health.py)"
     )
     assert missing_names(stale) == [
         "hpc_llm/launchers/payload.py",
@@ -270,13 +272,13 @@ def test_a_stale_name_is_caught():
         "hpc_llm.launchers.payload",
         "hpc_llm.rundir.payload.RankEntry",
         "hpc_llm.job.health",
-        "hpc_llm/job/task.py: no_such_function",
+        "hpc_llm/job/rank/task.py: no_such_function",
     ]
     fresh = (
         "`hpc_llm/rundir/payload.py`, hpc_llm/job/, hpc_llm.launch.slurm.RankEntry, hpc_llm.job, "
-        "hpc_llm.hookimpl, `hpc_llm/job/task.py: node_local_dir`, `.hpc_llm/job.pkl`, "
+        "hpc_llm.hookimpl, `hpc_llm/job/rank/task.py: node_local_dir`, `.hpc_llm/job.pkl`, "
         "`~/.hpc_llm/dev-cluster`, hpc_llm/_data/conf, containers/*.def, sbatch_templates/default.sh.j2, "
-        "(job/preflight.py)"
+        "(job/rank/preflight.py)"
     )
     assert missing_names(fresh) == []
 

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from hpc_llm.job import failures, hang_watch, heartbeat, policy, step, supervisor
+from hpc_llm.job import failures, heartbeat
+from hpc_llm.job.supervisor import hang_watch, policy, step
+from hpc_llm.job.supervisor import loop as supervisor
 from hpc_llm.rundir.record import Attempt, Attempts
 
 
@@ -423,7 +425,7 @@ def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
     from composer import Trainer
     from composer.core import Time, Timestamp
 
-    from hpc_llm.job.task import training_done_goes_on
+    from hpc_llm.job.rank.task import training_done_goes_on
 
     original = Trainer.fit
     calls = []
@@ -447,7 +449,7 @@ def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
 def test_a_filesystem_short_of_two_saves_is_a_warning_before_enospc(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from hpc_llm.job import disk
+    from hpc_llm.job.rank import disk
 
     save = tmp_path / "ep0-ba20-rank0.pt"
     save.write_bytes(b"x" * 1000)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.job import heartbeat, supervisor
+from hpc_llm.job import heartbeat
+from hpc_llm.job.supervisor import loop as supervisor
 from hpc_llm.rundir.layout import RunDir
 
 NODES, PER_NODE = 64, 8

@@ -29,8 +29,8 @@ TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers"
 #: hpc_llm.launch.handover). Both import the in-job side when called, which
 #: happens inside the job.
 IN_JOB_HANDOVERS = {
-    ("hpc_llm.app", "hpc_llm.job.task"),
-    ("hpc_llm.launch.handover", "hpc_llm.job.entry"),
+    ("hpc_llm.app", "hpc_llm.job.rank.task"),
+    ("hpc_llm.launch.handover", "hpc_llm.job.rank.entry"),
 }
 
 

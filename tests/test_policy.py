@@ -1,4 +1,4 @@
-"""The fault policy's decision table (hpc_llm.job.policy.decide), one row per rule and per
+"""The fault policy's decision table (hpc_llm.job.supervisor.policy.decide), one row per rule and per
 scenario of a long run; docs/design.md, "The decision table", lists the same rows."""
 
 from __future__ import annotations
@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from hpc_llm.job.failures import RankFailure, TaskError
-from hpc_llm.job.policy import Settings, Stop, active_blame, blamed_node, decide, excluded_by_history, lost_cause
+from hpc_llm.job.supervisor.policy import (
+    Settings,
+    Stop,
+    active_blame,
+    blamed_node,
+    decide,
+    excluded_by_history,
+    lost_cause,
+)
 from hpc_llm.rundir.record import Attempt
 
 H = 3600.0

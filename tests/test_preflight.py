@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.job.watchdog import ThroughputWatch
+from hpc_llm.job.rank.watchdog import ThroughputWatch
 from hpc_llm.results import preflight
 from tests.conftest import explain, results_of, run_app, run_cli, with_site
 from tests.jobs import paced
@@ -85,7 +85,7 @@ def test_watchdog_warns_about_an_injected_stall(app_env, runs_dir, test_site, tm
         for proc_dir in Path("/proc").iterdir():  # the rank processes of this run, by their command line
             try:
                 cmd = (proc_dir / "cmdline").read_bytes().split(b"\0")
-                if b"hpc_llm.job.entry" not in cmd or not any(str(runs_dir).encode() in c for c in cmd):
+                if b"hpc_llm.job.rank.entry" not in cmd or not any(str(runs_dir).encode() in c for c in cmd):
                     continue
                 env = (proc_dir / "environ").read_bytes().split(b"\0")
             except OSError:

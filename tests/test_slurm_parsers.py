@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.job import failures, slurm_job
+from hpc_llm.job import failures
+from hpc_llm.job.supervisor import slurm_job
 from hpc_llm.slurm import accounting, query
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"

@@ -26,7 +26,7 @@ from hpc_llm.plugins.base import CheckpointBackend, HostPath
 from hpc_llm.rundir.layout import RunDir, unfinished_checkpoints
 
 if TYPE_CHECKING:
-    from hpc_llm.job.context import JobContext
+    from hpc_llm.job.rank.context import JobContext
 
 # Object stores Composer's checkpoint saver understands (composer.utils.file_helpers).
 URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs", "sftp", "libcloud")

@@ -211,14 +211,14 @@ class Apptainer(ContainerRuntime):
         if passthrough:
             lines.append("# by name into the container: Apptainer sets NAME from APPTAINERENV_NAME")
             lines += [f'if [ -n "${{{n}+x}}" ]; then export APPTAINERENV_{n}="${{{n}}}"; fi' for n in passthrough]
-        # what each rank records in results.json (hpc_llm.job.measure): the runtime's
+        # what each rank records in results.json (hpc_llm.job.rank.measure): the runtime's
         # version, which is not visible from inside the container otherwise
         exe = shlex.quote(str(section.executable))
         lines.append(f'export APPTAINERENV_HPC_LLM_APPTAINER_VERSION="$({exe} --version 2>/dev/null || true)"')
         per_node = '--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --export=ALL'
         if mounts.scratch is None:
             lines += [
-                "# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too",
+                "# ranks work in $TMPDIR when it is set (hpc_llm.job.rank.task): bind it too",
                 'if [ -n "${TMPDIR:-}" ]; then '
                 'export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi',
             ]

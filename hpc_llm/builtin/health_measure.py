@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from hpc_llm.errors import CheckFailed
-from hpc_llm.job.preflight import gather, node_name
+from hpc_llm.job.rank.preflight import gather, node_name
 from hpc_llm.results import preflight
 
 

@@ -139,7 +139,7 @@ class FaultConfig:
     # the Slurm stop signal (hydra.launcher.signal) and requeue; restart after an
     # infrastructure failure or a hang. false: one attempt, no signal, no restart.
     enabled: bool = True
-    # Budgets (hpc_llm/job/policy.py; docs/design.md, "The decision table"). A long run
+    # Budgets (hpc_llm/job/supervisor/policy.py; docs/design.md, "The decision table"). A long run
     # lives with failures: what ends it is failing again and again without progress.
     # Infrastructure failures in a row without a new checkpoint (a rank killed by a
     # signal, an NCCL/CUDA/network error, a hang, a node that died): a new checkpoint

@@ -19,7 +19,7 @@ from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab, 
 from hpc_llm.errors import ConfigError, warn_once
 
 #: names under which the job registers hpc_llm's logger and callbacks in LLM
-#: Foundry's registries (hpc_llm.job.foundry), so the train config can list them
+#: Foundry's registries (hpc_llm.job.rank.foundry), so the train config can list them
 RESULTS_LOGGER = "hpc_llm_results"
 PREEMPTION_CALLBACK = "hpc_llm_preemption"
 WATCHDOG_CALLBACK = "hpc_llm_watchdog"

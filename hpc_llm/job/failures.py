@@ -3,10 +3,10 @@
 Every rank that dies of an exception writes
 ``<run dir>/.hpc_llm/failures/<job>.<restart>.<step>.<rank>.json`` (type,
 one-line message, the batch it had finished, node) before it exits
-(:func:`report`, called by :mod:`hpc_llm.job.entry`). A rank killed by a
+(:func:`report`, called by :mod:`hpc_llm.job.rank.entry`). A rank killed by a
 signal writes nothing; ``srun`` names it on stderr instead
 (:func:`parse_srun_errors`). The supervisor reads both; the fault policy
-(:func:`hpc_llm.job.policy.decide`) says whose fault the step's end was.
+(:func:`hpc_llm.job.supervisor.policy.decide`) says whose fault the step's end was.
 Stdlib only.
 """
 

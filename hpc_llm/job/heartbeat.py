@@ -8,7 +8,7 @@ bytes, at ``local rank * SLOT``. The training loop only updates the batch in
 memory (:func:`progress`). A frozen process (SIGSTOP, a process stuck in the
 kernel) stops writing, so the supervisor can name it; a rank alive but stuck
 in a collective keeps writing the same batch, which shows as no progress. The
-supervisor judges both by its own clock (:mod:`hpc_llm.job.hang_watch`), so
+supervisor judges both by its own clock (:mod:`hpc_llm.job.supervisor.hang_watch`), so
 clocks on different nodes never need to agree.
 
 Why one file per node, opened once: at 64 nodes x 8 ranks for weeks, a file

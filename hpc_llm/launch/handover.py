@@ -18,7 +18,7 @@ class RankEntry:
         self.payload = payload
 
     def __call__(self) -> Any:
-        from hpc_llm.job import entry
+        from hpc_llm.job.rank import entry
 
         entry.configure_logging()
         return entry.run_payload(Path(self.payload))

@@ -1,7 +1,7 @@
 """``hydra/launcher=local``: each job's ranks as processes on this machine.
 
 The ranks run the same in-job entry point as Slurm tasks
-(:mod:`hpc_llm.job.entry`), with the SLURM_* variables a one-node
+(:mod:`hpc_llm.job.rank.entry`), with the SLURM_* variables a one-node
 ``srun`` would give them and MASTER_ADDR/PORT resolved here, so the in-job
 code cannot tell the difference. Jobs of a sweep run one after another.
 """
@@ -65,7 +65,7 @@ def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, thre
 
 def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
     """This interpreter, or the image's Python under the container runtime."""
-    entry = ["-m", "hpc_llm.job.entry", str(payload)]
+    entry = ["-m", "hpc_llm.job.rank.entry", str(payload)]
     container = OmegaConf.select(cfg, "container", default=None)
     if container is None or container.name == "none":
         return [sys.executable, *entry]

@@ -36,7 +36,7 @@ from hpc_llm.plugins import kinds
 
 if TYPE_CHECKING:  # pragma: no cover
     from hpc_llm.config.plan import JobPlan
-    from hpc_llm.job.context import JobContext
+    from hpc_llm.job.rank.context import JobContext
 
 
 def local_path(value: Any) -> str | None:

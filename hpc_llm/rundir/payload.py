@@ -5,10 +5,10 @@ function, the job's composed config, Hydra's singleton state (config store,
 registered OmegaConf resolvers, the runtime; what hydra-submitit-launcher
 and the joblib/ray launchers hand their jobs) and, when the ranks are to run
 Hydra's ``run_job`` themselves (the Slurm launcher), the Hydra context.
-Every rank runs :mod:`hpc_llm.job.entry` on it, and global rank 0 leaves the
+Every rank runs :mod:`hpc_llm.job.rank.entry` on it, and global rank 0 leaves the
 result in ``return.pkl`` for the launcher: a ``JobReturn`` when it ran
 ``run_job``, else the task function's return value. Both sides: the launcher
-writes it, :mod:`hpc_llm.job.entry` reads it; nothing here imports the job side.
+writes it, :mod:`hpc_llm.job.rank.entry` reads it; nothing here imports the job side.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ class Attempt:
     #: running (not ended yet, or died unrecorded) | completed | stopped | failed | lost
     state: str = "running"
     ended_at: float | None = None
-    #: why it ended (hpc_llm.job.policy's causes, FINAL_CAUSES) and what was done about it
+    #: why it ended (hpc_llm.job.supervisor.policy's causes, FINAL_CAUSES) and what was done about it
     cause: str | None = None
     #: restart (in the allocation) | requeue | fail | none
     action: str | None = None

@@ -258,7 +258,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
     env = {str(k): str(v) for k, v in (cluster.get("env") or {}).items()}
     env["SUBMITIT_EXECUTOR"] = "slurm"
     if sig:
-        # the ranks save and stop on this signal (hpc_llm.job.preemption)
+        # the ranks save and stop on this signal (hpc_llm.job.rank.preemption)
         env["HPC_LLM_STOP_SIGNAL"] = sig
     env.setdefault("OMP_NUM_THREADS", str(res.cpus_per_task))
     srun_args = [

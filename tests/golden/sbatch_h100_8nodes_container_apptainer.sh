@@ -44,7 +44,7 @@ if [ -n "${MLFLOW_TRACKING_TOKEN+x}" ]; then export APPTAINERENV_MLFLOW_TRACKING
 if [ -n "${MLFLOW_TRACKING_URI+x}" ]; then export APPTAINERENV_MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI}"; fi
 if [ -n "${WANDB_API_KEY+x}" ]; then export APPTAINERENV_WANDB_API_KEY="${WANDB_API_KEY}"; fi
 export APPTAINERENV_HPC_LLM_APPTAINER_VERSION="$(apptainer --version 2>/dev/null || true)"
-# ranks work in $TMPDIR when it is set (hpc_llm.job.task): bind it too
+# ranks work in $TMPDIR when it is set (hpc_llm.job.rank.task): bind it too
 if [ -n "${TMPDIR:-}" ]; then export APPTAINER_BINDPATH="${APPTAINER_BINDPATH:+$APPTAINER_BINDPATH,}$TMPDIR"; fi
 # one quick exec per node before training; a node that fails is named
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --export=ALL --kill-on-bad-exit=0 bash -c 'command -v apptainer >/dev/null || { echo "hpc_llm: apptainer not found on ${SLURMD_NODENAME:-$(hostname)}" >&2; exit 1; }; out=$(apptainer exec --nv --bind /shared/cache/hpc_llm --bind /shared/runs/golden/0 /shared/images/hpc_llm-h100.sif python3 -c '"'"'import hpc_llm'"'"' 2>&1) || { echo "hpc_llm: container check failed on ${SLURMD_NODENAME:-$(hostname)}: $out" >&2; exit 1; }; echo "hpc_llm: container check ok on ${SLURMD_NODENAME:-$(hostname)}"' || { echo "hpc_llm: container check failed; not training" >&2; exit 1; }

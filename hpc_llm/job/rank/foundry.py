@@ -2,7 +2,7 @@
 
 LLM Foundry builds loggers and callbacks by name from the train config, with
 the config's kwargs; ours need the running rank's JobContext, which they find
-in ``hpc_llm.job.context.CURRENT``.
+in ``hpc_llm.job.rank.context.CURRENT``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ def register() -> None:
     """Make our logger and callbacks buildable by name from the train config."""
     from llmfoundry.registry import callbacks, loggers
 
-    from hpc_llm.job.preemption_callback import PreemptionCallback
-    from hpc_llm.job.results_logger import ResultsLogger
-    from hpc_llm.job.watchdog_callback import Watchdog
+    from hpc_llm.job.rank.preemption_callback import PreemptionCallback
+    from hpc_llm.job.rank.results_logger import ResultsLogger
+    from hpc_llm.job.rank.watchdog_callback import Watchdog
 
     if RESULTS_LOGGER not in loggers.get_all():
         loggers.register(RESULTS_LOGGER, func=ResultsLogger)

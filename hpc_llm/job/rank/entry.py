@@ -1,4 +1,4 @@
-"""Entry point of one rank: ``python -m hpc_llm.job.entry <payload>``.
+"""Entry point of one rank: ``python -m hpc_llm.job.rank.entry <payload>``.
 
 The launcher pickles (task function, job config) once per job
 (:mod:`hpc_llm.rundir.payload`); every rank loads it, makes Hydra's
@@ -29,8 +29,9 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext
 from omegaconf import DictConfig, open_dict, read_write
 
-from hpc_llm.job import failures, heartbeat, preemption
+from hpc_llm.job import failures, heartbeat
 from hpc_llm.job.env import JobEnv
+from hpc_llm.job.rank import preemption
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.payload import Payload, read_payload
 
@@ -127,7 +128,7 @@ def configure_logging() -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.exit("usage: python -m hpc_llm.job.entry <payload.pkl>")
+        sys.exit("usage: python -m hpc_llm.job.rank.entry <payload.pkl>")
     configure_logging()
     run_payload(Path(args[0]))
 

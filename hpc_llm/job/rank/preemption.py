@@ -7,7 +7,7 @@ supervisor (:mod:`hpc_llm.job.supervisor`) forwards it to every rank. Then:
 
 1. :func:`install` (called first thing in every rank, before the training
    stack is imported) records the signal instead of dying.
-2. ``PreemptionCallback`` (hpc_llm.job.preemption_callback) all-reduces a
+2. ``PreemptionCallback`` (hpc_llm.job.rank.preemption_callback) all-reduces a
    stop flag at every batch boundary, so every rank stops after the same
    batch; the checkpoint is then written synchronously through Composer's own
    CheckpointSaver (which moves ``latest-rank0.pt`` only after the file is

@@ -1,7 +1,7 @@
 """A Composer LoggerDestination that keeps what results.json needs.
 
 Registered in LLM Foundry's ``loggers`` registry as ``hpc_llm_results``
-(hpc_llm.job.foundry) and listed in the train config, so Composer feeds it every metric it logs (loss,
+(hpc_llm.job.rank.foundry) and listed in the train config, so Composer feeds it every metric it logs (loss,
 SpeedMonitor throughput and MFU, eval metrics) on every rank. In-job only.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from composer.core import State
 from composer.loggers import Logger, LoggerDestination
 
-from hpc_llm.job import context
+from hpc_llm.job.rank import context
 from hpc_llm.rundir.record import write_progress
 
 #: seconds between rewrites of the progress file (hpc_llm.rundir.record.PROGRESS_FILE)

@@ -8,7 +8,7 @@ It is the batch step's main process, so Slurm's ``--signal=B:USR2@lead``
 reaches it. It then:
 
 * forwards the stop signal to every rank (once all have their handler, see
-  :func:`hpc_llm.job.preemption.mark_ready`), telling a time-limit signal
+  :func:`hpc_llm.job.rank.preemption.mark_ready`), telling a time-limit signal
   from a preemption by the job's end time;
 * watches each rank's heartbeat (:mod:`hpc_llm.job.heartbeat`): a rank silent
   for ``--hang-timeout-s`` is named, and so is a step where no rank trained a
@@ -25,12 +25,12 @@ reaches it. It then:
 A Slurm requeue it did not ask for (NODE_FAIL with ``--requeue``) leaves the
 last attempt "running" in attempts.json; the next start closes it as lost.
 
-What to do is the fault policy's (:func:`hpc_llm.job.policy.decide`, pure);
+What to do is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`, pure);
 this module is the I/O around it: the run loop and signal handlers, the facts
 of each stop, the records, and carrying the decision out. The rest lives
-beside it: :mod:`hpc_llm.job.step` (starting, signalling and killing srun),
-:mod:`hpc_llm.job.hang_watch` (judging the heartbeats) and
-:mod:`hpc_llm.job.slurm_job` (asking Slurm about this allocation, requeueing
+beside it: :mod:`hpc_llm.job.supervisor.step` (starting, signalling and killing srun),
+:mod:`hpc_llm.job.supervisor.hang_watch` (judging the heartbeats) and
+:mod:`hpc_llm.job.supervisor.slurm_job` (asking Slurm about this allocation, requeueing
 it). In-job side, but stdlib only: no training stack on the batch host.
 """
 
@@ -46,11 +46,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import failures, heartbeat, policy, slurm_job
+from hpc_llm.job import failures, heartbeat
 from hpc_llm.job.env import JobEnv
-from hpc_llm.job.hang_watch import HangWatch
-from hpc_llm.job.slurm_job import SlurmJob
-from hpc_llm.job.step import Step, StepEnd, ready_count
+from hpc_llm.job.supervisor import policy, slurm_job
+from hpc_llm.job.supervisor.hang_watch import HangWatch
+from hpc_llm.job.supervisor.slurm_job import SlurmJob
+from hpc_llm.job.supervisor.step import Step, StepEnd, ready_count
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
@@ -82,7 +83,7 @@ class Policy:
     recover: bool = True
     max_timeouts: int | None = None
     max_preemptions: int | None = 100
-    #: failures in a row without a new checkpoint (hpc_llm.job.policy)
+    #: failures in a row without a new checkpoint (hpc_llm.job.supervisor.policy)
     max_failures: int = 5
     max_failures_per_day: float | None = 24.0
     max_attempts_without_progress: int = 10
@@ -288,7 +289,7 @@ class Supervisor:
     # -- what the end of a step means ---------------------------------------------
     def decide(self, end: StepEnd) -> int | None:
         """Record what happened and act: an exit code, or None to run the next step. The
-        decision is the fault policy's (:func:`hpc_llm.job.policy.decide`); this gathers its
+        decision is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`); this gathers its
         facts and carries it out."""
         attempts = Attempts.load(self.run_dir)
         if end.returncode == 0 and not self.policy.recover and not attempts.items:
@@ -593,7 +594,3 @@ def main(argv: list[str] | None = None) -> None:
         )
         code = 1
     raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -28,7 +28,7 @@ class JobContext:
     record: RunRecord | None = None
     #: what post-train evaluators produced for later ones (``hf_model_dir``)
     artifacts: dict[str, Any] = field(default_factory=dict)
-    #: the preflight record (hpc_llm.job.preflight), once checks have run
+    #: the preflight record (hpc_llm.job.rank.preflight), once checks have run
     preflight: dict[str, Any] | None = None
     #: slowdowns the throughput watchdog reported (global rank 0)
     watchdog_events: list[dict[str, Any]] = field(default_factory=list)

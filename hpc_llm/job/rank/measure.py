@@ -7,7 +7,7 @@ import resource
 import socket
 from typing import Any
 
-from hpc_llm.job.context import JobContext
+from hpc_llm.job.rank.context import JobContext
 
 
 def peak_memory_bytes() -> int:

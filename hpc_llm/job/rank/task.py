@@ -5,7 +5,7 @@ Every launcher (local processes, Slurm tasks, containers) ends up calling
 story: set up (distributed environment, node-local working dir, the run's
 record), check (preflight), train (LLM Foundry), evaluate (the post-train
 evaluators) and record (results.json, through :mod:`hpc_llm.rundir.record`). On the
-Slurm signal it saves and requeues (:mod:`hpc_llm.job.preemption`).
+Slurm signal it saves and requeues (:mod:`hpc_llm.job.rank.preemption`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.config import trackers
 from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import ResolvedJob, resolve_job
-from hpc_llm.job import context, heartbeat, preemption, preflight
-from hpc_llm.job.context import JobContext
+from hpc_llm.job import heartbeat
 from hpc_llm.job.env import DistEnv, JobEnv
-from hpc_llm.job.measure import progress_figures, training_figures
+from hpc_llm.job.rank import context, preemption, preflight
+from hpc_llm.job.rank.context import JobContext
+from hpc_llm.job.rank.measure import progress_figures, training_figures
 from hpc_llm.rundir import provenance
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import RunRecord, run_info
@@ -157,7 +158,7 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
     # The training stack is imported only here, inside the job.
     from streaming.base.util import clean_stale_shared_memory
 
-    from hpc_llm.job import compat, foundry
+    from hpc_llm.job.rank import compat, foundry
 
     compat.apply()
     context.CURRENT = ctx

@@ -1,4 +1,4 @@
-"""The Composer callback around :class:`hpc_llm.job.watchdog.ThroughputWatch` (in-job only)."""
+"""The Composer callback around :class:`hpc_llm.job.rank.watchdog.ThroughputWatch` (in-job only)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from composer.core import Callback
 
-from hpc_llm.job.watchdog import ThroughputWatch
+from hpc_llm.job.rank.watchdog import ThroughputWatch
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ class Watchdog(Callback):
     """Registered in LLM Foundry's callbacks as ``hpc_llm_watchdog``."""
 
     def __init__(self, window: int = 20, fraction: float = 0.5, patience: int = 3, action: str = "warn") -> None:
-        from hpc_llm.job import context
+        from hpc_llm.job.rank import context
 
         if context.CURRENT is None:
             raise RuntimeError("hpc_llm_watchdog callback used outside an hpc_llm job")
@@ -30,7 +30,7 @@ class Watchdog(Callback):
     def fit_start(self, state: Any, logger: Any) -> None:
         from composer.utils import dist
 
-        from hpc_llm.job.preflight import node_name
+        from hpc_llm.job.rank.preflight import node_name
 
         self.nodes = sorted(set(dist.all_gather_object(node_name())))
 
@@ -66,6 +66,6 @@ class Watchdog(Callback):
             "; checkpointing and requeueing" if self.action == "requeue" else "",
         )
         if self.action == "requeue":
-            from hpc_llm.job import preemption
+            from hpc_llm.job.rank import preemption
 
             preemption.request_stop("watchdog")

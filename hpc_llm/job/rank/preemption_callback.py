@@ -1,6 +1,6 @@
 """The Composer callback that stops every rank at the same batch and saves (in-job only).
 
-See hpc_llm.job.preemption for the whole sequence.
+See hpc_llm.job.rank.preemption for the whole sequence.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist, format_name_with_dist
 
-from hpc_llm.job import context, disk, heartbeat, preemption
+from hpc_llm.job import heartbeat
+from hpc_llm.job.rank import context, disk, preemption
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ On GPUs MFU is tokens/s times a constant (FLOPs per token / peak), so the
 ratio is the same whether one watches MFU or tokens/s; tokens/s also works
 on CPU. Slow batches are kept out of the median so that a long slowdown does
 not become the new normal. The Composer side is
-:mod:`hpc_llm.job.watchdog_callback`.
+:mod:`hpc_llm.job.rank.watchdog_callback`.
 """
 
 from __future__ import annotations
