@@ -215,9 +215,12 @@ def pytest_configure(config: pytest.Config) -> None:
     (not by a worker), so every worker shares it; they find it through $HPC_LLM_TEST_CLUSTER.
     Without xdist, the first test that needs it starts it."""
     os.environ["HPC_LLM_HOME"] = str(shared_dir(config) / "hpc_llm_home")
-    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+    if hasattr(config, "workerinput") or not _slurm_tests_wanted(config):
         return
-    if _slurm_tests_wanted(config):
+    # emptied now, before any session fixture fills it (the test plugins, the corpus cache): the
+    # first cluster start would empty it again under them
+    _fresh_shared(config)
+    if config.getoption("numprocesses", None):
         _start_cluster(config)
 
 

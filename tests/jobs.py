@@ -20,16 +20,16 @@ ALONE = [
     "resources.tasks_per_node=1",
     "eval=none",
     "hydra.launcher.exclusive=true",
-    "fault.heartbeat_s=2",
 ]
 
 
-def paced(batch_s: float) -> list[str]:
+def paced(batch_s: float, **options: object) -> list[str]:
     """Overrides that hold every batch to ``batch_s`` seconds (tests/plugins/hpc-llm-pace, on
     PYTHONPATH through the ``test_site`` fixture): a test that must catch a run mid-training, or
     needs it to outlast several time limits, gets there on any machine. The loss is unchanged, so
-    reference runs stay unpaced."""
-    return [f"++train.callbacks.hpc_llm_test_pace.batch_s={batch_s:g}"]
+    reference runs stay unpaced. ``options``: the plugin's others (``stall_file``, ...)."""
+    key = "++train.callbacks.hpc_llm_test_pace"
+    return [f"{key}.batch_s={batch_s:g}", *(f"{key}.{k}={v}" for k, v in options.items())]
 
 
 def submit(args: list[str], env: dict[str, str], cwd: Path) -> tuple[str, Path]:

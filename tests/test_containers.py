@@ -161,11 +161,11 @@ def test_apptainer_render_wraps_every_task_with_gpus_and_binds(app_env, sandbox,
         app_env,
     )
     assert proc.returncode == 0, explain(proc)
-    [task_line] = [ln for ln in proc.stdout.splitlines() if "submitit.core._submit" in ln]
+    [task_line] = [ln for ln in proc.stdout.splitlines() if "hpc_llm.job.agent" in ln and "apptainer exec" in ln]
     assert task_line.strip().startswith("apptainer exec --nv --bind ")
     for bind in ("/shared/runs/golden/0", f"{tmp_path / 'ckpt'}", f"{data}:/data:ro"):
         assert f"--bind {bind} " in task_line
-    assert f"{sandbox} python3 -u -m submitit.core._submit /shared/runs/golden/0/.submitit" in task_line
+    assert f"{sandbox} python3 -u -m hpc_llm.job.agent /shared/runs/golden/0/.hpc_llm/job.pkl" in task_line
     # the checkpoint folder exists before apptainer binds it; each node is checked first
     [mkdir] = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("mkdir -p ")]
     assert str(tmp_path / "ckpt") in mkdir[2:]
@@ -206,7 +206,7 @@ def test_stage_copies_the_image_to_node_local_disk(app_env, sif):
     assert proc.returncode == 0, explain(proc)
     staged = re.search(r"mv -f \S+ (/local/scratch/hpc_llm-image-[0-9a-f]{12}\.sif)", proc.stdout)
     assert staged, proc.stdout
-    [task_line] = [ln for ln in proc.stdout.splitlines() if "submitit.core._submit" in ln]
+    [task_line] = [ln for ln in proc.stdout.splitlines() if "hpc_llm.job.agent" in ln and "apptainer exec" in ln]
     assert f" {staged.group(1)} python3 " in task_line and "--bind /local/scratch " in task_line
 
 
@@ -521,7 +521,6 @@ def test_a_preempted_run_in_apptainer_saves_requeues_and_resumes(slurm_env, sif,
         "resources.nodes=1",
         "train.max_duration=200ba",
         "hydra.launcher.exclusive=true",
-        "fault.heartbeat_s=2",
         f"container.image={sif}",
         *paced(0.1),  # still training when the preemption lands, on any machine
     ]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hpc_llm.job import failures, heartbeat
-from hpc_llm.job.supervisor import hang_watch, policy, step
+from hpc_llm.job.supervisor import hang_watch, policy
 from hpc_llm.job.supervisor import loop as supervisor
 from hpc_llm.rundir.record import Attempt, Attempts
 
@@ -21,32 +21,63 @@ def failure(rank=0, type_="RuntimeError", message="boom", batch=7, node="n1", t=
     return failures.RankFailure(rank, node, type_, message, batch, t or time.time())
 
 
-def usr2_step(tmp_path, monkeypatch):
-    """A training step stand-in, run for real as a child process off Slurm: it exits 0 on the
-    stop signal (USR2), else 3 after a minute."""
-    script = tmp_path / "step.py"
-    script.write_text(
-        "import signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *a: sys.exit(0))\ntime.sleep(60)\nsys.exit(3)\n"
+def in_process(tmp_path, monkeypatch, *, nodes=1, per_node=1, **policy_kw):
+    """A Supervisor in this process (so a test can patch what it asks Slurm) over real agents
+    off Slurm (tests/local_srun.py), whose forked ranks train until the stop signal
+    (tests/agent_tasks.py: they exit 0 on it after a save)."""
+    from tests import agent_tasks
+    from tests.test_agents import agents_command, agents_env, payload
+
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "HPC_LLM_"))]:
+        monkeypatch.delenv(k)
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    logs = run_dir / "logs"
+    job = payload(
+        run_dir, agent_tasks.train, tmp_path / "conf", nodes=nodes, out=str(out), batches=100000, batch_s=0.05
     )
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
-    return script
+    logs.mkdir(parents=True, exist_ok=True)
+    for k, v in agents_env(logs).items():
+        monkeypatch.setenv(k, v)
+    policy = supervisor.Policy(
+        run_dir=run_dir,
+        nodes=nodes,
+        tasks_per_node=per_node,
+        heartbeat_s=0.2,
+        node_timeout_s=1,
+        probe_timeout_s=0.5,
+        hang_floor_s=5,
+        **policy_kw,
+    )
+    sup = supervisor.Supervisor(policy, agents_command(job, nodes))
+    sup.fleet = sup.new_fleet()
+    return sup
 
 
-def run_step_signalled(sup):
-    """Run one step with Slurm's stop signal (USR2) arriving a second in; the supervisor's
-    handlers are put back as they were afterwards."""
+def generation_signalled(sup, after_s=1.5):
+    """One generation with Slurm's stop signal (USR2) arriving ``after_s`` in; the supervisor's
+    handlers are put back as they were afterwards, and its agents ended."""
     import signal as sig
     import threading
 
     saved = {s: sig.getsignal(s) for s in (sig.SIGUSR2, sig.SIGTERM)}  # the supervisor takes these over
     sup._install_handlers()
-    threading.Timer(1.0, lambda: sig.raise_signal(sig.SIGUSR2)).start()
+    threading.Timer(after_s, lambda: sig.raise_signal(sig.SIGUSR2)).start()
     try:
-        return sup.run_step()
+        return sup.run_generation()
     finally:
         for s, handler in saved.items():
             sig.signal(s, handler)
+        sup._end_agents()
+        sup.fleet.close()
+
+
+def one_generation(sup):
+    try:
+        return sup.run_generation()
+    finally:
+        sup._end_agents()
+        sup.fleet.close()
 
 
 SRUN_KILLED = [
@@ -135,32 +166,72 @@ def beat(rank, seq, batch, node="n1", phase="train"):
     return heartbeat.Beat(rank, seq, batch, node, 100 + rank, phase)
 
 
-def test_hang_watch_names_a_silent_rank(monkeypatch):
-    clock = [1000.0]
-    monkeypatch.setattr(hang_watch.time, "monotonic", lambda: clock[0])
-    w = hang_watch.HangWatch(timeout_s=20)
-    assert w.check({0: beat(0, 1, 5), 1: beat(1, 1, 5, node="n2")}, 1) is None
-    for i in range(2, 8):  # rank 0 keeps beating, rank 1 is frozen
-        clock[0] += 5
-        hang = w.check({0: beat(0, i, 5 + i), 1: beat(1, 1, 5, node="n2")}, 1)
-    assert hang is not None
-    assert hang[1] == ("n2",) and "rank(s) 1 on n2 silent" in hang[0]
+def watch(**kw):
+    return hang_watch.HangWatch(**{"floor_s": 5.0, "factor": 10.0, "timeout_s": 600.0, "silence_s": 20.0, **kw})
 
 
-def test_hang_watch_calls_a_step_without_progress_a_hang_only_while_training(monkeypatch):
-    clock = [1000.0]
-    monkeypatch.setattr(hang_watch.time, "monotonic", lambda: clock[0])
-    w = hang_watch.HangWatch(timeout_s=20)
-    for i in range(1, 10):  # alive (seq moves) but stuck at batch 12 while training
-        clock[0] += 5
-        hang = w.check({0: beat(0, i, 12), 1: beat(1, i, 12)}, 1)
+def test_hang_watch_names_a_silent_rank():
+    w = watch()
+    t = 1000.0
+    assert w.check({0: beat(0, 1, 5), 1: beat(1, 1, 5, node="n2")}, t) is None
+    for i in range(2, 8):  # rank 0 keeps beating and training, rank 1 is frozen
+        t += 5
+        hang = w.check({0: beat(0, i, 5 + i), 1: beat(1, 1, 5, node="n2")}, t)
+    assert hang is not None and hang.cause == "hang"
+    assert hang.nodes == ("n2",) and "rank(s) 1 on n2 silent for more than 20s" in hang.reason
+
+
+def test_a_stall_is_a_hang_after_k_times_the_run_s_median_step_and_never_before_the_floor():
+    """The limit is the run's own pace: 10 x the median step (1 s a batch: 10 s), never less than
+    the floor; before three steps are measured, the timeout (no pace to judge by yet)."""
+    w = watch(floor_s=5.0)
+    t = 1000.0
+    for b in range(1, 8):  # a batch a second, every rank alive and training
+        t += 1.0
+        assert w.check({0: beat(0, b, b), 1: beat(1, b, b)}, t) is None
+    assert w.median_step_s == pytest.approx(1.0) and w.train_limit_s() == pytest.approx(10.0)
+    stuck_since = t
+    for i in range(8, 40):  # alive (seq moves), stuck at batch 7
+        t += 1.0
+        hang = w.check({0: beat(0, i, 7), 1: beat(1, i, 7)}, t)
         if hang:
             break
-    assert hang is not None and hang[1] == () and "no batch trained" in hang[0]
-    post = hang_watch.HangWatch(timeout_s=20)
-    for i in range(1, 10):  # the same, after training (HF export, inference): not a hang
-        clock[0] += 5
-        assert post.check({0: beat(0, i, 40, phase="post"), 1: beat(1, i, 40, phase="post")}, 1) is None
+    assert hang is not None and hang.cause == "hang" and hang.nodes == ()
+    assert "no batch trained for more than 10s (10 x the median step of 1.00s)" in hang.reason
+    assert 10 < t - stuck_since <= 11
+    fast = watch(floor_s=5.0)  # a 0.1 s step: 10 x is 1 s, the floor says 5
+    for b in range(1, 8):
+        fast.check({0: beat(0, b, b)}, 1000 + b * 0.1)
+    assert fast.train_limit_s() == 5.0
+    first = watch()  # no pace yet (the first batch of a start): the timeout
+    first.check({0: beat(0, 1, 0)}, 1000)
+    assert first.train_limit_s() == 600.0 and first.check({0: beat(0, 2, 0)}, 1500) is None
+
+
+def test_no_batch_is_due_outside_training_and_a_storage_stall_blames_nobody():
+    w = watch()
+    t = 1000.0
+    for b in range(1, 8):
+        t += 1.0
+        w.check({0: beat(0, b, b)}, t)
+    # a save that took 3 s: the longest seen; the next may take 10 x that before it is a stall
+    for i in range(3):
+        t += 1.0
+        assert w.check({0: beat(0, 10 + i, 7, phase="save")}, t) is None
+    t += 1.0
+    w.check({0: beat(0, 20, 8)}, t)
+    assert w.phase_limit_s("save") == pytest.approx(30.0)
+    for i in range(40):
+        t += 1.0
+        stall = w.check({0: beat(0, 30 + i, 8, phase="save")}, t)
+        if stall:
+            break
+    assert stall is not None and stall.cause == "storage" and stall.nodes == ()
+    assert "checkpoint save for 3" in stall.reason and "no node is blamed" in stall.reason
+    assert 30 < t - 1011 <= 32
+    post = watch()
+    for i in range(1, 10):  # after training (HF export, inference): no batch is due
+        assert post.check({0: beat(0, i, 40, phase="post"), 1: beat(1, i, 40, phase="post")}, 1000 + 60 * i) is None
 
 
 def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
@@ -233,16 +304,6 @@ def test_the_loss_history_spans_attempts_and_replayed_batches_replace_the_lost_o
     assert {v for b, v in r["train_loss_history"] if b > 30} == {2.0} and r["train_loss"] == 2.0
 
 
-def test_budgets_are_counted_per_cause(tmp_path):
-    causes = ["time_limit", "time_limit", "preemption", "hang", "failure", "node_failure"]
-    counted = (
-        causes.count("time_limit"),
-        sum(c in ("preemption", "signal") for c in causes),
-        sum(c in policy.FAILURE_CAUSES for c in causes),
-    )
-    assert counted == (2, 1, 3) and not set(policy.STOP_CAUSES) & policy.FAILURE_CAUSES
-
-
 def test_only_usr2_is_a_stop_signal():
     from hpc_llm.errors import ConfigError
     from hpc_llm.slurm.spec import stop_signal
@@ -260,34 +321,25 @@ def test_only_usr2_is_a_stop_signal():
 
 
 def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypatch):
-    """One step, run for real as a local child process: the signal is recorded by name and sent on by number."""
-    import sys
-
-    script = usr2_step(tmp_path, monkeypatch)
-    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
-    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
-    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
-    end = run_step_signalled(sup)
-    assert end.stop == "SIGUSR2" and end.returncode == 0
+    """One generation of real forked ranks: the signal is recorded by name and reaches every rank
+    through its agent; they save and exit 0."""
+    sup = in_process(tmp_path, monkeypatch, nodes=2, per_node=2, stop_signal="USR2", signal_lead_s=60, recover=False)
+    end = generation_signalled(sup)
+    assert end.stop == "SIGUSR2" and end.returncode == 0 and end.task_errors == []
+    assert sorted(p.name for p in (tmp_path / "out").glob("stopped.*")) == [f"stopped.g0.r{r}" for r in range(4)]
 
 
 def test_the_supervisor_stops_the_ranks_at_the_lead_when_slurms_signal_never_comes(tmp_path, monkeypatch):
     """slurmctld may send the --signal warning before the batch step exists (it checks every
     30 s, up to that much early), and then it is lost: at the stop lead the supervisor stops the
-    ranks itself, as for the time-limit signal. A real child process, no signal sent."""
-    import sys
-    import time
-
-    script = usr2_step(tmp_path, monkeypatch)
-    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
-    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    ranks itself, as for the time-limit signal. Real forked ranks, no signal sent."""
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
     sup.lead_s = 10
-    sup.job.end = time.time() + 12  # the time limit in 12 s: the lead is reached in 2
-    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
+    sup.job.end = time.time() + 14  # the time limit in 14 s: the lead is reached in 4
     started = time.monotonic()
-    end = sup.run_step()
+    end = one_generation(sup)
     assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
-    assert 1.5 < time.monotonic() - started < 10
+    assert 3.5 < time.monotonic() - started < 12
     # and not while more than the lead is left
     sup.job.end = time.time() + 3600
     assert not sup._time_is_up()
@@ -385,36 +437,18 @@ def test_a_missing_latest_link_resumes_from_the_newest_finished_save_and_moves_n
 
 
 def test_a_start_up_that_never_reaches_training_is_named_by_its_phase():
-    watch = hang_watch.HangWatch(timeout_s=1800)
+    w = watch()
 
     def beat(rank, phase, node="n1"):
         return heartbeat.Beat(rank=rank, seq=1, batch=-1, node=node, pid=1, phase=phase)
 
-    assert watch.startup_stuck({}, 10, 2, 60) is None  # within the deadline
-    assert watch.startup_stuck({0: beat(0, "data")}, 61, 2, 60) == "the container or srun (1 of 2 ranks never started)"
-    stuck = watch.startup_stuck({0: beat(0, "build"), 1: beat(1, "start", "n2")}, 61, 2, 60)
+    assert w.startup_stuck({}, 10, 2, 60) is None  # within the deadline
+    assert w.startup_stuck({0: beat(0, "data")}, 61, 2, 60) == "the ranks' start (1 of 2 ranks never beat)"
+    stuck = w.startup_stuck({0: beat(0, "build"), 1: beat(1, "start", "n2")}, 61, 2, 60)
     assert stuck == "imports (rank 1 on n2)"
-    assert watch.startup_stuck({0: beat(0, "build")}, 61, 1, None) is None  # no limit
-    watch.check({0: heartbeat.Beat(0, 2, 0, "n1", 1, heartbeat.TRAINING)}, 62)
-    assert watch.startup_stuck({0: beat(0, "build")}, 10_000, 1, 60) is None  # it trained: not start-up
-
-
-def test_the_supervisor_reads_heartbeats_once_a_period_not_every_poll(tmp_path, monkeypatch):
-    """64 nodes x 8 ranks for weeks: every read opens each node's file on the shared filesystem."""
-    import sys
-
-    for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
-    reads = []
-    monkeypatch.setattr(heartbeat, "read_all", lambda run_dir: reads.append(time.monotonic()) or {})
-    policy = supervisor.Policy(run_dir=tmp_path, nodes=64, stop_signal=None, signal_lead_s=60, heartbeat_s=2.0)
-    sup = supervisor.Supervisor(policy, [sys.executable, "-c", "import time; time.sleep(4.2)"])
-    started = time.monotonic()
-    sup.run_step()
-    elapsed = time.monotonic() - started
-    # a poll every 0.5 s would read twice a second; once a period is every heartbeat_s = 2 s
-    assert 1 <= len(reads) <= elapsed / 2.0 + 1, (len(reads), elapsed)
-    assert all(b - a >= 1.95 for a, b in zip(reads, reads[1:], strict=False))
+    assert w.startup_stuck({0: beat(0, "build")}, 61, 1, None) is None  # no limit
+    w.check({0: heartbeat.Beat(0, 2, 0, "n1", 1, heartbeat.TRAINING)}, 62)
+    assert w.startup_stuck({0: beat(0, "build")}, 10_000, 1, 60) is None  # it trained: not start-up
 
 
 def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
@@ -462,22 +496,17 @@ def test_a_filesystem_short_of_two_saves_is_a_warning_before_enospc(tmp_path, mo
 
 def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the_new_lead(tmp_path, monkeypatch):
     """An admin's ``scontrol update TimeLimit=`` moves the end: the supervisor reads the end time
-    again while the step runs, and stops the ranks the lead before the new end, as a time limit
-    (before: the end read at start was kept, the job was killed unsaved and recorded cancelled)."""
-    import sys
-
-    script = usr2_step(tmp_path, monkeypatch)
-    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
-    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    again while the generation runs, and stops the ranks the lead before the new end, as a time
+    limit (before: the end read at start was kept, the job was killed unsaved and recorded cancelled)."""
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
     sup.lead_s = 10
     sup.job.job_id = "7"
     sup.job.end = time.time() + 3600  # what the start saw
-    shortened = time.time() + 13
+    shortened = time.time() + 15
     monkeypatch.setattr(supervisor, "END_REFRESH_S", 0.5)
     monkeypatch.setattr(sup, "_job_info", lambda: {"EndTime": str(int(shortened))})  # scontrol, SLURM_TIME_FORMAT=%s
-    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
     started = time.monotonic()
-    end = sup.run_step()
+    end = one_generation(sup)
     assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
     assert time.monotonic() - started < 30  # not at the hour the start saw
     assert sup.job.end == float(int(shortened))
@@ -486,17 +515,18 @@ def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the
 def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, monkeypatch):
     """A slow slurmctld must not hold the signal path: far from the end time the stop goes to the
     ranks first, and scontrol is asked afterwards only to record why it came."""
-    import sys
-
-    script = usr2_step(tmp_path, monkeypatch)
-    policy = supervisor.Policy(run_dir=tmp_path, nodes=1, stop_signal="USR2", signal_lead_s=60, recover=False)
-    sup = supervisor.Supervisor(policy, [sys.executable, str(script)])
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60, recover=False)
     sup.job.end = time.time() + 3600
     order = []
-    real_send = step.send_signal
-    monkeypatch.setattr(step, "send_signal", lambda proc, s: (order.append("forward"), real_send(proc, s)))
+    real_send = sup.fleet.send
+
+    def send(node, msg):
+        if msg.get("t") == "signal":
+            order.append("forward")
+        real_send(node, msg)
+
+    monkeypatch.setattr(sup.fleet, "send", send)
     monkeypatch.setattr(sup, "_job_info", lambda: order.append("ask") or {"PreemptTime": "1795534158"})
-    monkeypatch.setattr(supervisor, "ready_count", lambda run_dir, tag: 1)
-    end = run_step_signalled(sup)
+    end = generation_signalled(sup)
     assert order[:2] == ["forward", "ask"], order
     assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0

@@ -80,35 +80,62 @@ S3_SLOWDOWN = (
 )
 
 
+#: a peer's report after a node died: the gloo error of a rank that lost its peer
+PEER_GONE = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:7231"
+
+
+def row(name, history, current, stop, settings, action, cause, *, suspects=(), exclude=(), state=None, delay=0.0):
+    """One row of the table: what the decision must be, all of it (action, cause, the nodes
+    blamed, the nodes left out, the attempt's recorded state, the wait before a restart)."""
+    return pytest.param(history, current, stop, settings, (action, cause, suspects, exclude, state, delay), id=name)
+
+
+ECC_ON_N1 = {"returncode": 1, "failures": (fail(node="n1", message=ECC, batch=40),)}
+KILLED_ON_N1 = {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)}
+
 ROWS = [
-    # (id, history, current kwargs, stop kwargs, settings, expected (action, cause), extra checks)
-    ("completed", [], {"state": "completed"}, {"returncode": 0}, S, ("done", "completed")),
-    (
+    row("completed", [], {"state": "completed"}, {"returncode": 0}, S, "done", "completed", state="completed"),
+    row(
         "completed, then the time-limit signal kills the exiting ranks: still done",
         [],
         {"state": "completed"},
         {"returncode": 1, "stop_cause": "time_limit", "task_errors": (TaskError("n1", "0", "User defined signal 2"),)},
         S,
-        ("done", "completed"),
+        "done",
+        "completed",
+        state="completed",
     ),
-    ("no recovery: the exit code is all", [], {}, {"returncode": 3}, Settings(recover=False), ("fail", "failure")),
-    (
+    row(
+        "no recovery: the exit code is all",
+        [],
+        {},
+        {"returncode": 3},
+        Settings(recover=False),
+        "fail",
+        "failure",
+        state="failed",
+    ),
+    row(
         "time limit, saved",
         [],
         {"state": "stopped", "stopped": 50},
         {"returncode": 0, "stop_cause": "time_limit"},
         S,
-        ("requeue", "time_limit"),
+        "requeue",
+        "time_limit",
+        state="stopped",
     ),
-    (
+    row(
         "preemption, saved",
         [],
         {"state": "stopped", "stopped": 50},
         {"returncode": 0, "stop_cause": "preemption"},
         S,
-        ("requeue", "preemption"),
+        "requeue",
+        "preemption",
+        state="stopped",
     ),
-    (
+    row(
         "2: the time limit overtakes the save: a time limit, nobody blamed",
         [],
         {},
@@ -120,99 +147,107 @@ ROWS = [
             "task_errors": (TaskError("n1", "0-7", "Terminated"), TaskError("n2", "8-15", "Terminated")),
         },
         S,
-        ("requeue", "time_limit"),
+        "requeue",
+        "time_limit",
+        state="failed",
     ),
-    (
-        "2 before: the same stop was a failure of a healthy node",
-        [],
-        {},
-        {
-            "returncode": 143,
-            "stop_cause": "time_limit",
-            "sigterm_at": NOW,
-            "end_time": NOW,
-            "task_errors": (TaskError("n1", "0-7", "Terminated"),),
-        },
-        Settings(nodes=2, legacy_time=True),
-        ("restart", "failure"),
-    ),
-    (
+    row(
         "3: SIGTERM at a shortened time limit, no signal forwarded: a time limit, not a cancel",
         [],
         {},
         {"returncode": 143, "sigterm_at": NOW - 2, "end_time": NOW},
         S,
-        ("requeue", "time_limit"),
+        "requeue",
+        "time_limit",
+        state="failed",
     ),
-    (
+    row(
         "a SIGTERM long before the end: cancelled",
         [],
         {},
         {"returncode": 143, "sigterm_at": NOW - 600, "end_time": NOW},
         S,
-        ("fail", "cancelled"),
+        "fail",
+        "cancelled",
+        state="failed",
     ),
-    (
+    row(
         "Slurm requeues after NODE_FAIL: leave the attempt to the next start",
         [],
         {},
         {"returncode": 143, "sigterm_at": NOW, "slurm_requeueing": "NODE_FAIL"},
         S,
-        ("slurm_requeues", "lost"),
+        "slurm_requeues",
+        "lost",
+        state="running",
     ),
-    (
+    row(
         "preempted after the warning was spent (SIGTERM to the steps)",
         [],
         {},
         {"returncode": 137, "preempting": True},
         S,
-        ("requeue", "preemption"),
+        "requeue",
+        "preemption",
+        state="failed",
     ),
-    (
+    row(
         "10: a preemption in the post-train stage is a preemption",
         [],
         {"ckpt": 60},
         {"returncode": 1, "stop_cause": "preemption", "task_errors": (TaskError("n1", "0", "Killed"),)},
         S,
-        ("requeue", "preemption"),
+        "requeue",
+        "preemption",
+        state="failed",
     ),
-    (
+    row(
         "user error before the first batch",
         [],
         {},
         {"returncode": 1, "failures": (fail(type_="KeyError", message="'text'", batch=0),)},
         S,
-        ("fail", "user_error"),
+        "fail",
+        "user_error",
+        state="failed",
     ),
-    (
+    row(
         "recorded user error / preflight_failed",
         [],
         {"state": "failed", "cause": "preflight_failed"},
         {"returncode": 1},
         S,
-        ("fail", "preflight_failed"),
+        "fail",
+        "preflight_failed",
+        state="failed",
     ),
-    (
+    row(
         "a failed preflight check on a node: requeued without it at once",
         [],
         {"state": "failed", "cause": "preflight", "suspects": ("n2",)},
         {"returncode": 1},
         S,
-        ("requeue", "preflight"),
+        "requeue",
+        "preflight",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
     ),
-    (
-        "4: a rank exits 1 with an ECC error on n1; n2's ranks are bystanders: n1 blamed",
+    row(
+        "4: a rank exits 1 with an ECC error on n1; n2's ranks are bystanders: n1 suspect, kept",
         [],
         {},
         {
-            "returncode": 1,
-            "failures": (fail(node="n1", message=ECC, batch=40),),
+            **ECC_ON_N1,
             "task_errors": (TaskError("n1", "3", "Exited with exit code 1"), TaskError("n2", "8-15", "Terminated")),
         },
         S,
-        ("restart", "failure"),
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
-    (
+    row(
         "4: the same node fails again at another batch: excluded, requeued",
         [att(0, "failure", suspects=("n1",), ckpt=30, at=NOW - 2 * H)],
         {},
@@ -222,28 +257,35 @@ ROWS = [
             "task_errors": (TaskError("n2", "8-15", "Terminated"),),
         },
         S,
-        ("requeue", "failure"),
+        "requeue",
+        "failure",
+        suspects=("n1",),
+        exclude=("n1",),
+        state="failed",
     ),
-    (
+    row(
         "a rank killed by a signal, bystanders terminated: the killed one's node",
         [],
         {},
-        {
-            "returncode": 137,
-            "task_errors": (TaskError("n2", "9", "Killed"), TaskError("n1", "0-7", "Terminated")),
-        },
+        {"returncode": 137, "task_errors": (TaskError("n2", "9", "Killed"), TaskError("n1", "0-7", "Terminated"))},
         S,
-        ("restart", "failure"),
+        "restart",
+        "failure",
+        suspects=("n2",),
+        state="failed",
     ),
-    (
+    row(
         "9: a device-side assert is ambiguous the first time: restart once",
         [],
         {"resumed": 10},
         {"returncode": 1, "failures": (fail(node="n1", message=DEVICE_ASSERT, batch=40),)},
         S,
-        ("restart", "failure"),
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
-    (
+    row(
         "9: the same assert at the same batch on another node: the user's",
         [att(0, "failure", suspects=("n1",))],
         {},
@@ -253,138 +295,325 @@ ROWS = [
             "earlier": (fail(node="n1", message=DEVICE_ASSERT, batch=40),),
         },
         S,
-        ("fail", "user_error"),
+        "fail",
+        "user_error",
+        state="failed",
     ),
-    (
-        "9: a transient object-store error at the first batch: retried in place, nobody blamed",
+    row(
+        "9: a transient object-store error at the first batch: retried in place after 30 s, nobody blamed",
         [],
         {},
         {"returncode": 1, "failures": (fail(type_="ClientError", message=S3_SLOWDOWN, batch=0),)},
         S,
-        ("restart", "transient"),
+        "restart",
+        "transient",
+        state="failed",
+        delay=30.0,
     ),
-    (
+    row(
+        "the third transient error in a row waits 120 s",
+        [att(0, "transient"), att(1, "transient")],
+        {},
+        {"returncode": 1, "failures": (fail(type_="ClientError", message=S3_SLOWDOWN, batch=0),)},
+        S,
+        "restart",
+        "transient",
+        state="failed",
+        delay=120.0,
+    ),
+    row(
         "an NCCL watchdog timeout: the machine's",
         [],
         {},
         {"returncode": 1, "failures": (fail(node="n2", type_="DistBackendError", message=NCCL_TIMEOUT),)},
         S,
-        ("restart", "failure"),
+        "restart",
+        "failure",
+        suspects=("n2",),
+        state="failed",
     ),
-    (
+    row(
         "the throughput watchdog stopped and saved: requeued as its own cause",
         [],
         {"state": "stopped", "stopped": 30, "cause": "watchdog"},
         {"returncode": 0},
         S,
-        ("requeue", "watchdog"),
+        "requeue",
+        "watchdog",
+        state="stopped",
     ),
-    (
+    row(
         "a manual stop signal counts against the preemption budget",
         [],
         {"state": "stopped", "stopped": 3},
         {"returncode": 0, "stop_cause": "signal"},
         Settings(nodes=2, max_preemptions=0),
-        ("fail", "signal"),
+        "fail",
+        "signal",
+        state="stopped",
     ),
-    (
-        "a hang names the silent rank's node",
+    row(
+        "a hang names the silent rank's node, which stays in (one blame)",
         [],
         {},
         {"returncode": 137, "hang": ("rank 5 on n2 silent", ("n2",))},
         S,
-        ("restart", "hang"),
+        "restart",
+        "hang",
+        suspects=("n2",),
+        state="failed",
     ),
-    (
+    row(
+        "a stuck collective names nobody",
+        [],
+        {},
+        {"returncode": 137, "hang": ("no batch trained for more than 12s after batch 40", ())},
+        S,
+        "restart",
+        "hang",
+        state="failed",
+    ),
+    row(
         "6: a start-up hang is a failure with its phase, requeued",
         [],
         {},
         {"returncode": 137, "startup": "imports"},
         S,
-        ("requeue", "startup"),
+        "requeue",
+        "startup",
+        state="failed",
     ),
-    (
-        "a node failure excludes the node at once",
+    row(
+        "srun reports a node failure: excluded at once",
         [],
         {},
         {"returncode": 1, "failed_nodes": ("n3",)},
         S,
-        ("requeue", "node_failure"),
+        "requeue",
+        "node_failure",
+        suspects=("n3",),
+        exclude=("n3",),
+        state="failed",
     ),
-    (
+    row(
+        "a dead node (silent agent, probe unanswered): the node, excluded at once, never its peers",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "silent for 3.1 s; its probe went unanswered for 1.5 s"),),
+            "failures": (fail(rank=0, node="n1", type_="DistNetworkError", message=PEER_GONE, batch=12),),
+            "task_errors": (TaskError("n1", "0", "Exited with exit code 1"),),
+        },
+        S,
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "a dead node while a hang was named: a node failure, never a hang, the bystander never blamed",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "its connection dropped; its probe port refused"),),
+            "hang": ("rank(s) 0,1 on n1,n2 silent for more than 20s (frozen?)", ("n1", "n2")),
+        },
+        S,
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "a node dies while the ranks save for a preemption: the preemption, nobody blamed",
+        [],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "preemption", "dead_nodes": (("n2", "silent"),)},
+        S,
+        "requeue",
+        "preemption",
+        state="stopped",
+    ),
+    row(
+        "hpc_llm's agent ended of an error of its own: a cold restart, the node not blamed",
+        [],
+        {},
+        {"returncode": 137, "agent_errors": (("n2", "agent error: KeyError: 'gen'"),)},
+        S,
+        "restart",
+        "failure",
+        state="failed",
+    ),
+    row(
+        "a checkpoint save stalls on the store: retried in place after 30 s, nobody blamed",
+        [],
+        {},
+        {"returncode": 137, "storage_stall": "rank 0 has been in its checkpoint upload for 900s"},
+        S,
+        "restart",
+        "transient",
+        state="failed",
+        delay=30.0,
+    ),
+    row(
+        "an agent that stalled past its lease (its node froze, then came back): a hang on that node",
+        [],
+        {},
+        {"returncode": 137, "hang": ("the agent on n2 stalled for 6.2s (frozen?)", ("n2",))},
+        S,
+        "restart",
+        "hang",
+        suspects=("n2",),
+        state="failed",
+    ),
+    row(
         "off Slurm a requeue is not possible",
         [],
         {"state": "stopped", "stopped": 5},
         {"returncode": 0, "stop_cause": "preemption", "on_slurm": False},
         S,
-        ("fail", "preemption"),
+        "fail",
+        "preemption",
+        state="stopped",
     ),
-    (
+    row(
         "1: the 6th failure of a long run, each after a new checkpoint, is recovered",
         [att(i, "failure", ckpt=100 * (i + 1), resumed=100 * i) for i in range(5)],
         {},
-        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        KILLED_ON_N1,
         S,
-        ("restart", "failure"),
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
-    (
-        "1 before: the 6th failure of the run's life ended it",
-        [att(i, "failure", ckpt=100 * (i + 1), resumed=100 * i) for i in range(5)],
-        {},
-        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
-        Settings(nodes=2, legacy_budgets=True),
-        ("fail", "failure"),
-    ),
-    (
+    row(
         "the 6th failure in a row without a new checkpoint ends the run",
         [att(i, "failure") for i in range(5)],
         {},
-        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        KILLED_ON_N1,
         Settings(nodes=2, max_failures_per_day=None),
-        ("fail", "failure"),
+        "fail",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
-    (
+    row(
         "resubmitting a failed run resets the count",
         [*(att(i, "failure") for i in range(5)), att(5, "failure", action="fail")],
         {},
-        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        KILLED_ON_N1,
         S,
-        ("restart", "failure"),
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
-    (
+    row(
         "the rate cap: 4 failures within 24 h, each with progress, cap 3",
         [att(i, "failure", ckpt=100 * (i + 1), resumed=100 * i, at=NOW - 3 * H + i * H) for i in range(3)],
         {},
-        {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)},
+        KILLED_ON_N1,
         Settings(nodes=2, max_failures_per_day=3),
-        ("fail", "failure"),
+        "fail",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
-    (
+    row(
         "the governor: preemptions that never save end the run after N attempts",
         [att(i, "preemption") for i in range(9)],
         {},
         {"returncode": 137, "preempting": True},
         S,
-        ("fail", "preemption"),
+        "fail",
+        "preemption",
+        state="failed",
     ),
-    (
+    row(
         "time limits that save are progress: the governor does not count them",
         [att(i, "time_limit", state="stopped", stopped=100 * (i + 1), resumed=100 * i) for i in range(20)],
         {"state": "stopped", "stopped": 2100},
         {"returncode": 0, "stop_cause": "time_limit"},
         S,
-        ("requeue", "time_limit"),
+        "requeue",
+        "time_limit",
+        state="stopped",
+    ),
+    row(
+        "a node left out earlier stays out on a time-limit requeue, nobody newly blamed",
+        [att(0, "node_failure", suspects=("n3",), at=NOW - H)],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "time_limit"},
+        S,
+        "requeue",
+        "time_limit",
+        exclude=("n3",),
+        state="stopped",
     ),
 ]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_decision_table(row):
-    _name, history, current_kw, stop_kw, settings, (action, cause) = row
-    stop_kw = dict(stop_kw)
-    earlier = stop_kw.pop("earlier", ())
-    d = decide(history, cur(history, **current_kw), Stop(now=NOW, **stop_kw), settings, earlier)
+@pytest.mark.parametrize("history,current,stop,settings,expected", ROWS)
+def test_decision_table(history, current, stop, settings, expected):
+    """Every row checks the whole decision: action, cause, the nodes blamed and the nodes left
+    out (a row that blamed a bystander, or left a healthy node out, fails), the state recorded."""
+    action, cause, suspects, exclude, state, delay = expected
+    stop = dict(stop)
+    earlier = stop.pop("earlier", ())
+    d = decide(history, cur(history, **current), Stop(now=NOW, **stop), settings, earlier)
     assert (d.action, d.cause) == (action, cause), d.reason
+    assert (d.suspects, d.exclude) == (suspects, exclude), d.reason
+    assert d.state == state and d.delay_s == delay, d
+
+
+def test_budgets_are_counted_per_cause():
+    """A run's stops through decide() one after another: each cause spends its own budget.
+    Preemptions (and stops sent by hand) have fault.max_preemptions, time limits
+    fault.max_timeouts; neither is a failure, so neither spends fault.max_failures; failures
+    in a row spend max_failures, and a saved stop in between that made progress resets them."""
+    s = Settings(nodes=2, max_preemptions=2, max_timeouts=3, max_failures=2, max_failures_per_day=None)
+    history: list[Attempt] = []
+    batch = 0
+
+    def stop_with(kind: str) -> str:
+        nonlocal batch
+        if kind == "failure":
+            current = cur(history)
+            # each on a node of its own: a node blamed twice would be left out (a requeue)
+            node = f"n{len(history) + 1}"
+            facts = Stop(now=NOW + len(history), returncode=137, task_errors=(TaskError(node, "0", "Killed"),))
+        else:
+            batch += 10
+            current = cur(history, state="stopped", stopped=batch)
+            facts = Stop(now=NOW + len(history), returncode=0, stop_cause=kind)
+        d = decide(history, current, facts, s)
+        current.cause, current.action, current.state = d.cause, d.action, d.state
+        current.suspects, current.ended_at = list(d.suspects), NOW + len(history)
+        history.append(current)
+        return d.action
+
+    # two preemptions and three time limits pass; failures in between count on their own
+    assert [stop_with(k) for k in ("preemption", "failure", "time_limit", "preemption", "time_limit")] == [
+        "requeue",
+        "restart",
+        "requeue",
+        "requeue",
+        "requeue",
+    ]
+    assert stop_with("failure") == "restart"  # the saves since reset the failure count: 1 in a row
+    assert stop_with("failure") == "restart"  # 2 in a row: the budget is 2
+    assert stop_with("failure") == "fail"  # the third in a row without a checkpoint ends the run
+    history.clear()
+    assert [stop_with("time_limit") for _ in range(3)] == ["requeue"] * 3
+    assert stop_with("time_limit") == "fail"  # fault.max_timeouts=3
+    history.clear()
+    assert [stop_with("preemption") for _ in range(2)] == ["requeue"] * 2
+    assert stop_with("signal") == "fail"  # a stop sent by hand spends the preemption budget
 
 
 def test_blame_lands_on_the_rank_that_failed_first_not_the_bystanders():
@@ -393,8 +622,7 @@ def test_blame_lands_on_the_rank_that_failed_first_not_the_bystanders():
         now=NOW,
         task_errors=(TaskError("n1", "3", "Exited with exit code 1"), TaskError("n2", "8-15", "Terminated")),
     )
-    assert blamed_node(stop) == "n1"
-    assert blamed_node(stop, legacy=True) == "n2"  # what classify() did: the first signal-killed line
+    assert blamed_node(stop) == "n1"  # not n2, the first line killed by a signal (a bystander)
     d = decide([], cur([]), stop, S)
     assert d.suspects == ("n1",) and d.exclude == ()
     ecc = Stop(returncode=1, now=NOW, failures=(fail(node="n1", message=ECC, batch=70),))
@@ -412,7 +640,6 @@ def test_blame_expires_after_clean_hours():
     twice = [att(0, "failure", suspects=("n1",), at=NOW - 40 * H), att(1, "failure", suspects=("n1",), at=NOW - 30 * H)]
     assert excluded_by_history(twice, NOW - 29 * H, S) == {"n1"}
     assert excluded_by_history(twice, NOW, S) == set()  # 30 clean hours: forgiven
-    assert excluded_by_history(twice, NOW, Settings(legacy_blame=True)) == {"n1"}  # before: never
 
 
 def test_a_node_failure_stays_excluded_while_its_blame_lasts():

@@ -81,10 +81,9 @@ def test_a_preempted_run_resumes_exactly_in_one_preempted_attempt(slurm24_env, t
     assert "PREEMPTED" in shown.stdout and "COMPLETED" in shown.stdout and "preemption" in shown.stdout, explain(shown)
 
 
-def test_a_dead_node_is_requeued_by_slurm_and_left_out(slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig):
-    """24.11 shows the job COMPLETING (FailedNode=) before PENDING where 22.05 went to PENDING
-    at once: the supervisor tells a requeue from a cancel by the restart count either way."""
-    test_faults.test_a_dead_node_is_left_out_and_the_run_finishes_on_the_others(
+def test_a_dead_node_is_found_by_the_job_and_left_out(slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig):
+    """The job finds the dead node itself and requeues without it, as on 22.05."""
+    test_faults.test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_others(
         slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig
     )
 

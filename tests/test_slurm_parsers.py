@@ -57,6 +57,16 @@ def test_the_version_and_what_it_changes_at_the_end_of_a_job(version):
     assert (parsed >= slurm_job.GRACE_PREEMPT_REQUEUES_SINCE) == (version == "24.11")
 
 
+def test_a_job_requeued_around_a_dead_node_is_held_on_the_slurm_that_races_the_clean_up(version):
+    """The dev cluster's SlurmdTimeout=10 and cred_expire=10: held 13 + 10 s, on 22.05 only."""
+    conf = slurm_job.parse_config(text(version, "scontrol_show_config.txt"))
+    assert (conf["SlurmdTimeout"], conf["AuthInfo"]) == ("10 sec", "cred_expire=10")
+    assert slurm_job.hold_after_dead_node(conf) == 23
+    assert slurm_job.hold_after_dead_node({}) == 400 + 120  # Slurm's defaults
+    parsed = slurm_job.parse_version(text(version, "version.txt"))
+    assert (parsed < slurm_job.REQUEUE_DELAY_SINCE) == (version == "22.05")
+
+
 def test_scontrol_show_job_of_a_running_and_a_pending_job(version):
     running = one_line(version, "running")
     assert (running["JobState"], running["Restarts"], running["NodeList"]) == ("RUNNING", "0", "n[1-2]")

@@ -182,8 +182,8 @@ def test_a_snapshot_runs_the_code_as_it_was_submitted(slurm_env, runs_dir, tmp_p
         [*QUICK, "hydra.launcher.snapshot=true", "+hydra.launcher.extra_sbatch.hold=true"], slurm_env, tmp_path
     )
     code = run_dir.parent / ".hpc_llm" / "code"
-    copied = code / "hpc_llm" / "job" / "task.py"
-    assert copied.read_text() == (ROOT / "hpc_llm" / "job" / "task.py").read_text()
+    copied = code / "hpc_llm" / "job" / "rank" / "task.py"
+    assert copied.read_text() == (ROOT / "hpc_llm" / "job" / "rank" / "task.py").read_text()
     assert (code / "hpc_llm" / "_data" / "conf" / "config.yaml").is_file()
     assert (code / "hydra_plugins" / "hpc_llm_launchers").is_dir()
     assert f"export PYTHONPATH={code}" in (run_dir / "sbatch.sh").read_text()

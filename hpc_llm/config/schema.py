@@ -166,13 +166,26 @@ class FaultConfig:
     # After a failure with no suspect node, restart inside the same allocation (no
     # queue wait); a node that fails twice is suspect and the job is requeued without it.
     restart_in_place: bool = True
-    # Each rank writes a heartbeat (liveness and batch progress) this often...
-    heartbeat_s: float = 30.0
-    # ...and a rank silent for longer, or no batch trained for longer, is a hang:
-    # the rank is named, the step is killed and recovered as a failure.
+    # The period of every heartbeat (docs/design.md, "Agents, detection and restarts"):
+    # each rank into its node agent's shared memory, each agent to the supervisor over the
+    # network (a node's file in the run dir shows them too).
+    heartbeat_s: float = 1.0
+    # An agent silent this long is suspect: the supervisor probes it (a request on a
+    # connection of its own) and, unanswered after probe_timeout_s, calls its node dead:
+    # the run goes on without it at once, never waiting for Slurm to notice (SlurmdTimeout).
+    node_timeout_s: float = 3.0
+    probe_timeout_s: float = 1.5
+    # A hang is judged by the run's own pace: no batch for hang_factor x the median step
+    # time measured so far (never less than hang_floor_s), a checkpoint save or upload
+    # (a storage stall: nobody blamed), or an evaluation, longer than hang_factor x the
+    # longest one seen. A rank silent for max(3 heartbeats, hang_floor_s) is frozen.
+    hang_factor: float = 10.0
+    hang_floor_s: float = 60.0
+    # The limit where there is no pace to judge by yet: the first batches of a start, the
+    # first save or evaluation.
     hang_timeout_s: float = 1800.0
-    # From a step's start until every rank trains its first batch (imports, container,
-    # set-up, data, model build and rendezvous); past it the step is killed and the stop is
+    # From a start until every rank trains its first batch (the agents' imports, container,
+    # set-up, data, model build and rendezvous); past it the start is ended and the stop is
     # a failure naming the phase it was stuck in. null: no limit.
     startup_timeout_s: Optional[float] = 3600.0
     # torch.distributed process-group timeout (LLM Foundry dist_timeout): a

@@ -173,10 +173,22 @@ def check_fault(cfg: DictConfig, plan: JobPlan) -> None:
             raise ConfigError(f"fault.{key}={value!r}: must be {allowed}")
     if not float(f.heartbeat_s) > 0:
         raise ConfigError(f"fault.heartbeat_s={f.heartbeat_s}: must be > 0 seconds")
-    if float(f.hang_timeout_s) < 3 * float(f.heartbeat_s):
+    beat = float(f.heartbeat_s)
+    for key in ("hang_timeout_s", "hang_floor_s"):
+        if float(f[key]) < 3 * beat:
+            raise ConfigError(
+                f"fault.{key}={f[key]} is shorter than 3 heartbeats (fault.heartbeat_s="
+                f"{f.heartbeat_s}); allowed: >= {3 * beat:g}"
+            )
+    if float(f.node_timeout_s) < 2 * beat:
         raise ConfigError(
-            f"fault.hang_timeout_s={f.hang_timeout_s} is shorter than 3 heartbeats (fault.heartbeat_s="
-            f"{f.heartbeat_s}); allowed: >= {3 * float(f.heartbeat_s):g}"
+            f"fault.node_timeout_s={f.node_timeout_s}: an agent beats every fault.heartbeat_s={f.heartbeat_s}, "
+            f"so a shorter silence is no sign of anything; allowed: >= {2 * beat:g}"
+        )
+    if not float(f.probe_timeout_s) > 0 or not float(f.hang_factor) >= 2:
+        raise ConfigError(
+            f"fault.probe_timeout_s={f.probe_timeout_s}, fault.hang_factor={f.hang_factor}: "
+            "allowed: a probe timeout > 0 s and a hang factor >= 2 (times the median step)"
         )
     if f.stop_lead_s is not None and not 0 < float(f.stop_lead_s) < plan.time_limit_s:
         raise ConfigError(

@@ -37,6 +37,8 @@ NODES = "HPC_LLM_NODES"
 ALLOC_START = "HPC_LLM_ALLOC_START"
 #: seconds between a rank's heartbeats
 HEARTBEAT_S = "HPC_LLM_HEARTBEAT_S"
+#: when the node's agent forked the ranks of this generation (epoch seconds)
+FORKED_AT = "HPC_LLM_FORKED_AT"
 
 
 def _int(value: str | None, default: int = 0) -> int:
@@ -60,6 +62,8 @@ class JobEnv:
     local_rank: int = 0
     #: tasks of the job (SLURM_NTASKS)
     ntasks: int = 1
+    #: this node's index in the allocation (SLURM_NODEID)
+    node_id: int = 0
     #: the allocation's node list as Slurm writes it (``n[1-2]``)
     nodelist: str | None = None
     #: the allocation's nodes, as the supervisor expanded them
@@ -69,12 +73,14 @@ class JobEnv:
     supervised: bool = False
     #: seconds between heartbeats; None: no heartbeat (no supervisor, or recovery off)
     heartbeat_s: float | None = None
+    #: when the node's agent forked this rank (epoch seconds; None: not forked by an agent)
+    forked_at: float | None = None
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def current(cls, env: Mapping[str, str] | None = None) -> JobEnv:
         e = os.environ if env is None else env
-        alloc, beat = e.get(ALLOC_START), e.get(HEARTBEAT_S)
+        alloc, beat, forked = e.get(ALLOC_START), e.get(HEARTBEAT_S), e.get(FORKED_AT)
         return cls(
             job_id=e.get("SLURM_JOB_ID") or None,
             array_job_id=e.get("SLURM_ARRAY_JOB_ID") or None,
@@ -84,11 +90,13 @@ class JobEnv:
             rank=_int(e.get("SLURM_PROCID", e.get("RANK"))),
             local_rank=_int(e.get("SLURM_LOCALID", e.get("LOCAL_RANK"))),
             ntasks=_int(e.get("SLURM_NTASKS"), 1),
+            node_id=_int(e.get("SLURM_NODEID")),
             nodelist=e.get("SLURM_JOB_NODELIST") or None,
             nodes=tuple(n for n in e.get(NODES, "").split(",") if n),
             alloc_start=float(alloc) if alloc else None,
             supervised=bool(e.get(SUPERVISED)),
             heartbeat_s=float(beat) if beat else None,
+            forked_at=float(forked) if forked else None,
             environ=e,
         )
 

@@ -1,36 +1,43 @@
-"""Each rank's heartbeat: liveness and batch progress, read by the job's supervisor.
+"""Each rank's heartbeat: liveness and batch progress, read by its node's agent.
 
-A daemon thread in every rank rewrites its own slot of its node's heartbeat
-file, ``<run dir>/.hpc_llm/heartbeat/<node>``, every ``fault.heartbeat_s``
-seconds: one JSON line (global rank, a sequence number, the last batch
-trained, the phase, the node, the pid) padded with spaces to :data:`SLOT`
-bytes, at ``local rank * SLOT``. The training loop only updates the batch in
-memory (:func:`progress`). A frozen process (SIGSTOP, a process stuck in the
-kernel) stops writing, so the supervisor can name it; a rank alive but stuck
-in a collective keeps writing the same batch, which shows as no progress. The
-supervisor judges both by its own clock (:mod:`hpc_llm.job.supervisor.hang_watch`), so
-clocks on different nodes never need to agree.
+Three hops, each as cheap as it can be:
 
-Why one file per node, opened once: at 64 nodes x 8 ranks for weeks, a file
-per rank reopened on every beat and read back one by one is hundreds of
-opens a period on the shared filesystem's metadata server. Here each rank
-opens its node's file once per process and only ``pwrite``\\ s its slot after
-that (no open, no truncate, no rename), and the supervisor opens one file per
-node, at most once a period (:func:`read_all`). Ranks never share a slot, so
-they need no lock; a read that catches a slot mid-write sees a torn slot and
-skips it, as it skips empty or unparsable ones. A full or flaky filesystem
-must not kill training: a failed write is dropped (the supervisor sees
-silence) and a failed open is tried again next period. Stdlib only: it runs
-before the training stack loads, and in the supervisor on the batch host.
+1. **rank -> agent, shared memory.** The node's agent (:mod:`hpc_llm.job.agent`)
+   maps a :class:`Board` (anonymous shared memory) before it forks the ranks of
+   a generation; each rank's heartbeat thread rewrites its own slot every
+   ``fault.heartbeat_s`` (a sequence number, the last batch trained, the phase,
+   its pid and generation) and the training loop only updates the batch in
+   memory (:func:`progress`). No file, no syscall: a rank beats every second
+   for free. A frozen process (SIGSTOP, stuck in the kernel) stops beating; a
+   rank alive but stuck in a collective keeps beating the same batch.
+2. **agent -> supervisor, the network** (:mod:`hpc_llm.job.wire`): every period
+   the agent sends its ranks' beats with its own; the supervisor judges them by
+   its own clock (:mod:`hpc_llm.job.supervisor.hang_watch`), so clocks on
+   different nodes never need to agree.
+3. **for people and tests, a file per node**: the agent also writes its ranks'
+   beats to ``<run dir>/.hpc_llm/heartbeat/<node>`` (one JSON line per rank,
+   padded to :data:`SLOT` bytes at ``local rank * SLOT``), opened once and
+   rewritten in place (:class:`Writer`): one ``pwrite`` per rank per period on
+   the shared filesystem, never an open, a truncate or a rename. Nothing
+   decides on it.
+
+The board also carries the agent's **fence** for the generation it runs (the
+live generation and the lease the supervisor last renewed): a rank of an
+ended generation finds out from it (:mod:`hpc_llm.job.rank.fence`).
+
+Stdlib only: it runs before the training stack loads, and in the agent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import socket
+import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +53,8 @@ STARTUP_PHASES = {
     "data": "data preparation",
     "build": "model build and rendezvous",
 }
+#: phases of storage I/O (a checkpoint save, an upload): a stall there is the storage's, not a node's
+STORAGE_PHASES = ("save", "upload")
 #: bytes per rank in a node's file: eight ranks fill one 4 KiB page; room for a 253-byte host name
 SLOT = 512
 _thread: threading.Thread | None = None
@@ -65,13 +74,17 @@ def progress(batch: int) -> None:
 
 
 def phase(name: str) -> None:
-    """What the rank is doing: start, train, eval, post (after training)."""
+    """What the rank is doing: start, setup, data, build, train, eval, save, upload, post."""
     _state["phase"] = name
 
 
 def current_batch() -> int:
     """The last batch this rank finished in this process (-1 before the first)."""
     return int(_state["batch"])
+
+
+def current_phase() -> str:
+    return str(_state["phase"])
 
 
 @dataclass(frozen=True)
@@ -82,11 +95,109 @@ class Beat:
     node: str
     pid: int
     phase: str = TRAINING
+    #: the generation the rank belongs to (-1: unknown)
+    gen: int = -1
+
+
+# -- the node's shared-memory board: rank slots and the agent's fence ---------------------
+
+#: header: live generation (int64), lease deadline on this node's monotonic clock (float64)
+_HEADER = struct.Struct("<qd")
+_HEADER_SIZE = 64
+#: slot: version (seqlock: odd while written), generation, rank, seq, batch, pid, phase
+_SLOT = struct.Struct("<qqqqqq16s")
+_SLOT_SIZE = 64
+#: the fence's "no generation is live" value
+NO_GENERATION = -1
+
+
+class Board:
+    """An anonymous shared mapping the agent creates once and its forked ranks inherit.
+
+    Each slot is written by one rank only and read by the agent; a slot is
+    versioned like a seqlock (odd while being written), so a read never returns
+    a half-written beat. The header is written by the agent only."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.mm = mmap.mmap(-1, _HEADER_SIZE + slots * _SLOT_SIZE)  # MAP_SHARED | MAP_ANONYMOUS
+        self.set_fence(NO_GENERATION, 0.0)
+
+    # the agent's side
+    def set_fence(self, live_gen: int, lease_until: float) -> None:
+        self.mm[: _HEADER.size] = _HEADER.pack(int(live_gen), float(lease_until))
+
+    def fence(self) -> tuple[int, float]:
+        """(live generation, lease deadline on this node's monotonic clock)."""
+        live, lease = _HEADER.unpack(self.mm[: _HEADER.size])
+        return int(live), float(lease)
+
+    def clear(self, slot: int) -> None:
+        off = _HEADER_SIZE + slot * _SLOT_SIZE
+        self.mm[off : off + _SLOT_SIZE] = bytes(_SLOT_SIZE)
+
+    def read(self, slot: int) -> tuple[int, int, int, int, int, str] | None:
+        """(generation, rank, seq, batch, pid, phase) of ``slot``; None while empty."""
+        off = _HEADER_SIZE + slot * _SLOT_SIZE
+        for _ in range(100):
+            raw = self.mm[off : off + _SLOT.size]
+            version, gen, rank, seq, batch, pid, ph = _SLOT.unpack(raw)
+            if version % 2 == 0 and self.mm[off : off + 8] == raw[:8]:
+                if version == 0:
+                    return None
+                return gen, rank, seq, batch, pid, ph.rstrip(b"\0").decode(errors="replace")
+        return None
+
+    # a rank's side
+    def write(self, slot: int, gen: int, rank: int, seq: int, batch: int, pid: int, ph: str) -> None:
+        off = _HEADER_SIZE + slot * _SLOT_SIZE
+        (version,) = struct.unpack_from("<q", self.mm, off)
+        struct.pack_into("<q", self.mm, off, version + 1 if version % 2 == 0 else version)
+        body = _SLOT.pack(0, gen, rank, seq, batch, pid, ph.encode()[:16])[8:]
+        self.mm[off + 8 : off + _SLOT.size] = body
+        struct.pack_into("<q", self.mm, off, (version | 1) + 1)
+
+
+#: the board this process's rank beats into (set in the rank by the agent, after fork)
+_board: tuple[Board, int, int] | None = None
+
+
+def attach(board: Board, slot: int, gen: int) -> None:
+    """This process is rank ``slot`` (its local rank) of generation ``gen`` on ``board``."""
+    global _board
+    _board = (board, slot, gen)
+
+
+def board() -> tuple[Board, int, int] | None:
+    return _board
+
+
+def start(rank: int, interval_s: float) -> None:
+    """Start this rank's heartbeat thread (once per process), beating into its board slot."""
+    global _thread
+    if _thread is not None or _board is None:
+        return
+    brd, slot, gen = _board
+    pid = os.getpid()
+
+    def beat() -> None:
+        seq = 0
+        while True:
+            seq += 1
+            with contextlib.suppress(ValueError):  # the mapping closed at exit
+                brd.write(slot, gen, rank, seq, int(_state["batch"]), pid, str(_state["phase"]))
+            time.sleep(interval_s)
+
+    _thread = threading.Thread(target=beat, name="hpc_llm-heartbeat", daemon=True)
+    _thread.start()
+
+
+# -- the node file: the agent's beats, for people and tests ---------------------------------
 
 
 def encode(beat: Beat) -> bytes:
     """A beat as its slot: a JSON line padded with spaces to exactly SLOT bytes."""
-    fields = {"rank": beat.rank, "seq": beat.seq, "batch": beat.batch, "phase": beat.phase}
+    fields = {"rank": beat.rank, "seq": beat.seq, "batch": beat.batch, "phase": beat.phase, "gen": beat.gen}
     line = json.dumps({**fields, "node": beat.node, "pid": beat.pid}).encode()
     if len(line) >= SLOT:
         # the file's name says the node too: a name too long for the slot is left to it
@@ -107,33 +218,41 @@ def decode(slot: bytes, node: str) -> Beat | None:
             str(data.get("node") or node),
             int(data["pid"]),
             str(data.get("phase", TRAINING)),
+            int(data.get("gen", -1)),
         )
     except (ValueError, KeyError, TypeError):
         return None
 
 
 class Writer:
-    """One rank's slot in its node's heartbeat file: opened once, then rewritten in place."""
+    """The agent's file of its node's beats: opened once, then rewritten in place, all the
+    node's slots in one ``pwrite`` a period."""
 
-    def __init__(self, run_dir: Path | str, node: str, local_rank: int, rank: int, pid: int | None = None) -> None:
+    def __init__(self, run_dir: Path | str, node: str) -> None:
         self.path = RunDir(run_dir).heartbeat_of_node(node)
-        self.offset = local_rank * SLOT
-        self.node, self.rank = node, rank
-        self.pid = os.getpid() if pid is None else pid
-        self.seq = 0
+        self.node = node
         self._fd: int | None = None
 
-    def write(self, batch: int, phase: str) -> None:
-        self.seq += 1
-        slot = encode(Beat(self.rank, self.seq, batch, self.node, self.pid, phase))
-        # a full or flaky filesystem must not kill training; the supervisor sees silence
+    def write(self, slots: list[Beat | None]) -> None:
+        """Slot i: local rank i's beat (None: keep what the file has there)."""
+        # a full or flaky filesystem must not stop the agent: nothing decides on this file
         with contextlib.suppress(OSError):
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                # no O_TRUNC: the other ranks of this node keep their slots
+                # no O_TRUNC: a rank that has not beaten yet keeps its last beat
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                os.pwrite(self._fd, slot, self.offset)
+                start = 0
+                while start < len(slots):
+                    if slots[start] is None:
+                        start += 1
+                        continue
+                    end = start
+                    while end < len(slots) and slots[end] is not None:
+                        end += 1
+                    data = b"".join(encode(b) for b in slots[start:end] if b is not None)
+                    os.pwrite(self._fd, data, start * SLOT)
+                    start = end
             except OSError:
                 # a stale handle (NFS) stays stale: open again next period
                 self.close()
@@ -146,25 +265,8 @@ class Writer:
                 os.close(fd)
 
 
-def start(run_dir: Path | str, rank: int, local_rank: int, interval_s: float) -> None:
-    """Start this rank's heartbeat thread (once per process)."""
-    global _thread
-    if _thread is not None:
-        return
-    writer = Writer(run_dir, node_name(), local_rank, rank)
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.is_set():
-            writer.write(int(_state["batch"]), str(_state["phase"]))
-            stop.wait(interval_s)
-
-    _thread = threading.Thread(target=beat, name="hpc_llm-heartbeat", daemon=True)
-    _thread.start()
-
-
 def read_all(run_dir: Path | str) -> dict[int, Beat]:
-    """The latest heartbeat of every rank that has written one, by global rank: one open per
+    """The latest heartbeat of every rank in the node files, by global rank: one open per
     node's file (a torn, empty or unparsable slot is skipped)."""
     out: dict[int, Beat] = {}
     try:
@@ -179,13 +281,13 @@ def read_all(run_dir: Path | str) -> dict[int, Beat]:
             continue
         for offset in range(0, len(data), SLOT):
             beat = decode(data[offset : offset + SLOT], entry.name)
-            if beat is not None:
+            if beat is not None and (beat.rank not in out or beat.gen >= out[beat.rank].gen):
                 out[beat.rank] = beat
     return out
 
 
 def clear(run_dir: Path | str) -> None:
-    """Forget the heartbeats of an earlier step (the supervisor, before it starts one)."""
+    """Forget the node files of an earlier allocation (the supervisor, as it starts)."""
     folder = heartbeat_dir(run_dir)
     if folder.is_dir():
         for path in folder.iterdir():

@@ -13,6 +13,7 @@ fails on a run-directory name literal anywhere else).
       train_config.yaml       the LLM Foundry train config the job ran
       sbatch.sh               the batch script (Slurm launcher)
       logs/rank<N>.log        one log per rank
+      logs/agent<N>.log       the agent of the allocation's N-th node
       logs/slurm-<job>.out    the batch script's own log (the supervisor's)
       checkpoints/            the default local checkpoint folder
       checkpoints/unfinished/ saves a dead attempt did not finish
@@ -23,7 +24,7 @@ fails on a run-directory name literal anywhere else).
         attempts.json         every start of the run and how it ended
         progress.json         the live batch counter
         provenance.json, git.diff
-        heartbeat/ failures/ ready/   the supervisor's view of the ranks
+        heartbeat/ failures/  the ranks' beats (one file per node) and failure reports
         code/, array/         the code snapshot and array logs (a sweep dir's)
 
 Stdlib only: the job's supervisor and the login side both use it.
@@ -71,6 +72,10 @@ class RunDir:
 
     def rank_log(self, rank: int | str) -> Path:
         return self.logs / f"rank{rank}.log"
+
+    def agent_log(self, node_index: int | str) -> Path:
+        """The log of the agent on the allocation's ``node_index``-th node (srun's ``%t``)."""
+        return self.logs / f"agent{node_index}.log"
 
     def batch_log(self, job_id: str) -> Path:
         """The batch script's log; an array task's id is ``<array>_<task>``."""
@@ -137,14 +142,6 @@ class RunDir:
     def failure_report(self, step_tag: str, rank: int | str) -> Path:
         """A rank's failure report; ``rank="*"`` (and a ``step_tag`` of ``"*"``) glob."""
         return self.failure_reports / f"{step_tag}.{rank}.json"
-
-    @property
-    def ready(self) -> Path:
-        """One empty file per rank of a step that has installed its stop-signal handler."""
-        return self.private / "ready"
-
-    def ready_marker(self, step_tag: str, rank: int | str) -> Path:
-        return self.ready / f"{step_tag}.{rank}"
 
     # -- a sweep directory's ----------------------------------------------
     @property

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -107,7 +108,20 @@ def run_info(cfg: Any) -> dict[str, Any]:
     return info
 
 
+#: checks run before every write of the record in this process: a rank of a generation that has
+#: ended raises there instead of writing (hpc_llm.job.rank.fence); the supervisor registers none
+_BEFORE_WRITE: list[Callable[[], None]] = []
+
+
+def guard_writes(check: Callable[[], None]) -> None:
+    """Run ``check`` before every write of this run's record in this process (it raises to refuse)."""
+    if check not in _BEFORE_WRITE:
+        _BEFORE_WRITE.append(check)
+
+
 def _write_json(path: Path, data: Any) -> Path:
+    for check in _BEFORE_WRITE:
+        check()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -181,6 +195,11 @@ class Attempt:
     train_s: float = 0.0
     #: when the first batch of this attempt was done (training again after a stop)
     first_batch_at: float | None = None
+    #: the phases of a start (epoch seconds): the agent forked the ranks, the rendezvous was
+    #: done, the checkpoint was loaded (Composer's fit start)
+    forked_at: float | None = None
+    rendezvous_at: float | None = None
+    loaded_at: float | None = None
     #: running (not ended yet, or died unrecorded) | completed | stopped | failed | lost
     state: str = "running"
     ended_at: float | None = None
@@ -188,8 +207,11 @@ class Attempt:
     cause: str | None = None
     #: restart (in the allocation) | requeue | fail | none
     action: str | None = None
-    #: when the supervisor decided it (the stop was detected)
+    #: when the supervisor first saw the stop coming (a rank's failure, a dead node, a hang, a
+    #: signal), when it decided what to do, and when every rank of the attempt was gone
+    detected_at: float | None = None
     decided_at: float | None = None
+    stopped_at: float | None = None
     error: str | None = None
     #: nodes blamed for the failure (left out of the next allocation)
     suspects: list[str] = field(default_factory=list)

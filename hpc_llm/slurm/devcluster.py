@@ -120,6 +120,8 @@ class DevCluster:
     dbd_port: int | None = None  # slurmdbd's port, with accounting
     mem_per_node_mb: int = 0  # RealMemory (0: not declared)
     slurm: str = SYSTEM_SLURM  # which Slurm runs it (SLURM_VERSIONS)
+    #: seconds before slurmctld calls a silent node DOWN (Slurm's default is 300)
+    slurmd_timeout_s: int = 10
 
     @property
     def conf(self) -> Path:
@@ -200,8 +202,8 @@ SchedulerParameters=bf_interval=1,sched_interval=2
 # Reject at submit (sbatch, --test-only too) a job no node of the partition can hold.
 EnforcePartLimits=ALL
 ReturnToService=2
-# A dead node (kill_node) is DOWN, and its job NODE_FAIL, ~15 s after it died.
-SlurmdTimeout=10
+# A dead node (kill_node) is DOWN, and its job NODE_FAIL, ~15 s after it died (with 10).
+SlurmdTimeout={c.slurmd_timeout_s}
 MessageTimeout=5
 MailProg=/bin/true
 # The nodes declare CPUs and GPUs this host does not have (and each all of its memory,
@@ -339,7 +341,7 @@ def load(root: Path) -> DevCluster | None:
     if not conf.is_file():
         return None
     nodes, cpus, port, dport, gpus, accounting, dbd_port = 1, 1, CTLD_PORT, SLURMD_BASE_PORT, 0, False, None
-    mem, slurm = 0, SYSTEM_SLURM  # a root written before the version was recorded: 22.05
+    mem, slurm, slurmd_timeout = 0, SYSTEM_SLURM, 10  # a root written before the version was recorded: 22.05
     for line in conf.read_text().splitlines():
         if line.startswith(_VERSION_TAG):
             slurm = line.removeprefix(_VERSION_TAG).strip()
@@ -357,6 +359,8 @@ def load(root: Path) -> DevCluster | None:
             accounting = line.split("=", 1)[1].strip() == "accounting_storage/slurmdbd"
         elif line.startswith("AccountingStoragePort="):
             dbd_port = int(line.split("=", 1)[1])
+        elif line.startswith("SlurmdTimeout="):
+            slurmd_timeout = int(line.split("=", 1)[1])
     return DevCluster(
         root=root,
         nodes=nodes,
@@ -368,6 +372,7 @@ def load(root: Path) -> DevCluster | None:
         dbd_port=dbd_port if accounting else None,
         mem_per_node_mb=mem,
         slurm=slurm,
+        slurmd_timeout_s=slurmd_timeout,
     )
 
 
@@ -403,13 +408,15 @@ def up(
     accounting: bool = True,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     slurm: str = SYSTEM_SLURM,
+    slurmd_timeout_s: int = 10,
 ) -> DevCluster:
     """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is,
     with a node whose slurmd died started again).
 
     ``accounting``: also a private MariaDB + slurmdbd (``sacct``); without it, ~2-3 s faster.
     ``slurm``: "22.05" (the system's) or "24.11" (scripts/install-slurm.sh's private prefix);
-    a version not installed is a ConfigError naming those that are.
+    a version not installed is a ConfigError naming those that are. ``slurmd_timeout_s``:
+    how long a silent node stays up (10 s keeps node-death tests short; Slurm's default is 300).
     Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd)."""
     root = (root or default_root()).expanduser().resolve()
     if str(root).startswith("/tmp/") or str(root) == "/tmp":
@@ -430,13 +437,19 @@ def up(
         dbd_port=ctld_port + nodes + 1 if accounting else None,
         mem_per_node_mb=_host_mem_mb(),
         slurm=slurm,
+        slurmd_timeout_s=slurmd_timeout_s,
     )
     _require_binaries(c)
     existing = load(root)
     if existing is not None:
         alive = running(existing)
         if alive:
-            same = (existing.nodes, existing.accounting, existing.slurm) == (nodes, accounting, slurm)
+            same = (existing.nodes, existing.accounting, existing.slurm, existing.slurmd_timeout_s) == (
+                nodes,
+                accounting,
+                slurm,
+                slurmd_timeout_s,
+            )
             dead = [name for name, _pf in _daemons(existing) if name not in alive]
             if same and all(name.startswith("slurmd -N ") for name in dead):
                 # already up (idempotent); a node killed by kill_node is started again alone:
@@ -656,6 +669,31 @@ def kill_node(c: DevCluster, name: str) -> list[int]:
             break
         killed += _kill_tree(pids)
     return sorted(killed)
+
+
+def freeze_node(c: DevCluster, name: str) -> list[int]:
+    """Node ``name`` freezes, as a hung host does: SIGSTOP its slurmd, its slurmstepds and their
+    tasks (the agent and its ranks). Its kernel still accepts TCP connections; nobody answers.
+    Slurm calls it DOWN only after SlurmdTimeout. Returns the pids frozen (for :func:`thaw_node`)."""
+    if name not in c.node_names:
+        raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
+    frozen: set[int] = set()
+    for _ in range(5):  # again, for anything started between the look-up and the stop
+        pids = _node_pids(c, name) - frozen
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= pids
+    return sorted(frozen)
+
+
+def thaw_node(pids: list[int]) -> None:
+    """The frozen node comes back (SIGCONT to what :func:`freeze_node` stopped)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def revive_node(c: DevCluster, name: str, timeout_s: float = 60) -> None:

@@ -147,6 +147,8 @@ def supervisor_command(
         run_dir,
         "--nodes",
         str(res.nodes),
+        "--tasks-per-node",
+        str(res.tasks_per_node),
     ]
     if fault is None or not fault.enabled or sig is None:
         return [*args, "--no-recover"]
@@ -165,6 +167,14 @@ def supervisor_command(
         f"{float(fault.forgive_after_h) * 3600:g}",
         "--heartbeat-s",
         f"{float(fault.heartbeat_s):g}",
+        "--node-timeout-s",
+        f"{float(fault.node_timeout_s):g}",
+        "--probe-timeout-s",
+        f"{float(fault.probe_timeout_s):g}",
+        "--hang-factor",
+        f"{float(fault.hang_factor):g}",
+        "--hang-floor-s",
+        f"{float(fault.hang_floor_s):g}",
         "--hang-timeout-s",
         f"{float(fault.hang_timeout_s):g}",
     ]
@@ -264,15 +274,22 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
     srun_args = [
         "--unbuffered",
         # sbatch --export=<list> sets SLURM_EXPORT_ENV, which srun takes as its own --export:
-        # without this the ranks would lose what the batch script exported (MASTER_ADDR, ...)
+        # without this the agents would lose what the batch script exported (MASTER_ADDR, ...)
         "--export=ALL",
-        "--kill-on-bad-exit=1",
-        f"--output={RunDir(run_dir).rank_log('%t')}",
+        # one agent per node, with every CPU the node's ranks have: the agent forks them
+        f"--nodes={res.nodes}",
+        f"--ntasks={res.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={res.cpus_per_task * res.tasks_per_node}",
+        # an agent that ends (its node died) must not take the others with it: the supervisor decides
+        "--kill-on-bad-exit=0",
+        f"--output={RunDir(run_dir).agent_log('%t')}",
         "--open-mode=append",
         *[str(a) for a in opts.srun_args or []],
     ]
-    folder = RunDir(run_dir).submitit
-    entry = ["-u", "-m", "submitit.core._submit", str(folder)]
+    # each node's agent (hpc_llm.job.agent): warm once, then it forks the node's ranks of every
+    # generation, which write logs/rank<N>.log themselves
+    entry = ["-u", "-m", "hpc_llm.job.agent", str(rd.payload)]
     container_lines: list[str] = []
     if container is not None and container.name != "none":
         # an hpc_llm app: its container runtime plugin wraps the task command

@@ -13,11 +13,15 @@
 #SBATCH --signal=B:USR2@120
 #SBATCH --time=00:30:00
 
+# Slurm's stop signal may come before anything can take it (sbatch(1): up to 60 s early, or a
+# preemption at start-up): ignored until the supervisor has its handler, it can never end the
+# job unrecorded; the supervisor reads the end time and any preemption itself.
+trap '' USR2
 set -euo pipefail
 
-# Rendezvous: rank 0 runs on the batch host (the allocation's first node), so
-# its address is the master's (resolved here: scontrol may not exist inside a
-# container); the port comes from the job id, below the ephemeral port range.
+# The batch host's address: the supervisor listens there for the node agents (resolved here:
+# scontrol may not exist inside a container). Each generation of ranks meets on a port node
+# rank 0's agent finds free; this one, from the job id, is the fallback.
 master_node="${SLURMD_NODENAME:-$(hostname -s)}"
 MASTER_ADDR=$(scontrol show node "$master_node" -o 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p') || true
 export MASTER_ADDR="${MASTER_ADDR:-$master_node}"
@@ -26,11 +30,12 @@ export HPC_LLM_STOP_SIGNAL=USR2
 export OMP_NUM_THREADS=1
 export SUBMITIT_EXECUTOR=slurm
 
-# The supervisor (hpc_llm.job.supervisor) runs the training step: one task per
-# rank (RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK from SLURM_* in each task, each
-# node's ranks in node-local scratch). It forwards Slurm's stop signal to the
-# ranks, watches their heartbeats, and restarts, requeues or fails the run by
-# the cause of a stop (docs/design.md, "Long runs").
-exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 2 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 30 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 -- \
-  srun --unbuffered --export=ALL --kill-on-bad-exit=1 --output=/shared/runs/golden/0/logs/rank%t.log --open-mode=append \
-  /opt/hpc_llm/venv/bin/python -u -m submitit.core._submit /shared/runs/golden/0/.submitit
+# The supervisor (hpc_llm.job.supervisor) starts one agent per node (hpc_llm.job.agent, one
+# srun step for the whole allocation); each agent imports the training stack once and forks
+# its node's ranks for every generation (RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK from the
+# supervisor's layout, each node's ranks in node-local scratch). The supervisor passes Slurm's
+# stop signal on to the ranks, watches the agents and the ranks' heartbeats, and restarts in
+# place, requeues or fails the run by the cause of a stop (docs/design.md, "Long runs").
+exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 2 --tasks-per-node 2 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 1 --node-timeout-s 3 --probe-timeout-s 1.5 --hang-factor 10 --hang-floor-s 60 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 -- \
+  srun --unbuffered --export=ALL --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --output=/shared/runs/golden/0/logs/agent%t.log --open-mode=append \
+  /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.agent /shared/runs/golden/0/.hpc_llm/job.pkl

@@ -189,6 +189,31 @@ def _patch_streaming_epoch_boundary() -> None:
     StreamingDataset.state_dict = state_dict  # type: ignore[method-assign]
 
 
+def _patch_cpu_model_query() -> None:
+    """Ask for the CPU model once per process (docs/design.md, upstream fix 13).
+
+    Composer's Trainer logs ``get_composer_env_dict()`` at every construction, and its
+    ``get_cpu_model`` calls py-cpuinfo's ``get_cpu_info()``, which starts a Python
+    subprocess to run CPUID: about a second of a rank's start here, on every restart.
+    The CPU does not change under a running process: the answer is kept after the first
+    call (in the node's agent, before it forks the ranks, so they never pay it).
+    """
+    from composer.utils import collect_env
+
+    original = collect_env.get_cpu_model
+    if getattr(original, "_hpc_llm", False):
+        return
+    known: list[str] = []
+
+    def get_cpu_model() -> str:
+        if not known:
+            known.append(original())
+        return known[0]
+
+    get_cpu_model._hpc_llm = True  # type: ignore[attr-defined]
+    collect_env.get_cpu_model = get_cpu_model
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -199,4 +224,5 @@ def apply() -> None:
     _patch_sharded_load_integrations()
     _patch_wandb_download()
     _patch_streaming_epoch_boundary()
+    _patch_cpu_model_query()
     _APPLIED = True

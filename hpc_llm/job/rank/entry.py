@@ -6,10 +6,13 @@ runtime config available (``HydraConfig.get()``), runs the task function
 with the job config, and rank 0 stores the return value for the launcher.
 The task function is any Hydra task function.
 
-Under the job's supervisor (:mod:`hpc_llm.job.supervisor`) every rank also
-keeps a heartbeat (:mod:`hpc_llm.job.heartbeat`) and, if the task function
-dies of an exception, leaves a failure report (:mod:`hpc_llm.job.failures`)
-that lets the supervisor tell a user error from a machine's.
+Under the job's supervisor (:mod:`hpc_llm.job.supervisor`) the ranks are
+forked by their node's agent (:mod:`hpc_llm.job.agent`), which passes the
+payload it read once; every rank then also keeps a heartbeat
+(:mod:`hpc_llm.job.heartbeat`), checks its generation's fence before it writes
+(:mod:`hpc_llm.job.rank.fence`) and, if the task function dies of an
+exception, leaves a failure report (:mod:`hpc_llm.job.failures`) that lets the
+supervisor tell a user error from a machine's.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from omegaconf import DictConfig, open_dict, read_write
 
 from hpc_llm.job import failures, heartbeat
 from hpc_llm.job.env import JobEnv
-from hpc_llm.job.rank import preemption
+from hpc_llm.job.rank import fence, preemption
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.payload import Payload, read_payload
 
@@ -40,7 +43,9 @@ def _is_rank0() -> bool:
     return JobEnv.current().is_rank0
 
 
-def run_payload(path: Path) -> Any:
+def run_payload(path: Path, payload: Payload | None = None) -> Any:
+    """Run the job's task function in this rank: ``payload`` as read from ``path`` (a rank
+    forked by its node's agent gets the agent's copy, read once per allocation)."""
     # First thing, before the training stack loads: the Slurm stop signal is
     # recorded (and acted on at the next batch boundary) instead of killing us.
     preemption.install()
@@ -48,14 +53,15 @@ def run_payload(path: Path) -> Any:
     rd = RunDir.of_payload(path)
     run_dir = rd.root
     if job.heartbeat_s:
-        heartbeat.start(run_dir, job.rank, job.local_rank, job.heartbeat_s)
+        heartbeat.start(job.rank, job.heartbeat_s)
+    fence.install()
     if job.is_rank0:
         rd.return_value.unlink(missing_ok=True)  # from an earlier attempt
-    preemption.mark_ready(run_dir)
-    try:
-        payload = read_payload(path)
-    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
-        raise TypeError(f"{path} is not a job payload written by this version of hpc_llm ({exc})") from exc
+    if payload is None:
+        try:
+            payload = read_payload(path)
+        except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+            raise TypeError(f"{path} is not a job payload written by this version of hpc_llm ({exc})") from exc
     if not isinstance(payload.config, DictConfig):
         raise TypeError(f"{path} is not a job payload written by this version of hpc_llm")
     # What Hydra's launchers do in a job process: the launching process's state
@@ -70,7 +76,9 @@ def run_payload(path: Path) -> Any:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:
-        if job.supervised:
+        # a rank of a generation that has ended reports nothing: the supervisor has moved on, and
+        # its errors (a peer gone, the fence itself) would be taken for the next generation's history
+        if job.supervised and not fence.ended():
             failures.report(run_dir, exc, rank=job.rank, node=heartbeat.node_name(), batch=heartbeat.current_batch())
         raise
     if job.is_rank0:

@@ -24,11 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
-
-from hpc_llm.job.env import JobEnv
-from hpc_llm.rundir.layout import RunDir
 
 STOP_SIGNAL_ENV = "HPC_LLM_STOP_SIGNAL"
 
@@ -57,16 +53,6 @@ def install(sig_name: str | None = None) -> str | None:
     signal.signal(signum, _on_signal)
     _installed.append(name)
     return name
-
-
-def mark_ready(run_dir: Path) -> None:
-    """Tell the supervisor this rank's handler is installed (it forwards the signal then)."""
-    job = JobEnv.current()
-    if not job.on_slurm or not _installed:
-        return
-    marker = RunDir(run_dir).ready_marker(job.step_tag, job.rank)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
 
 
 def request_stop(reason: str) -> None:

@@ -17,7 +17,7 @@ from composer.loggers import Logger
 from composer.utils import dist, format_name_with_dist
 
 from hpc_llm.job import heartbeat
-from hpc_llm.job.rank import context, disk, preemption
+from hpc_llm.job.rank import context, disk, fence, preemption
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,11 @@ class PreemptionCallback(Callback):
         heartbeat.progress(int(state.timestamp.batch))
         heartbeat.phase(heartbeat.TRAINING)
         if self.ctx.record is not None:
-            self.ctx.record.note(resumed_at_batch=int(state.timestamp.batch), last_batch=int(state.timestamp.batch))
+            self.ctx.record.note(
+                resumed_at_batch=int(state.timestamp.batch),
+                last_batch=int(state.timestamp.batch),
+                loaded_at=time.time(),
+            )
         _remember_earlier_saves(state)
 
     def eval_start(self, state: State, logger: Logger) -> None:
@@ -109,6 +113,9 @@ class PreemptionCallback(Callback):
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)
         now = time.time()
+        # a rank of a generation the supervisor has ended (its node was frozen, or cut off) stops
+        # here, at the first batch boundary it reaches, before it writes anything
+        fence.check("training on")
         heartbeat.progress(batch)
         if self._batch_end is None and self.ctx.record is not None:
             self.ctx.record.note(first_batch_at=now)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import logging
 import os
 import tempfile
@@ -30,7 +31,7 @@ from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import heartbeat
 from hpc_llm.job.env import DistEnv, JobEnv
-from hpc_llm.job.rank import context, preemption, preflight
+from hpc_llm.job.rank import context, fence, preemption, preflight
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.job.rank.measure import progress_figures, training_figures
 from hpc_llm.rundir import provenance
@@ -107,6 +108,8 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
             nodes=list(env.nodes),
             alloc_started_at=env.alloc_start,
         )
+        if env.forked_at is not None:
+            ctx.record.note(forked_at=env.forked_at)
     os.chdir(ctx.node_dir)
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
     os.environ.update(job.parallelism.env(cfg.parallelism, job.plan))
@@ -115,11 +118,17 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
 
 def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
     """Per-node working directory outside the shared run dir (docs/design.md, upstream fix 1)."""
-    base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
-    job = JobEnv.current().job_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
-    path = Path(base) / f"hpc_llm-{job}" / f"node{dist.node_rank}"
+    path = scratch_path(cfg, run_dir, JobEnv.current().job_id, dist.node_rank)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def scratch_path(cfg: DictConfig, run_dir: Path, job_id: str | None, node_rank: int) -> Path:
+    """``<cluster.scratch, else $TMPDIR, else /tmp>/hpc_llm-<job>/node<node rank>`` (the node's
+    agent removes it when the allocation ends)."""
+    base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
+    job = job_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
+    return Path(base) / f"hpc_llm-{job}" / f"node{node_rank}"
 
 
 def run_name(experiment: str, run_dir: Path) -> str:
@@ -161,6 +170,7 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
     from hpc_llm.job.rank import compat, foundry
 
     compat.apply()
+    fence.guard_checkpoints()
     context.CURRENT = ctx
     foundry.register()
     # A killed or requeued predecessor leaves Streaming's shared memory behind
@@ -170,7 +180,7 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
 
     heartbeat.phase("build")
     t0 = time.time()
-    with training_done_goes_on():
+    with training_done_goes_on(), noting_the_rendezvous(ctx):
         trainer = foundry_train(OmegaConf.create(train_cfg))
     note_training_end(ctx, trainer)
     return trainer, time.time() - t0
@@ -194,6 +204,31 @@ def note_training_end(ctx: JobContext, trainer: Any) -> None:
     if saver is not None and saver.last_checkpoint_batch is not None:
         changes["checkpoint_batch"] = int(saver.last_checkpoint_batch)
     ctx.record.note(**changes)
+
+
+@contextlib.contextmanager
+def noting_the_rendezvous(ctx: JobContext) -> Iterator[None]:
+    """Rank 0 notes when LLM Foundry's process-group start and first barrier are done (the
+    attempt's ``rendezvous_at``: one phase of a restart's cost, benchmarks/faults.py). Wraps
+    LLM Foundry 0.22's own ``_initialize_dist_with_barrier``; without it nothing is noted."""
+    # the module, not the function the package re-exports under the same name
+    module = importlib.import_module("llmfoundry.command_utils.train")
+    original = getattr(module, "_initialize_dist_with_barrier", None)
+    if original is None or ctx.record is None:
+        yield
+        return
+    record = ctx.record
+
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        record.note(rendezvous_at=time.time())
+        return out
+
+    setattr(module, "_initialize_dist_with_barrier", initialize)  # noqa: B010 - mypy: a private name
+    try:
+        yield
+    finally:
+        setattr(module, "_initialize_dist_with_barrier", original)  # noqa: B010 - mypy: a private name
 
 
 #: set on a Trainer whose fit found training already done (training_done_goes_on)

@@ -1,43 +1,45 @@
-"""The job's supervisor: runs the training step, watches it, decides what its end means.
+"""The job's supervisor: runs the ranks through the node agents, watches them, decides what each stop means.
 
-The batch script ``exec``s it on the batch host once the rendezvous is set::
+The batch script ``exec``s it on the batch host::
 
-    python -m hpc_llm.job.supervisor --run-dir DIR [policy] -- srun <args> <task command>
+    python -m hpc_llm.job.supervisor --run-dir DIR [policy] -- srun <args> python -m hpc_llm.job.agent <payload>
 
 It is the batch step's main process, so Slurm's ``--signal=B:USR2@lead``
-reaches it. It then:
+reaches it (the batch script ignores that signal until then: a signal that
+comes before is never fatal). Once per allocation it starts the agent step
+(the command after ``--``: one agent per node, :mod:`hpc_llm.job.agent`) and
+listens for the agents (:mod:`hpc_llm.job.supervisor.fleet`). Then, one
+generation of ranks after another (:mod:`hpc_llm.job.supervisor.generation`):
 
-* forwards the stop signal to every rank (once all have their handler, see
-  :func:`hpc_llm.job.rank.preemption.mark_ready`), telling a time-limit signal
-  from a preemption by the job's end time;
-* watches each rank's heartbeat (:mod:`hpc_llm.job.heartbeat`): a rank silent
-  for ``--hang-timeout-s`` is named, and so is a step where no rank trained a
-  batch for that long; the step is killed (srun's double interrupt);
-* when the step ends, classifies it (:mod:`hpc_llm.job.failures`) and acts:
-  done; a user error fails the run; an infrastructure failure restarts the
-  step in the same allocation (no queue wait) unless a node is suspect (a
-  node failure, or a node blamed twice), in which case the job is requeued
-  with the suspects added to its excluded nodes; a stop on a signal requeues.
-  Each cause has its own budget (``fault.max_*``);
-* writes the run's record first, then requeues, with SIGTERM ignored, and
-  records a failing ``scontrol requeue`` instead of dying of it.
+* it tells every agent to start its node's ranks of generation G (node rank,
+  layout, a fresh rendezvous port): a fork of a warm process, not a cold start;
+* it passes the stop signal on to every rank through the agents, telling a
+  time-limit signal from a preemption by the job's end time;
+* it watches: a rank that exits badly ends the generation at once (the agents
+  kill the rest); a node whose agent is silent and does not answer a probe is
+  dead (never a hang, and its bystanders are never blamed); the ranks'
+  heartbeats name a frozen rank, a stuck collective (no batch for k x the
+  run's median step) or a storage stall (:mod:`hpc_llm.job.supervisor.hang_watch`);
+* when the generation has ended, it gathers the facts, asks the fault policy
+  (:func:`hpc_llm.job.supervisor.policy.decide`, pure) and carries the
+  decision out: done; fail; restart in place (generation G+1 on the same warm
+  agents, or a new agent step if one is gone); requeue (the records first,
+  SIGTERM ignored, with the blamed nodes excluded). Each cause has its budget.
 
-A Slurm requeue it did not ask for (NODE_FAIL with ``--requeue``) leaves the
-last attempt "running" in attempts.json; the next start closes it as lost.
-
-What to do is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`, pure);
-this module is the I/O around it: the run loop and signal handlers, the facts
-of each stop, the records, and carrying the decision out. The rest lives
-beside it: :mod:`hpc_llm.job.supervisor.step` (starting, signalling and killing srun),
-:mod:`hpc_llm.job.supervisor.hang_watch` (judging the heartbeats) and
-:mod:`hpc_llm.job.supervisor.slurm_job` (asking Slurm about this allocation, requeueing
-it). In-job side, but stdlib only: no training stack on the batch host.
+A Slurm requeue it did not ask for leaves the last attempt "running" in
+attempts.json; the next start closes it as lost. The rest lives beside it:
+:mod:`~hpc_llm.job.supervisor.step` (the srun agent step),
+:mod:`~hpc_llm.job.supervisor.slurm_job` (asking Slurm about this
+allocation, requeueing it). In-job side, but stdlib only: no training stack
+on the batch host.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import secrets
 import signal
 import sys
 import time
@@ -46,18 +48,21 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import failures, heartbeat
+from hpc_llm.config.plan import PORT_BASE, PORT_SPAN
+from hpc_llm.job import failures, heartbeat, wire
 from hpc_llm.job.env import JobEnv
 from hpc_llm.job.supervisor import policy, slurm_job
+from hpc_llm.job.supervisor.fleet import Fleet
+from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
-from hpc_llm.job.supervisor.step import Step, StepEnd, ready_count
+from hpc_llm.job.supervisor.step import Step
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
 
-#: seconds between checks of the step, the heartbeats and pending signals
-POLL_S = 0.5
+#: seconds between checks of the generation, the heartbeats and pending signals
+POLL_S = 0.2
 #: a B: signal this close to the time limit (beyond the lead) is the time-limit one
 #: (Slurm may send it up to a minute early)
 TIME_LIMIT_SLACK_S = 60.0
@@ -66,10 +71,16 @@ LEAD_SAVES = 2.0
 #: a SIGTERM this close to the end time is Slurm's time limit, not a cancellation
 TERM_AT_END_S = 5.0
 LEAD_MARGIN_S = 30.0
-#: seconds between re-reads of the job's end time while a step runs
+#: seconds between re-reads of the job's end time while a generation runs
 END_REFRESH_S = 60.0
 #: seconds between tries to learn from slurmctld why a stop signal came, while it does not answer
 ASK_AGAIN_S = 10.0
+#: seconds the agents get to report a killed generation's ranks gone before they count as lost
+KILL_WAIT_S = 60.0
+#: seconds the agents get to clean up and exit at the end of the allocation
+END_WAIT_S = 15.0
+#: seconds to wait for node rank 0's agent to name a free rendezvous port
+PORT_WAIT_S = 10.0
 
 
 @dataclass
@@ -80,6 +91,8 @@ class Policy:
     #: the stop signal forwarded to the ranks; None: fault tolerance is off
     stop_signal: str | None
     signal_lead_s: float
+    #: ranks per node (each agent forks this many)
+    tasks_per_node: int = 1
     recover: bool = True
     max_timeouts: int | None = None
     max_preemptions: int | None = 100
@@ -91,10 +104,24 @@ class Policy:
     restart_in_place: bool = True
     #: fixed seconds before the time limit to stop; None: derived from measured saves
     stop_lead_s: float | None = None
-    heartbeat_s: float = 30.0
+    #: the period of every heartbeat: ranks into their agent's board, agents to the supervisor
+    heartbeat_s: float = 1.0
+    #: an agent silent this long is suspect and probed; unanswered for probe_timeout_s, its node is dead
+    node_timeout_s: float = 3.0
+    probe_timeout_s: float = 1.5
+    #: a batch may take hang_factor x the run's median step, never less than hang_floor_s
+    hang_factor: float = 10.0
+    hang_floor_s: float = 60.0
+    #: the limit where there is no pace to judge by yet (the first batches, a first save or eval)
     hang_timeout_s: float = 1800.0
-    #: seconds from a step's start until every rank trains; longer is a start-up hang (None: no limit)
+    #: seconds from a generation's start until every rank trains; longer is a start-up hang (None: no limit)
     startup_timeout_s: float | None = None
+
+    @property
+    def lease_s(self) -> float:
+        """How long a ping keeps a generation's ranks writing: as long as the supervisor takes to
+        declare their node dead (hpc_llm.job.rank.fence)."""
+        return self.node_timeout_s + self.probe_timeout_s
 
 
 class Supervisor:
@@ -109,6 +136,14 @@ class Supervisor:
         self._terminated_at = 0.0
         #: seconds before the time limit the ranks are told to save (<= the sbatch --signal lead)
         self.lead_s = policy.signal_lead_s
+        self.token = secrets.token_hex(16)
+        self.fleet: Fleet | None = None
+        self.agent_step: Step | None = None
+        self._agents_since: float | None = None
+        #: the nodes the ranks run on, in node-rank order
+        self.layout: list[str] = []
+        #: fleet events read while waiting for something else, for the generation's loop
+        self._held: list[dict[str, Any]] = []
 
     def _lead(self, attempts: Attempts) -> float:
         """How long before the time limit to stop: twice the longest save measured so far (a
@@ -140,12 +175,18 @@ class Supervisor:
             self._end_for_good()
             return early
         self.lead_s = self._lead(attempts)
-        while True:
-            end = self.run_step()
-            decision = self.decide(end)
-            if decision is not None:
-                return decision
-            self.step += 1
+        self._missed_preemption()
+        heartbeat.clear(self.run_dir)
+        self.fleet = self.new_fleet()
+        try:
+            while True:
+                end = self.run_generation()
+                decision = self.decide(end)
+                if decision is not None:
+                    return decision
+                self.step += 1
+        finally:
+            self._end_agents()
 
     def _install_handlers(self) -> None:
         def on_stop(signum: int, frame: Any) -> None:
@@ -158,6 +199,15 @@ class Supervisor:
         if self.policy.stop_signal:
             signal.signal(getattr(signal, f"SIG{self.policy.stop_signal}"), on_stop)
         signal.signal(signal.SIGTERM, on_term)
+
+    def _missed_preemption(self) -> None:
+        """The batch script ignores the stop signal until this process has its handler (a
+        signal then cannot end the job unrecorded); a preemption signalled in that window is
+        still known to Slurm (a PreemptTime): take it as received now. A time-limit signal lost
+        there is covered by :meth:`_time_is_up`."""
+        if self.policy.stop_signal and self.job.job_id and slurm_job.preempting(self._job_info()):
+            log.warning("hpc_llm supervisor: the job was being preempted before the supervisor started")
+            self._signals.append((f"SIG{self.policy.stop_signal}", time.time()))
 
     # -- a previous allocation that died without a record ------------------------
     def _close_lost(self, attempts: Attempts) -> None:
@@ -192,31 +242,156 @@ class Supervisor:
             return 0
         return None
 
-    # -- one step ----------------------------------------------------------------
-    def _step_env(self) -> dict[str, str]:
-        return JobEnv.current().for_step(
-            self.step, self.job.nodes, self.job.start, self.policy.heartbeat_s if self.policy.recover else None
+    # -- the agents ----------------------------------------------------------------
+    def new_fleet(self) -> Fleet:
+        """A listening fleet for this allocation's agents, its I/O thread started."""
+        p = self.policy
+        fleet = Fleet(
+            self.token,
+            beat_s=p.heartbeat_s,
+            node_timeout_s=p.node_timeout_s,
+            probe_timeout_s=p.probe_timeout_s,
+            lease_s=p.lease_s,
         )
+        fleet.start()
+        return fleet
 
-    def run_step(self) -> StepEnd:
-        heartbeat.clear(self.run_dir)
-        env = self._step_env()
-        tag = JobEnv.current(env).step_tag
-        started = time.monotonic()
-        step = Step(self.command, env)
-        end = StepEnd(returncode=0, srun_errors=step.errors)
-        watch = HangWatch(self.policy.hang_timeout_s)
-        ntasks = JobEnv.current(env).ntasks
-        # heartbeats change once a period: reading them more often only loads the shared filesystem
-        # (hang_timeout_s >= 3 periods, so a beat seen a period late still leaves two to spare)
-        read_every = max(POLL_S, self.policy.heartbeat_s)
-        last_read = float("-inf")
+    def _agent_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        assert self.fleet is not None
+        host = env.get("MASTER_ADDR") or "127.0.0.1"
+        env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
+        env[wire.TOKEN] = self.token
+        env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
+        env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
+        return env
+
+    def _ensure_agents(self) -> None:
+        """The agent step runs, and every agent in it is alive; else a new agent step (a cold
+        start: an agent gone of its own error, or the first generation)."""
+        assert self.fleet is not None
+        alive = [a for a in self.fleet.view().values() if a.alive]
+        if self.agent_step is not None and self.agent_step.running and len(alive) >= self.policy.nodes:
+            return
+        if self.agent_step is not None:
+            self._end_agents()
+            self.fleet.close()
+            self.fleet = self.new_fleet()
+        self.agent_step = Step(self.command, self._agent_env())
+        self._agents_since = time.monotonic()
+
+    def _end_agents(self) -> None:
+        """The allocation is done: tell the agents (they clean their scratch and exit), then end
+        the agent step, by srun's own abort if it has not ended by then."""
+        if self.fleet is not None:
+            for node, a in self.fleet.view().items():
+                if a.alive:
+                    self.fleet.send(node, {"t": "end"})
+        step, self.agent_step = self.agent_step, None
+        if step is not None and step.running and step.wait(timeout=END_WAIT_S) is None:
+            step.kill()
+
+    def _warm_nodes(self) -> list[str]:
+        assert self.fleet is not None
+        view = self.fleet.view()
+        return sorted((n for n, a in view.items() if a.state == "warm"), key=lambda n: view[n].node_id)
+
+    def _start_generation(self) -> Generation:
+        """Generation ``self.step`` on the warm agents: node ranks by the allocation's node order."""
+        assert self.fleet is not None
+        view = self.fleet.view()
+        self.layout = self._warm_nodes()[: self.policy.nodes]
+        master = self.layout[0]
+        self.fleet.send(master, {"t": "port", "gen": self.step})
+        port = None
+        deadline = time.monotonic() + PORT_WAIT_S
+        held: list[dict[str, Any]] = []
+        while port is None and time.monotonic() < deadline:
+            for ev in self.fleet.events(timeout=0.05):
+                if ev.get("t") == "port" and ev.get("gen") == self.step:
+                    port = int(ev["port"])
+                else:
+                    held.append(ev)
+        self._held = held
+        gen = Generation(self.step, {n: i for i, n in enumerate(self.layout)}, self.policy.tasks_per_node)
+        env = JobEnv.current().for_step(
+            self.step, self.layout, self.job.start, self.policy.heartbeat_s if self.policy.recover else None
+        )
+        ours = {k: v for k, v in env.items() if k.startswith("HPC_LLM_")}
+        for node_rank, node in enumerate(self.layout):
+            self.fleet.send(
+                node,
+                {
+                    "t": "start",
+                    "gen": self.step,
+                    "node_rank": node_rank,
+                    "nnodes": len(self.layout),
+                    "tasks_per_node": self.policy.tasks_per_node,
+                    "master_addr": view[master].addr,
+                    "master_port": port or slurm_port(self.job.job_id, self.job.restart, self.step),
+                    "env": ours,
+                },
+            )
+        log.info(
+            "hpc_llm supervisor: generation %d on %s (rendezvous %s:%s)",
+            self.step,
+            ",".join(self.layout),
+            view[master].addr,
+            port,
+        )
+        return gen
+
+    # -- one generation ---------------------------------------------------------------
+    def run_generation(self) -> GenerationEnd:
+        assert self.fleet is not None
+        self._ensure_agents()
+        assert self.agent_step is not None
+        end = GenerationEnd(returncode=0, srun_errors=self.agent_step.errors)
+        p = self.policy
+        gen: Generation | None = None
+        self._held = []
+        watch = HangWatch(
+            floor_s=p.hang_floor_s,
+            factor=p.hang_factor,
+            timeout_s=p.hang_timeout_s,
+            silence_s=max(3 * p.heartbeat_s, p.hang_floor_s),
+        )
+        gen_started = 0.0
+        killed_at: float | None = None
         refreshed = time.monotonic()
         pending: tuple[str, float] | None = None
         ask_at: float | None = None  # when to ask slurmctld why the pending signal came
         forward_at = 0.0
-        while step.running:
-            time.sleep(POLL_S)
+        while True:
+            events = self._held + self.fleet.events(timeout=POLL_S)
+            self._held = []
+            now = time.monotonic()
+            if gen is None:
+                for ev in events:
+                    self._before_start(ev, end)
+                if end.dead_nodes or end.agent_errors:
+                    break
+                if len(self._warm_nodes()) >= p.nodes:
+                    gen = self._start_generation()
+                    gen_started = time.monotonic()
+                    continue
+                if not self.agent_step.running:
+                    end.returncode = self.agent_step.wait() or 1
+                    end.agent_errors["*"] = (
+                        f"the agent step ended before every agent was up (srun exited {end.returncode})"
+                    )
+                    break
+                waited = now - (self._agents_since or now)
+                if p.startup_timeout_s is not None and waited > p.startup_timeout_s:
+                    ready = len(self._warm_nodes())
+                    end.startup = f"the agents' start (container, srun or imports: {ready} of {p.nodes} ready)"
+                    break
+            else:
+                for ev in events:
+                    self._during(ev, gen, end)
+                if (end.dead_nodes or end.agent_errors or gen.failed() is not None) and not gen.killing:
+                    self._kill(gen, end)
+                    killed_at = now
             while self._signals:
                 # act first, ask after: a signal far from the end time we know is passed on at
                 # once (a preemption's grace time runs); slurmctld is asked only once it is
@@ -255,57 +430,129 @@ class Supervisor:
                 log.warning("hpc_llm supervisor: no time-limit signal from Slurm, %.0f s left: stopping", self.lead_s)
                 pending = (f"SIG{self.policy.stop_signal}", time.time())
                 end.stop_cause, end.stop_cause_asked, forward_at = "time_limit", True, pending[1]
-            if pending and end.stop is None and time.time() >= forward_at and self._all_ready(tag, env):
-                end.stop, end.stop_time = pending[0], pending[1]
-                log.warning(
-                    "hpc_llm supervisor: forwarding %s to the ranks (%s%s)",
-                    pending[0],
-                    end.stop_cause,
-                    f"; {self.job.end - time.time():.0f} s before the end time" if self.job.end else "",
-                )
-                step.send(signal.Signals[pending[0]])
+            if pending and end.stop is None and time.time() >= forward_at:
+                if gen is None:
+                    # nothing started to save: the stop is this generation's end
+                    end.stop, end.stop_time = pending[0], pending[1]
+                    end.detected_at = end.detected_at or time.time()
+                    break
+                if gen.all_started and not gen.killing:
+                    end.stop, end.stop_time = pending[0], pending[1]
+                    end.detected_at = end.detected_at or time.time()
+                    log.warning(
+                        "hpc_llm supervisor: forwarding %s to the ranks (%s%s)",
+                        pending[0],
+                        end.stop_cause,
+                        f"; {self.job.end - time.time():.0f} s before the end time" if self.job.end else "",
+                    )
+                    for node in gen.layout:
+                        self.fleet.send(node, {"t": "signal", "gen": gen.gen, "signal": pending[0]})
             if self._terminated and not end.terminated:
                 end.terminated = True
-            if self.policy.recover and time.monotonic() - last_read >= read_every:
-                last_read = time.monotonic()
-                beats = heartbeat.read_all(self.run_dir)
-                hang = watch.check(beats, last_read - started)
-                stuck = watch.startup_stuck(beats, last_read - started, ntasks, self.policy.startup_timeout_s)
-                if hang is not None and end.hang is None and end.stop is None:
-                    end.hang = hang
-                    log.error("hpc_llm supervisor: %s; killing the step", hang[0])
-                    step.kill()
-                elif stuck is not None and end.startup is None and end.stop is None:
+                end.detected_at = end.detected_at or time.time()
+            if gen is not None and p.recover and not gen.killing:
+                # a rank that has ended beats no more, and is not silent for it
+                beats = {r: b for r, b in self.fleet.beats().items() if b.gen == gen.gen and r not in gen.exits}
+                hang = watch.check(beats, now)
+                stuck = watch.startup_stuck(beats, now - gen_started, gen.ntasks, p.startup_timeout_s)
+                if hang is not None and end.stop is None and not end.dead_nodes:
+                    if hang.cause == "storage":
+                        end.storage_stall = hang.reason
+                    else:
+                        end.hang = (hang.reason, hang.nodes)
+                    log.error("hpc_llm supervisor: %s; ending generation %d", hang.reason, gen.gen)
+                    self._kill(gen, end)
+                    killed_at = now
+                elif stuck is not None and end.stop is None:
                     end.startup = stuck
-                    log.error("hpc_llm supervisor: start-up stuck in %s; killing the step", stuck)
-                    step.kill()
-        end.returncode = step.wait()
+                    log.error("hpc_llm supervisor: start-up stuck in %s; ending generation %d", stuck, gen.gen)
+                    self._kill(gen, end)
+                    killed_at = now
+            if gen is not None and gen.done:
+                break
+            if gen is not None and not self.agent_step.running:
+                # the whole agent step is gone (Slurm killed it: a node failure, a cancel, the limit)
+                for node in gen.layout:
+                    if node not in gen.stopped:
+                        gen.lose(node, "the agent step ended")
+                break
+            if gen is not None and killed_at is not None and now - killed_at > KILL_WAIT_S:
+                for node in gen.layout:
+                    if node not in gen.stopped:
+                        gen.lose(node, f"its ranks were not gone {KILL_WAIT_S:g}s after the kill")
+                break
+        if gen is not None:
+            end.returncode = gen.returncode() or end.returncode
+            end.task_errors = gen.task_errors()
+            end.stopped_at = time.time()
         end.top_batch, end.heartbeat_train_s = watch.top_batch, watch.train_s
         return end
 
-    def _all_ready(self, tag: str, env: dict[str, str]) -> bool:
-        return ready_count(self.run_dir, tag) >= JobEnv.current(env).ntasks
+    def _before_start(self, ev: dict[str, Any], end: GenerationEnd) -> None:
+        kind, node = ev.get("t"), str(ev.get("node"))
+        if kind == "dead":
+            end.dead_nodes[node] = str(ev.get("why"))
+            end.detected_at = end.detected_at or time.time()
+            log.error("hpc_llm supervisor: node %s is dead: %s", node, ev.get("why"))
+        elif kind == "bye" and ev.get("why") != "ended":
+            end.agent_errors[node] = str(ev.get("why"))
+            end.detected_at = end.detected_at or time.time()
+            log.error("hpc_llm supervisor: the agent on %s ended: %s", node, ev.get("why"))
 
-    # -- what the end of a step means ---------------------------------------------
-    def decide(self, end: StepEnd) -> int | None:
-        """Record what happened and act: an exit code, or None to run the next step. The
-        decision is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`); this gathers its
-        facts and carries it out."""
+    def _during(self, ev: dict[str, Any], gen: Generation, end: GenerationEnd) -> None:
+        kind, node = ev.get("t"), str(ev.get("node"))
+        if kind in ("dead", "bye") and node in gen.layout:
+            self._before_start(ev, end)
+            if node in end.dead_nodes or node in end.agent_errors:
+                gen.lose(node, end.dead_nodes.get(node) or end.agent_errors[node])
+        elif kind == "started" and ev.get("gen") == gen.gen:
+            gen.on_started(node, ev.get("pids") or {})
+        elif kind == "exit" and ev.get("gen") == gen.gen:
+            e = gen.on_exit(ev)
+            if e is not None and not e.killed and e.status not in (0, None):
+                end.detected_at = end.detected_at or e.at
+                log.error("hpc_llm supervisor: rank %d on %s: %s", e.rank, e.node, e.what)
+        elif kind == "stopped" and ev.get("gen") == gen.gen:
+            gen.stopped.add(node)
+        elif kind == "stalled" and node in gen.layout:
+            # its loop stalled past the lease (a frozen or starved node) and it ended its ranks
+            end.hang = (f"the agent on {node} stalled for {ev.get('gap_s')}s (frozen?)", (node,))
+            end.detected_at = end.detected_at or time.time()
+        elif kind in ("suspect", "cleared"):
+            log.warning("hpc_llm supervisor: node %s %s", node, ev.get("why") or "answered: alive")
+
+    def _kill(self, gen: Generation, end: GenerationEnd) -> None:
+        """End generation ``gen`` now: every agent kills its ranks' process groups."""
+        assert self.fleet is not None
+        gen.killing = True
+        end.detected_at = end.detected_at or time.time()
+        for node in gen.layout:
+            if node in end.dead_nodes or node in end.agent_errors:
+                continue
+            self.fleet.send(node, {"t": "kill", "gen": gen.gen})
+
+    # -- what the end of a generation means ---------------------------------------------
+    def decide(self, end: GenerationEnd) -> int | None:
+        """Record what happened and act: an exit code, or None to run the next generation. The
+        decision is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`); this
+        gathers its facts and carries it out."""
         attempts = Attempts.load(self.run_dir)
         if end.returncode == 0 and not self.policy.recover and not attempts.items:
             # a Hydra app other than hpc_llm's task keeps no attempts: its step's exit code is all
             return 0
         a = self._this_attempt(attempts)
-        # rank 0 notes progress every few seconds; the heartbeats saw the step's last batches
+        # rank 0 notes progress every few seconds; the heartbeats saw the generation's last batches
         if end.top_batch > a.last_batch:
             a.last_batch, a.train_s = end.top_batch, max(a.train_s, round(end.heartbeat_train_s, 3))
+        a.detected_at = a.detected_at or end.detected_at
+        a.stopped_at = a.stopped_at or end.stopped_at
         facts = self._facts(end)
         earlier = [f for f in failures.read_all(self.run_dir) if f not in facts.failures]
         history = [x for x in attempts.items if x is not a]
         decision = policy.decide(history, a, facts, self.settings, earlier)
         return self._act(attempts, a, decision)
 
-    def _facts(self, end: StepEnd) -> policy.Stop:
+    def _facts(self, end: GenerationEnd) -> policy.Stop:
         """The facts of this stop the policy decides on: Slurm is asked again (the end time moves
         with ``scontrol update TimeLimit``; a PreemptTime says a preemption's grace time runs)."""
         if (
@@ -323,8 +570,8 @@ class Supervisor:
                     break
                 time.sleep(2)
         info = self._job_info() if (end.returncode != 0 or end.terminated) else {}
-        # the end time as last read while the step ran (every minute: a shortened limit is in it);
-        # not the one Slurm shows now, which a cancellation sets to the moment of the cancel
+        # the end time as last read while the generation ran (every minute: a shortened limit is in
+        # it); not the one Slurm shows now, which a cancellation sets to the moment of the cancel
         end_time = self.job.end
         if info.get("JobState") == "TIMEOUT" and self._terminated_at:
             end_time = self._terminated_at
@@ -338,7 +585,7 @@ class Supervisor:
             # host. Not a cancellation, and not ours to requeue again.
             requeueing = slurm_job.requeued_by_slurm(self.job.job_id, self.job.restart)
         tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
-        tasks, nodes = failures.parse_srun_errors(end.srun_errors)
+        _srun_tasks, failed_nodes = failures.parse_srun_errors(end.srun_errors)
         return policy.Stop(
             returncode=end.returncode,
             now=time.time(),
@@ -348,10 +595,13 @@ class Supervisor:
             preempting=preempting,
             slurm_requeueing=requeueing,
             hang=end.hang,
+            storage_stall=end.storage_stall,
             startup=end.startup,
             failures=tuple(failures.read(self.run_dir, tag)),
-            task_errors=tuple(tasks),
-            failed_nodes=tuple(nodes),
+            task_errors=tuple(end.task_errors),
+            failed_nodes=tuple(failed_nodes),
+            dead_nodes=tuple(sorted(end.dead_nodes.items())),
+            agent_errors=tuple(sorted(end.agent_errors.items())),
             on_slurm=self.job.ref is not None,
         )
 
@@ -501,6 +751,14 @@ class Supervisor:
             err = slurm_job.exclude(str(self.job.ref), exclude)
             if err:
                 a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"
+        version = slurm_job.slurm_version()
+        if d.cause == "node_failure" and version is not None and version < slurm_job.REQUEUE_DELAY_SINCE:
+            # a dead node still holds the job COMPLETING: not again before Slurm has let it go
+            # and cleaned up (slurm_job.REQUEUE_DELAY_SINCE)
+            hold = slurm_job.hold_after_dead_node(slurm_job.slurm_config())
+            err = slurm_job.hold_start(str(self.job.ref), hold)
+            if err:
+                log.warning("hpc_llm supervisor: could not hold the requeued job for %d s: %s", hold, err)
         attempts.save()
         update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         log.warning(
@@ -529,6 +787,14 @@ class Supervisor:
         return wanted, None
 
 
+def slurm_port(job_id: str | None, restart: int, gen: int) -> int:
+    """A rendezvous port for generation ``gen`` of allocation ``restart`` that every rank agrees
+    on without talking, when node rank 0's agent did not name a free one in time: a new one for
+    every generation, so a rank of an earlier one still holding its port never meets this one."""
+    digits = "".join(c for c in job_id or "" if c.isdigit())
+    return PORT_BASE + (int(digits or 0) * 131 + restart * 17 + gen) % PORT_SPAN
+
+
 def _read_status(run_dir: Path) -> str | None:
     from hpc_llm.rundir.record import read_results
 
@@ -538,11 +804,12 @@ def _read_status(run_dir: Path) -> str | None:
 
 def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     if "--" not in argv:
-        raise SystemExit("usage: python -m hpc_llm.job.supervisor --run-dir DIR [options] -- srun ...")
+        raise SystemExit("usage: python -m hpc_llm.job.supervisor --run-dir DIR [options] -- srun ... <agent command>")
     cut = argv.index("--")
     p = argparse.ArgumentParser(prog="hpc_llm.job.supervisor")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--tasks-per-node", type=int, default=1)
     p.add_argument("--signal", default=None)
     p.add_argument("--signal-lead-s", type=float, default=120.0)
     p.add_argument("--no-recover", action="store_true")
@@ -554,13 +821,18 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     p.add_argument("--forgive-after-s", type=float, default=86400.0)
     p.add_argument("--no-restart-in-place", action="store_true")
     p.add_argument("--stop-lead-s", type=float, default=None)
-    p.add_argument("--heartbeat-s", type=float, default=30.0)
+    p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--node-timeout-s", type=float, default=3.0)
+    p.add_argument("--probe-timeout-s", type=float, default=1.5)
+    p.add_argument("--hang-factor", type=float, default=10.0)
+    p.add_argument("--hang-floor-s", type=float, default=60.0)
     p.add_argument("--hang-timeout-s", type=float, default=1800.0)
     p.add_argument("--startup-timeout-s", type=float, default=None)
     a = p.parse_args(argv[:cut])
     policy = Policy(
         run_dir=Path(a.run_dir),
         nodes=a.nodes,
+        tasks_per_node=a.tasks_per_node,
         stop_signal=a.signal,
         signal_lead_s=a.signal_lead_s,
         recover=not a.no_recover,
@@ -573,6 +845,10 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
         restart_in_place=not a.no_restart_in_place,
         stop_lead_s=a.stop_lead_s,
         heartbeat_s=a.heartbeat_s,
+        node_timeout_s=a.node_timeout_s,
+        probe_timeout_s=a.probe_timeout_s,
+        hang_factor=a.hang_factor,
+        hang_floor_s=a.hang_floor_s,
         hang_timeout_s=a.hang_timeout_s,
         startup_timeout_s=a.startup_timeout_s,
     )

@@ -10,8 +10,7 @@ and ``benchmarks/long_run.py`` drives the same function through a simulated
 two months. docs/design.md, "The decision table", lists its rows;
 tests/test_policy.py has one test row per row.
 
-Rules a run of weeks needs (each has a ``legacy_*`` flag that brings back the
-old rule, for the simulation's "before" figures):
+Rules a run of weeks needs:
 
 * **Budgets count failures in a row without checkpoint progress**, not over the
   run's life: a new checkpoint resets the count. A rate cap (failures in any 24 h
@@ -27,6 +26,11 @@ old rule, for the simulation's "before" figures):
   batch on another node is the user's (data, code); on the same node at another
   batch it is the node's, which is then left out. A first ambiguous occurrence
   restarts once. Transient storage errors are retried in place, blaming nobody.
+* **A dead node is a node failure, never a hang**: a node whose agent fell silent
+  and did not answer a probe is the cause of the stop, whatever its peers
+  reported after it went (they lost a peer); it alone is blamed and left out.
+* **A storage stall blames nobody**: a checkpoint save or upload that stalls is
+  retried in place like a transient storage error.
 """
 
 from __future__ import annotations
@@ -81,10 +85,6 @@ class Settings:
     forgive_after_s: float = DAY_S
     #: a SIGTERM this close to the end time is the time limit
     term_at_end_s: float = 5.0
-    #: today's rules before this module, for the simulation's "before" (never set in a run)
-    legacy_budgets: bool = False
-    legacy_blame: bool = False
-    legacy_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,12 @@ class Stop:
     slurm_requeueing: str | None = None
     #: a hang the supervisor named: (reason, nodes of the silent ranks)
     hang: tuple[str, tuple[str, ...]] | None = None
+    #: a checkpoint save or upload that stalled (the supervisor's reason): the store's, not a node's
+    storage_stall: str | None = None
+    #: nodes whose agent was confirmed dead (silent, then its probe unanswered), with why
+    dead_nodes: tuple[tuple[str, str], ...] = ()
+    #: agents that ended of their own error (a bug, not the node), with why
+    agent_errors: tuple[tuple[str, str], ...] = ()
     #: the start-up phase (imports, container, rendezvous, data) that outlived fault.startup_timeout_s
     startup: str | None = None
     failures: tuple[RankFailure, ...] = ()
@@ -168,7 +174,7 @@ def _streaks(history: Sequence[Attempt], current: Attempt, current_is_failure: b
     return failures, attempts
 
 
-def _legacy_count(history: Sequence[Attempt], causes: frozenset[str]) -> int:
+def _count(history: Sequence[Attempt], causes: frozenset[str]) -> int:
     return sum(1 for a in history if a.cause in causes)
 
 
@@ -179,13 +185,9 @@ def first_failure(stop: Stop) -> RankFailure | None:
     return min(stop.failures, key=lambda f: (f.time, f.rank)) if stop.failures else None
 
 
-def blamed_node(stop: Stop, legacy: bool = False) -> str | None:
+def blamed_node(stop: Stop) -> str | None:
     """The node where the step failed first: the earliest rank failure report, else srun's first
-    task line that is not a bystander ``Terminated`` by --kill-on-bad-exit. ``legacy``: the first
-    line killed by a signal (a bystander's, when a rank exited with an error first)."""
-    if legacy:
-        killed = [t for t in stop.task_errors if t.killed_by_signal]
-        return killed[0].node if killed else None
+    task line that is not a bystander ``Terminated`` by --kill-on-bad-exit."""
     first = first_failure(stop)
     if first is not None:
         return first.node
@@ -227,8 +229,7 @@ def active_blame(history: Sequence[Attempt], now: float, forgive_after_s: float)
 
 def excluded_by_history(history: Sequence[Attempt], now: float, s: Settings) -> set[str]:
     """Nodes left out of the next allocation: two blame points or more, while they last."""
-    forgive = float("inf") if s.legacy_blame else s.forgive_after_s
-    return {n for n, points in active_blame(history, now, forgive).items() if points >= 2}
+    return {n for n, points in active_blame(history, now, s.forgive_after_s).items() if points >= 2}
 
 
 # -- classification -----------------------------------------------------------------
@@ -313,7 +314,20 @@ def decide(
         return Decision("fail", current.cause, current.error or "the run failed", "failed")
 
     nodes: tuple[str, ...]
-    if stop.hang is not None:
+    if stop.dead_nodes:
+        # whatever the other ranks reported after it went, they lost a peer: the node is the cause
+        dead = ", ".join(f"{n} ({why})" for n, why in stop.dead_nodes)
+        cause, reason, nodes = (
+            "node_failure",
+            f"node(s) stopped answering: {dead}",
+            tuple(n for n, _ in stop.dead_nodes),
+        )
+    elif stop.agent_errors:
+        what = "; ".join(f"on {n}: {why}" for n, why in stop.agent_errors)
+        cause, reason, nodes = "failure", f"hpc_llm's agent ended with an error ({what}); restarting it", ()
+    elif stop.storage_stall is not None:
+        cause, reason, nodes = "transient", f"{stop.storage_stall}; retrying", ()
+    elif stop.hang is not None:
         cause, reason, nodes = "hang", stop.hang[0], tuple(stop.hang[1])
     elif stop.startup is not None:
         cause, reason, nodes = "startup", f"no heartbeat from every rank in time: stuck in {stop.startup}", ()
@@ -321,8 +335,6 @@ def decide(
         cause, reason, nodes = "preflight", current.error or "a preflight check failed", tuple(current.suspects)
     else:
         cause, reason, node = classify_failure(stop, current, earlier_failures)
-        if s.legacy_blame and cause == "failure":
-            node = blamed_node(stop, legacy=True)
         nodes = (node,) if node else ()
     if cause == "user_error":
         return Decision("fail", "user_error", reason, "failed")
@@ -349,7 +361,7 @@ def _imposed_stop(current: Attempt, stop: Stop, s: Settings) -> tuple[str, str] 
     at_end = (
         stop.sigterm_at is not None and stop.end_time is not None and stop.sigterm_at >= stop.end_time - s.term_at_end_s
     )
-    if stop.stop_cause in STOP_CAUSES and not (s.legacy_time and stop.returncode != 0 and current.state != "stopped"):
+    if stop.stop_cause in STOP_CAUSES:
         what = {"time_limit": "the time limit", "preemption": "a preemption", "signal": "a requested stop"}
         how = "saved" if current.state == "stopped" else "stopped before its save finished"
         return stop.stop_cause, f"{what[stop.stop_cause]}: the step {how}; resuming from the last checkpoint"
@@ -363,7 +375,7 @@ def _imposed_stop(current: Attempt, stop: Stop, s: Settings) -> tuple[str, str] 
             "preempted after Slurm's warning signal was spent (or past the grace time): the steps got SIGTERM "
             "before the ranks saved; resuming from the last checkpoint"
         )
-    if at_end and not s.legacy_time:
+    if at_end:
         return "time_limit", "the time limit ended the step before the ranks saved; resuming from the last checkpoint"
     if stop.sigterm_at is not None and not at_end:
         return "cancelled", "the job was cancelled or killed by Slurm (SIGTERM)"
@@ -410,32 +422,28 @@ def _budgeted(
 
 def _over_budget(history: Sequence[Attempt], current: Attempt, stop: Stop, s: Settings, cause: str) -> str | None:
     failure = cause in FAILURE_CAUSES
-    if s.legacy_budgets:
-        if failure and _legacy_count(history, FAILURE_CAUSES) + 1 > s.max_failures:
-            return f"fault.max_failures={s.max_failures} reached"
-    else:
-        in_a_row, without_progress = _streaks(history, current, failure)
-        if failure and in_a_row > s.max_failures:
-            return f"fault.max_failures={s.max_failures} reached: {in_a_row} failures in a row without a new checkpoint"
-        if without_progress >= s.max_attempts_without_progress:
-            return (
-                f"fault.max_attempts_without_progress={s.max_attempts_without_progress} reached: "
-                f"no new checkpoint in {without_progress} attempts"
-            )
-        if failure and s.max_failures_per_day is not None:
-            day = 1 + sum(
-                1
-                for a in _since_reset(history)
-                if a.cause in FAILURE_CAUSES and stop.now - (a.ended_at or a.started_at) < DAY_S
-            )
-            if day > s.max_failures_per_day:
-                return f"fault.max_failures_per_day={s.max_failures_per_day:g} reached: {day} failures in 24 h"
+    in_a_row, without_progress = _streaks(history, current, failure)
+    if failure and in_a_row > s.max_failures:
+        return f"fault.max_failures={s.max_failures} reached: {in_a_row} failures in a row without a new checkpoint"
+    if without_progress >= s.max_attempts_without_progress:
+        return (
+            f"fault.max_attempts_without_progress={s.max_attempts_without_progress} reached: "
+            f"no new checkpoint in {without_progress} attempts"
+        )
+    if failure and s.max_failures_per_day is not None:
+        day = 1 + sum(
+            1
+            for a in _since_reset(history)
+            if a.cause in FAILURE_CAUSES and stop.now - (a.ended_at or a.started_at) < DAY_S
+        )
+        if day > s.max_failures_per_day:
+            return f"fault.max_failures_per_day={s.max_failures_per_day:g} reached: {day} failures in 24 h"
     if cause in ("preemption", "signal") and s.max_preemptions is not None:
-        n = _legacy_count(_since_reset(history), frozenset({"preemption", "signal"})) + 1
+        n = _count(_since_reset(history), frozenset({"preemption", "signal"})) + 1
         if n > s.max_preemptions:
             return f"fault.max_preemptions={s.max_preemptions} reached"
     if cause == "time_limit" and s.max_timeouts is not None:
-        n = _legacy_count(_since_reset(history), frozenset({"time_limit"})) + 1
+        n = _count(_since_reset(history), frozenset({"time_limit"})) + 1
         if n > s.max_timeouts:
             return f"fault.max_timeouts={s.max_timeouts} reached"
     return None

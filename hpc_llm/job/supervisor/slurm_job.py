@@ -260,6 +260,54 @@ def exclude(ref: str, nodes: list[str]) -> str | None:
     return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
 
 
+#: Slurm < 24.05, seen on 22.05.8: a job requeued (`scontrol requeue`) while a dead node still
+#: holds it COMPLETING is started again the moment Slurm calls that node DOWN (its begin time was
+#: set at the requeue, long past by then), racing the survivors' clean-up of the old allocation:
+#: the new batch step failed in job_container/tmpfs ("container_p_join: open failed for
+#: .../<job>/.ns") and the job ended FAILED, the run lost. 24.11 requeues at the DOWN and waits
+#: cred_expire before the next start (slurmctld: "Requeuing JobId=2" then "Allocate" 11 s later).
+REQUEUE_DELAY_SINCE = (24, 5)
+
+
+def slurm_config() -> dict[str, str]:
+    """``scontrol show config`` as key -> value ({} when it cannot be asked)."""
+    try:
+        out = _run(["scontrol", "show", "config"], timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return parse_config(out.stdout)
+
+
+def parse_config(text: str) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            conf.setdefault(key.strip(), value.strip())
+    return conf
+
+
+def hold_after_dead_node(conf: dict[str, str]) -> int:
+    """Seconds a job requeued around a dead node must not start again (Slurm < 24.05,
+    REQUEUE_DELAY_SINCE): until Slurm can have called the node DOWN (SlurmdTimeout and up to a
+    third more), plus the cred_expire Slurm's own requeue would wait after that."""
+    slurmd = int((conf.get("SlurmdTimeout") or "300").split()[0] or 300)
+    cred = 120
+    for part in (conf.get("AuthInfo") or "").split(","):
+        if part.strip().startswith("cred_expire="):
+            cred = int(part.split("=", 1)[1])
+    return int(slurmd * 4 / 3) + cred
+
+
+def hold_start(ref: str, seconds: int) -> str | None:
+    """The requeued job may not start before ``seconds`` from now (its StartTime)."""
+    try:
+        out = _run(["scontrol", "update", f"JobId={ref}", f"StartTime=now+{seconds}"], timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
+
+
 def previous_state(job_id: str) -> tuple[str | None, float | None]:
     """The state and end Slurm's accounting gives the previous run of this job (NODE_FAIL,
     REQUEUED...); (None, None) without accounting or when sacct cannot be asked now."""

@@ -9,6 +9,11 @@ rank), which bounds how many batches a minute can train from above, whatever
 the machine. It changes no number the run computes: the loss is the same as
 an unpaced run's, so the tests compare against unpaced reference runs.
 
+``stall_file``: when that file exists as rank ``stall_rank`` ends batch ``stall_at`` or
+later, the rank removes it and stops for ``stall_s`` seconds, its heartbeat going on (the
+other ranks then wait in the next all-reduce: a stuck collective, as the supervisor sees
+one). Once: a restarted run finds no file.
+
 Registered in LLM Foundry's callback registry through its ``llmfoundry_callbacks``
 entry point; a run asks for it with ``++train.callbacks.hpc_llm_test_pace.batch_s=0.1``.
 It is a real pip-installed package, so the code under test has no test hook.
@@ -17,6 +22,7 @@ It is a real pip-installed package, so the code under test has no test hook.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 # Composer is importable wherever LLM Foundry loads this entry point (inside a job only)
@@ -24,8 +30,16 @@ from composer.core import Callback
 
 
 class Pace(Callback):
-    def __init__(self, batch_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        batch_s: float = 0.1,
+        stall_file: str | None = None,
+        stall_at: int = 0,
+        stall_s: float = 0.0,
+        stall_rank: int = 0,
+    ) -> None:
         self.batch_s = float(batch_s)
+        self.stall = (Path(stall_file), int(stall_at), float(stall_s), int(stall_rank)) if stall_file else None
         self._started = time.monotonic()
 
     def batch_start(self, state: Any, logger: Any) -> None:
@@ -35,3 +49,10 @@ class Pace(Callback):
         left = self.batch_s - (time.monotonic() - self._started)
         if left > 0:
             time.sleep(left)
+        if self.stall is not None:
+            from composer.utils import dist
+
+            path, at, seconds, rank = self.stall
+            if int(state.timestamp.batch) >= at and dist.get_global_rank() == rank and path.exists():
+                path.unlink()
+                time.sleep(seconds)

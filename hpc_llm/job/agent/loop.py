@@ -1,0 +1,446 @@
+"""The node's agent: connect, warm up, then start, signal, watch and end generations of ranks.
+
+One ``selectors`` loop, one thread (forking from it is then safe): the
+connection to the supervisor, the probe listener (a request/response check
+the supervisor makes on a connection of its own before it calls a node dead:
+a frozen process's kernel still accepts a TCP connection, but nobody answers
+on it), a self-pipe for SIGCHLD and the stop signals, and a timer for the
+beats. Every period the agent sends its ranks' heartbeats from the board and
+writes them to the node's heartbeat file.
+
+The fence (:mod:`hpc_llm.job.rank.fence`): every ping from the supervisor
+renews the live generation's lease on the board for ``lease_s``. If the loop
+itself stalled longer than that (the node was frozen, or starved), the agent
+ends its generation before it reads anything (the pings waiting in its socket
+buffer are stale) and tells the supervisor. When the connection to the
+supervisor is lost, the agent kills its ranks and ends: a rank never runs
+unsupervised.
+
+Environment (set by the supervisor for the agent step): ``HPC_LLM_SUPERVISOR``
+(host:port), ``HPC_LLM_AGENT_TOKEN``, ``HPC_LLM_HEARTBEAT_S``,
+``HPC_LLM_LEASE_S``; the node's name and index come from Slurm (JobEnv).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hpc_llm.job import heartbeat, wire
+from hpc_llm.job.agent import forker, warm
+from hpc_llm.job.agent.forker import RankProc
+from hpc_llm.job.env import FORKED_AT, JobEnv
+from hpc_llm.rundir.layout import RunDir
+
+log = logging.getLogger("hpc_llm.agent")
+
+#: how long the agent keeps trying to reach the supervisor at start
+CONNECT_S = 60.0
+#: a generation's ranks that do not die of SIGKILL within this long are reported stopped anyway
+KILL_WAIT_S = 30.0
+
+
+class Agent:
+    def __init__(self, payload_path: Path, supervisor: str, token: str, beat_s: float, lease_s: float) -> None:
+        self.payload_path = payload_path
+        self.run_dir = RunDir.of_payload(payload_path).root
+        self.supervisor = supervisor
+        self.token = token
+        self.beat_s = beat_s
+        self.lease_s = lease_s
+        job = JobEnv.current()
+        self.node = heartbeat.node_name()
+        self.node_id = job.node_id
+        self.job_id = job.job_id
+        self.payload: Any = None
+        self.board: heartbeat.Board | None = None
+        self.ranks: dict[int, RankProc] = {}  # pid -> rank
+        self.gen: int | None = None  # the generation this node runs (or ran last)
+        self.live: int | None = None  # the generation whose lease pings renew (None once killed)
+        self.killing: dict[int, float] = {}  # generation -> when the kill began
+        self.scratch: set[Path] = set()
+        self.sel = selectors.DefaultSelector()
+        self.conn: wire.Conn | None = None
+        self.probes: dict[int, tuple[wire.Conn, float]] = {}
+        self.done = False
+        self.stalled = False
+        self.file = heartbeat.Writer(self.run_dir, self.node)
+        self._seq = 0
+        self._wake_r, self._wake_w = os.pipe()
+        self._signals: list[int] = []
+
+    # -- start-up ----------------------------------------------------------------
+    def run(self) -> int:
+        self._install_signals()
+        self.listener = wire.listener()
+        self.sel.register(self.listener, selectors.EVENT_READ, "listener")
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        conn = self._connect()
+        self.conn = conn
+        self.sel.register(self.conn, selectors.EVENT_READ, "supervisor")
+        self.conn.send(
+            {
+                "t": "hello",
+                "token": self.token,
+                "node": self.node,
+                "node_id": self.node_id,
+                "pid": os.getpid(),
+                "addr": self.conn.sock.getsockname()[0],
+                "probe_port": self.listener.getsockname()[1],
+            }
+        )
+        self.payload, took = warm.warm(self.payload_path)
+        log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, warm.describe(self.payload))
+        self.conn.send({"t": "warm", "import_s": round(took, 3)})
+        return self._loop()
+
+    def _connect(self) -> wire.Conn:
+        deadline = time.monotonic() + CONNECT_S
+        while True:
+            try:
+                return wire.Conn(wire.connect(self.supervisor, timeout_s=5.0))
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cannot reach the supervisor at {self.supervisor}: {exc}") from exc
+                time.sleep(0.5)
+
+    def _install_signals(self) -> None:
+        os.set_blocking(self._wake_w, False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+        def note(signum: int, frame: Any) -> None:
+            self._signals.append(signum)
+
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(sig, note)
+
+    # -- the loop ----------------------------------------------------------------
+    def _loop(self) -> int:
+        next_beat = time.monotonic()
+        last_tick = time.monotonic()
+        while not self.done:
+            wait = max(0.0, min(next_beat - time.monotonic(), 0.5))
+            events = self.sel.select(wait)
+            now = time.monotonic()
+            if now - last_tick > self.lease_s:
+                self._stalled(now - last_tick)
+            last_tick = now
+            for key, _mask in events:
+                self._ready(key)
+            self._handle_signals()
+            self._reap()
+            self._check_kills(now)
+            self._expire_probes(now)
+            if now >= next_beat:
+                self._beat()
+                next_beat = now + self.beat_s
+            if self.conn is not None and self.conn.wants_write:
+                self.conn.flush()
+                if self.conn.closed:
+                    self._supervisor_lost()
+        self._cleanup()
+        return 0
+
+    def _ready(self, key: selectors.SelectorKey) -> None:
+        what = key.data
+        if what == "supervisor" and self.conn is not None:
+            for msg in self.conn.receive():
+                self._command(msg)
+            if self.conn.closed:
+                self._supervisor_lost()
+        elif what == "listener":
+            with contextlib.suppress(BlockingIOError, OSError):
+                sock, _ = self.listener.accept()
+                c = wire.Conn(sock)
+                self.probes[c.fileno()] = (c, time.monotonic() + 10.0)
+                self.sel.register(c, selectors.EVENT_READ, "probe")
+        elif what == "probe":
+            found = self.probes.get(key.fd)
+            if found is None:
+                return
+            probe = found[0]
+            msgs = probe.receive()
+            for msg in msgs:
+                if msg.get("t") == "probe" and msg.get("token") == self.token:
+                    probe.send({"t": "pong", "node": self.node, "gen": self.gen})
+            if msgs or probe.closed:
+                self._drop_probe(key.fd)
+        elif what == "wake":
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+
+    def _drop_probe(self, fd: int) -> None:
+        c, _ = self.probes.pop(fd, (None, 0.0))
+        if c is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(c)
+            c.close()
+
+    def _expire_probes(self, now: float) -> None:
+        for fd, (_c, deadline) in list(self.probes.items()):
+            if now > deadline:
+                self._drop_probe(fd)
+
+    # -- commands from the supervisor ------------------------------------------------
+    def _command(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "ping":
+            self._renew()
+        elif kind == "port":
+            self._send({"t": "port", "gen": msg.get("gen"), "port": free_port()})
+        elif kind == "start":
+            self._start(msg)
+        elif kind == "signal":
+            self._signal(int(msg["gen"]), str(msg["signal"]))
+        elif kind == "kill":
+            self._kill(int(msg["gen"]))
+        elif kind == "end":
+            self._end()
+
+    def _renew(self) -> None:
+        if self.board is not None and self.live is not None:
+            self.board.set_fence(self.live, time.monotonic() + self.lease_s)
+
+    def _start(self, msg: dict[str, Any]) -> None:
+        gen, node_rank, per_node = int(msg["gen"]), int(msg["node_rank"]), int(msg["tasks_per_node"])
+        warm.check_fork_safe()
+        if self.board is None or self.board.slots < per_node:
+            self.board = heartbeat.Board(per_node)
+        self.gen = self.live = gen
+        self.stalled = False
+        self.board.set_fence(gen, time.monotonic() + self.lease_s)
+        base = dict(msg.get("env") or {})
+        scratch = warm.scratch_dir(self.payload, self.run_dir, self.job_id, node_rank)
+        if scratch is not None:
+            self.scratch.add(scratch)
+        close = [self._wake_r, self._wake_w, self.listener.fileno()]
+        close += [c.fileno() for c, _ in self.probes.values()]
+        if self.conn is not None:
+            close.append(self.conn.fileno())
+        started = time.time()
+        for local in range(per_node):
+            rank = node_rank * per_node + local
+            env = {**base, **rank_env(msg, rank, local, node_rank), FORKED_AT: f"{started:.6f}"}
+            pid = forker.fork_rank(
+                payload=self.payload,
+                payload_path=self.payload_path,
+                board=self.board,
+                gen=gen,
+                rank=rank,
+                local_rank=local,
+                env=env,
+                log_path=RunDir(self.run_dir).rank_log(rank),
+                close_fds=close,
+            )
+            self.ranks[pid] = RankProc(gen, rank, local, pid)
+        self._send({"t": "started", "gen": gen, "pids": {str(p.rank): p.pid for p in self._of(gen)}})
+
+    def _of(self, gen: int) -> list[RankProc]:
+        return [p for p in self.ranks.values() if p.gen == gen]
+
+    def _signal(self, gen: int, name: str) -> None:
+        sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+        for p in self._of(gen):
+            if p.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, sig)
+
+    def _kill(self, gen: int) -> None:
+        if self.board is not None and self.live == gen:
+            self.live = None
+            self.board.set_fence(heartbeat.NO_GENERATION, 0.0)
+        for p in self._of(gen):
+            if p.alive:
+                p.killed = True
+                forker.kill_group(p.pid)
+        self.killing.setdefault(gen, time.monotonic())
+        self._check_kills(time.monotonic())
+
+    def _check_kills(self, now: float) -> None:
+        for gen, began in list(self.killing.items()):
+            alive = [p for p in self._of(gen) if p.alive]
+            if not alive or now - began > KILL_WAIT_S:
+                del self.killing[gen]
+                self._send({"t": "stopped", "gen": gen, "unreaped": [p.rank for p in alive]})
+
+    def _end(self) -> None:
+        for gen in {p.gen for p in self.ranks.values() if p.alive}:
+            self._kill(gen)
+        self._send({"t": "bye", "why": "ended"})
+        self.done = True
+
+    # -- what happens on its own ---------------------------------------------------
+    def _handle_signals(self) -> None:
+        while self._signals:
+            sig = self._signals.pop(0)
+            if sig == signal.SIGUSR2 and self.gen is not None:
+                # scancel --signal=USR2 without --batch: every step's tasks get it; pass it on
+                self._signal(self.gen, "USR2")
+            elif sig in (signal.SIGTERM, signal.SIGINT):
+                log.warning("hpc_llm agent on %s: %s: ending the ranks", self.node, signal.Signals(sig).name)
+                for p in self.ranks.values():
+                    if p.alive:
+                        p.killed = True
+                        forker.kill_group(p.pid)
+                self._send({"t": "bye", "why": signal.Signals(sig).name})
+                self.done = True
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            p = self.ranks.get(pid)
+            if p is None:
+                continue
+            p.status = os.waitstatus_to_exitcode(status)
+            forker.kill_group(pid)  # whatever the rank started dies with it
+            if self.board is not None and p.gen == self.gen:
+                self.board.clear(p.local_rank)  # an ended rank beats no more
+            self._send(
+                {
+                    "t": "exit",
+                    "gen": p.gen,
+                    "rank": p.rank,
+                    "node": self.node,
+                    "status": p.status,
+                    "what": forker.describe_status(p.status),
+                    "killed": p.killed,
+                }
+            )
+
+    def _stalled(self, gap: float) -> None:
+        """The loop did not run for ``gap`` s, longer than the lease: the node was frozen or starved,
+        and the supervisor may have given up on it. End the generation before reading anything."""
+        log.error(
+            "hpc_llm agent on %s: stalled for %.1f s (longer than the %.1f s lease)", self.node, gap, self.lease_s
+        )
+        self.stalled = True  # the node's file is left as it was: another generation may run elsewhere
+        if self.gen is not None:
+            self._kill(self.gen)
+            self._send({"t": "stalled", "gen": self.gen, "gap_s": round(gap, 3)})
+
+    def _supervisor_lost(self) -> None:
+        if self.conn is None:
+            return
+        log.error("hpc_llm agent on %s: the supervisor's connection is gone: ending the ranks", self.node)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(self.conn)
+        self.conn = None
+        self.live = None
+        if self.board is not None:
+            self.board.set_fence(heartbeat.NO_GENERATION, 0.0)
+        for p in self.ranks.values():
+            if p.alive:
+                p.killed = True
+                forker.kill_group(p.pid)
+        self.done = True
+
+    def _beat(self) -> None:
+        self._seq += 1
+        beats = []
+        slots: list[heartbeat.Beat | None] = []
+        if self.board is not None:
+            for local in range(self.board.slots):
+                got = self.board.read(local)
+                if got is None:
+                    slots.append(None)
+                    continue
+                gen, rank, seq, batch, pid, ph = got
+                slots.append(heartbeat.Beat(rank, seq, batch, self.node, pid, ph, gen))
+                beats.append({"rank": rank, "seq": seq, "batch": batch, "phase": ph, "pid": pid, "gen": gen})
+        if any(slots) and not self.stalled:
+            self.file.write(slots)
+        self._send({"t": "beat", "seq": self._seq, "ranks": beats})
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self.conn is not None:
+            self.conn.send(msg)
+            if self.conn.closed:
+                # the write found the connection gone: forget it now, before its file descriptor
+                # number is handed to the next accepted socket
+                self._supervisor_lost()
+
+    def _cleanup(self) -> None:
+        deadline = time.monotonic() + KILL_WAIT_S
+        while any(p.alive for p in self.ranks.values()) and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        if self.conn is not None:
+            self.conn.flush()
+            self.conn.close()
+        self.file.close()
+        for path in self.scratch:
+            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()  # hpc_llm-<job>/, once no node dir is left in it
+
+
+def rank_env(msg: dict[str, Any], rank: int, local_rank: int, node_rank: int) -> dict[str, str]:
+    """What srun gives task ``rank`` of a step of ``nnodes`` x ``tasks_per_node`` tasks, plus the
+    rendezvous: every rank reads them through JobEnv, as it did as an srun task."""
+    per_node, nnodes = int(msg["tasks_per_node"]), int(msg["nnodes"])
+    world = per_node * nnodes
+    layout = f"{per_node}(x{nnodes})" if nnodes > 1 else str(per_node)
+    return {
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(local_rank),
+        "SLURM_NODEID": str(node_rank),
+        "SLURM_NTASKS": str(world),
+        "SLURM_STEP_NUM_TASKS": str(world),
+        "SLURM_STEP_NUM_NODES": str(nnodes),
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_STEP_TASKS_PER_NODE": layout,
+        "SLURM_TASKS_PER_NODE": layout,
+        "MASTER_ADDR": str(msg["master_addr"]),
+        "MASTER_PORT": str(msg["master_port"]),
+    }
+
+
+def free_port() -> int:
+    """A port free on this node now, for the generation's rendezvous (torch's TCPStore binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m hpc_llm.job.agent <payload.pkl>")
+    env = os.environ
+    if wire.SUPERVISOR not in env or wire.TOKEN not in env:
+        raise SystemExit(f"hpc_llm.job.agent: {wire.SUPERVISOR} and {wire.TOKEN} are set by the job's supervisor")
+    agent = Agent(
+        Path(args[0]),
+        env[wire.SUPERVISOR],
+        env[wire.TOKEN],
+        beat_s=float(env.get("HPC_LLM_HEARTBEAT_S") or 1.0),
+        lease_s=float(env.get(wire.LEASE_S) or 5.0),
+    )
+    try:
+        code = agent.run()
+    except Exception as exc:  # a bug of the agent, not a dead node: say so before going
+        log.error("hpc_llm agent failed:\n%s", traceback.format_exc())
+        if agent.conn is not None:
+            agent.conn.send({"t": "bye", "why": f"agent error: {type(exc).__name__}: {exc}"})
+            agent.conn.flush()
+        for p in agent.ranks.values():
+            if p.alive:
+                forker.kill_group(p.pid)
+        code = 1
+    raise SystemExit(code)

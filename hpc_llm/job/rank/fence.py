@@ -1,0 +1,114 @@
+"""A rank of a generation that has ended never writes: the fence, checked before every commit.
+
+The supervisor ends a generation (a failure elsewhere, a dead node, a hang)
+and starts the next one, possibly while some rank of the old one cannot be
+told: its node frozen (SIGSTOP, a stuck kernel) or cut off. When that node
+comes back, the old rank carries on from where it stood, in the middle of a
+batch or a checkpoint save, beside the new generation writing the same run
+directory. The fence makes sure it then writes nothing that counts:
+
+* the node's agent keeps on its shared-memory board (:class:`hpc_llm.job.heartbeat.Board`)
+  the **live generation** and a **lease**: a deadline on the node's monotonic
+  clock, renewed by every ping from the supervisor. The supervisor stops
+  pinging an agent as soon as it suspects it, and declares it dead only once
+  that lease has run out; an agent that finds its own loop stalled that long
+  (its node was frozen) ends its generation before it reads anything, so the
+  pings that waited in its socket buffer renew nothing
+  (:mod:`hpc_llm.job.agent.loop`);
+* :func:`check` raises :class:`Fenced` when this rank's generation is not the
+  live one, or the lease has run out. It runs before every write of the run's
+  record (:func:`hpc_llm.rundir.record.guard_writes`), at every batch boundary
+  (the preemption callback: the rank stops there), and before and after
+  Composer writes a checkpoint (:func:`guard_checkpoints`: a save that was in
+  progress when the node froze is never linked as ``latest`` or uploaded).
+
+Composer's upload workers are processes the rank started: the agent kills the
+rank's whole process group when it ends a generation, workers included.
+
+A rank outside an agent (the local launcher) has no board: nothing to fence.
+Stdlib only, except :func:`guard_checkpoints` (Composer, imported there).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from hpc_llm.job import heartbeat
+from hpc_llm.rundir import record
+
+log = logging.getLogger(__name__)
+
+
+class Fenced(RuntimeError):
+    """This rank's generation is over: it must not write anything that counts."""
+
+
+#: seconds a rank whose lease ran out waits for the agent to renew it before it gives up: a
+#: few pings late is a slow network, not a generation that has ended
+RENEWAL_WAIT_S = 3.0
+
+
+def state(wait_s: float = RENEWAL_WAIT_S) -> str | None:
+    """Why this rank may not write (None: it may). A lease that ran out while the generation is
+    still live is waited on for ``wait_s`` (the agent renews it on the next ping)."""
+    found = heartbeat.board()
+    if found is None:
+        return None
+    board, _slot, gen = found
+    deadline = time.monotonic() + wait_s
+    while True:
+        live, lease_until = board.fence()
+        if live != gen:
+            return f"generation {gen} has ended (the live one is {live})"
+        now = time.monotonic()
+        if now <= lease_until:
+            return None
+        if now >= deadline:
+            return f"the supervisor has not been heard from for {now - lease_until:.1f} s past the lease"
+        time.sleep(0.05)
+
+
+def ended() -> bool:
+    """This rank's generation is no longer the live one (its lease aside)."""
+    found = heartbeat.board()
+    return found is not None and found[0].fence()[0] != found[2]
+
+
+def check(what: str = "write") -> None:
+    """Raise :class:`Fenced` when this rank may not ``what`` (see :func:`state`)."""
+    why = state()
+    if why is not None:
+        log.error("hpc_llm: fenced, not doing %s: %s", what, why)
+        raise Fenced(f"{what} refused: {why}")
+
+
+def _record_write() -> None:
+    check("a write of the run's record")
+
+
+def guard_checkpoints() -> None:
+    """Check the fence before Composer starts a checkpoint save and again once the file is
+    written, before the saver links ``latest`` or queues its upload (both follow
+    ``save_checkpoint`` in ``CheckpointSaver._save_checkpoint``, Composer 0.32)."""
+    from composer.utils import checkpoint
+
+    original = checkpoint.save_checkpoint
+    if getattr(original, "_hpc_llm_fenced", False):
+        return
+
+    def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        check("a checkpoint save")
+        saved = original(*args, **kwargs)
+        check("linking or uploading a checkpoint")
+        return saved
+
+    save_checkpoint._hpc_llm_fenced = True  # type: ignore[attr-defined]
+    checkpoint.save_checkpoint = save_checkpoint
+
+
+def install() -> None:
+    """Guard this rank's writes of the run's record (call once, in the rank)."""
+    if heartbeat.board() is not None:
+        record.guard_writes(_record_write)

@@ -1,0 +1,350 @@
+"""The agents as the supervisor sees them: one per node, over TCP, served by an I/O thread.
+
+The thread (:meth:`Fleet._serve`, one ``selectors`` loop) accepts the agents'
+connections (a hello with the allocation's token), reads their messages,
+sends every live agent a ping each period (the ping renews the lease of the
+agent's generation, :mod:`hpc_llm.job.rank.fence`) and judges liveness by the
+supervisor's own clock. It runs apart from the supervisor's main loop so that
+a slow ``scontrol`` there never holds the pings, and it hands everything that
+needs a decision to the main loop as events (:meth:`Fleet.events`).
+
+A node is declared dead in two steps, never on silence alone:
+
+1. **suspect**: its agent has been silent for ``node_timeout_s`` (no beat, while
+   beats come every ``beat_s``), or its connection dropped without a ``bye``;
+   the agent gets no more pings from then on, so its lease runs out;
+2. **confirmed**: a request/response probe on a connection of its own, to the
+   agent's probe port, is not answered within ``probe_timeout_s`` (a refused
+   or unreachable connection fails it at once). A SIGSTOPped agent's kernel
+   still accepts the TCP connection, but nobody answers on it.
+
+An agent that answers the probe is live again. One that said ``bye`` left on
+purpose (the end) or of its own error (a bug, not the node): that is an event
+of its own, never a dead node. The declaration of a dead node comes no sooner
+than the agent's lease runs out (``lease_s`` after the last ping), so a
+generation started after it can never overlap a rank that still holds a lease.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import queue
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpc_llm.job import heartbeat, wire
+
+#: what an agent is, as the supervisor knows it
+IMPORTING, WARM, SUSPECT, DEAD, GONE = "importing", "warm", "suspect", "dead", "gone"
+
+
+@dataclass
+class AgentView:
+    node: str
+    node_id: int
+    pid: int
+    addr: str
+    probe_port: int
+    conn: wire.Conn
+    state: str = IMPORTING
+    last_heard: float = field(default_factory=time.monotonic)
+    last_ping: float = 0.0
+    import_s: float | None = None
+    #: rank -> its latest beat, as this agent last sent it
+    beats: dict[int, heartbeat.Beat] = field(default_factory=dict)
+    #: why it is suspect, dead or gone
+    why: str | None = None
+    suspect_since: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (IMPORTING, WARM, SUSPECT)
+
+
+@dataclass
+class _Probe:
+    node: str
+    sock: socket.socket
+    deadline: float
+    sent: bool = False
+    buf: bytes = b""
+
+
+class Fleet:
+    def __init__(
+        self,
+        token: str,
+        *,
+        beat_s: float,
+        node_timeout_s: float,
+        probe_timeout_s: float,
+        lease_s: float,
+        host: str = "0.0.0.0",
+    ) -> None:
+        self.token = token
+        self.beat_s = beat_s
+        self.node_timeout_s = node_timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self.lease_s = lease_s
+        self.listener = wire.listener(host)
+        self.port = int(self.listener.getsockname()[1])
+        self.agents: dict[str, AgentView] = {}
+        self._pending: dict[int, wire.Conn] = {}
+        self._probes: dict[int, _Probe] = {}
+        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._sel = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="hpc_llm-fleet", daemon=True)
+
+    # -- the main loop's side ----------------------------------------------------------
+    def start(self) -> None:
+        self._sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with self._lock:
+            for a in self.agents.values():
+                a.conn.close()
+            self.listener.close()
+
+    def events(self, timeout: float = 0.0) -> list[dict[str, Any]]:
+        """What happened since the last call (waits up to ``timeout`` for the first)."""
+        out = []
+        try:
+            out.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
+            while True:
+                out.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def send(self, node: str, msg: dict[str, Any]) -> None:
+        with self._lock:
+            a = self.agents.get(node)
+            if a is not None and a.alive:
+                a.conn.send(msg)
+
+    def view(self) -> dict[str, AgentView]:
+        with self._lock:
+            return dict(self.agents)
+
+    def beats(self) -> dict[int, heartbeat.Beat]:
+        """Every rank's latest beat from the agents still alive, by global rank."""
+        with self._lock:
+            out: dict[int, heartbeat.Beat] = {}
+            for a in self.agents.values():
+                if a.alive:
+                    out.update(a.beats)
+            return out
+
+    def declare_dead(self, node: str, why: str) -> None:
+        """The main loop's own verdict (e.g. the srun step lost the node): as a failed probe."""
+        with self._lock:
+            a = self.agents.get(node)
+            if a is not None and a.alive:
+                self._dead(a, why)
+
+    # -- the I/O thread ------------------------------------------------------------------
+    def _serve(self) -> None:
+        next_ping = time.monotonic()
+        while not self._stop.is_set():
+            for key, mask in self._sel.select(timeout=0.1):
+                kind, ref = key.data
+                with self._lock:
+                    if kind == "listen":
+                        self._accept()
+                    elif kind == "pending":
+                        self._greet(ref)
+                    elif kind == "agent":
+                        self._read(ref)
+                    elif kind == "probe":
+                        self._probe_io(key.fd, mask)
+            now = time.monotonic()
+            with self._lock:
+                self._judge(now)
+                if now >= next_ping:
+                    next_ping = now + self.beat_s
+                    for a in self.agents.values():
+                        if a.state in (IMPORTING, WARM):
+                            a.conn.send({"t": "ping"})
+                            a.last_ping = now
+                for a in self.agents.values():
+                    if a.conn.wants_write:
+                        a.conn.flush()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            sock, _ = self.listener.accept()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c = wire.Conn(sock)
+            self._pending[c.fileno()] = c
+            self._sel.register(c, selectors.EVENT_READ, ("pending", c.fileno()))
+
+    def _greet(self, fd: int) -> None:
+        c = self._pending.get(fd)
+        if c is None:
+            return
+        msgs = c.receive()
+        if not msgs and not c.closed:
+            return
+        self._pending.pop(fd, None)
+        self._sel.unregister(c)
+        hello = msgs[0] if msgs else {}
+        if hello.get("t") != "hello" or hello.get("token") != self.token:
+            c.close()
+            return
+        node = str(hello["node"])
+        old = self.agents.get(node)
+        if old is not None and old.alive:
+            # a second agent for one node is a mistake of the launch: keep the first
+            c.close()
+            return
+        a = AgentView(
+            node=node,
+            node_id=int(hello.get("node_id", 0)),
+            pid=int(hello.get("pid", 0)),
+            addr=str(hello.get("addr", "")),
+            probe_port=int(hello.get("probe_port", 0)),
+            conn=c,
+        )
+        self.agents[node] = a
+        self._sel.register(c, selectors.EVENT_READ, ("agent", node))
+        self._events.put({"t": "hello", "node": node})
+        for msg in msgs[1:]:
+            self._message(a, msg)
+
+    def _read(self, node: str) -> None:
+        a = self.agents.get(node)
+        if a is None:
+            return
+        msgs = a.conn.receive()
+        if msgs:
+            a.last_heard = time.monotonic()
+        for msg in msgs:
+            self._message(a, msg)
+        if a.conn.closed and a.alive:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(a.conn)
+            if a.state == GONE:
+                return
+            # dropped without a word: suspect at once, and ask it on a connection of its own
+            self._suspect(a, "its connection dropped", time.monotonic())
+
+    def _message(self, a: AgentView, msg: dict[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "beat":
+            for b in msg.get("ranks") or []:
+                beat = heartbeat.Beat(
+                    int(b["rank"]),
+                    int(b["seq"]),
+                    int(b["batch"]),
+                    a.node,
+                    int(b["pid"]),
+                    str(b["phase"]),
+                    int(b["gen"]),
+                )
+                a.beats[beat.rank] = beat
+            if a.state == SUSPECT and not a.conn.closed:
+                self._cleared(a)
+            return
+        if kind == "warm":
+            a.state, a.import_s = WARM, msg.get("import_s")
+        elif kind == "bye":
+            a.state, a.why = GONE, str(msg.get("why") or "ended")
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(a.conn)
+            a.conn.close()
+        self._events.put({**msg, "node": a.node})
+
+    def _judge(self, now: float) -> None:
+        for a in self.agents.values():
+            if a.state == WARM and now - a.last_heard > self.node_timeout_s:
+                self._suspect(a, f"silent for {now - a.last_heard:.1f} s", now)
+        for fd, p in list(self._probes.items()):
+            if now > p.deadline:
+                self._probe_done(fd, None)
+
+    def _suspect(self, a: AgentView, why: str, now: float) -> None:
+        if a.state == SUSPECT:
+            return
+        a.state, a.why, a.suspect_since = SUSPECT, why, now
+        self._events.put({"t": "suspect", "node": a.node, "why": why})
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex((a.addr or "127.0.0.1", a.probe_port))
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            sock.close()
+            self._dead(a, f"{why}, and its probe port refused ({errno.errorcode.get(err, err)})")
+            return
+        p = _Probe(a.node, sock, now + self.probe_timeout_s)
+        self._probes[sock.fileno()] = p
+        self._sel.register(sock, selectors.EVENT_WRITE, ("probe", a.node))
+
+    def _probe_io(self, fd: int, mask: int) -> None:
+        p = self._probes.get(fd)
+        if p is None:
+            return
+        if not p.sent:
+            err = p.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self._probe_done(fd, f"its probe port refused ({errno.errorcode.get(err, err)})")
+                return
+            with contextlib.suppress(OSError):
+                p.sock.send(wire.encode({"t": "probe", "token": self.token}))
+            p.sent = True
+            self._sel.modify(p.sock, selectors.EVENT_READ, ("probe", p.node))
+            return
+        try:
+            chunk = p.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        p.buf += chunk
+        if b"pong" in p.buf:
+            self._probe_done(fd, "answered")
+        elif not chunk:
+            self._probe_done(fd, "its probe connection closed unanswered")
+
+    def _probe_done(self, fd: int, outcome: str | None) -> None:
+        p = self._probes.pop(fd, None)
+        if p is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(p.sock)
+        p.sock.close()
+        a = self.agents.get(p.node)
+        if a is None or a.state != SUSPECT:
+            return
+        if outcome == "answered" and not a.conn.closed:
+            self._cleared(a)
+            return
+        what = outcome or f"its probe went unanswered for {self.probe_timeout_s:g} s"
+        if outcome == "answered":
+            what = "its probe was answered, but its connection to the supervisor is gone"
+        self._dead(a, f"{a.why}; {what}")
+
+    def _cleared(self, a: AgentView) -> None:
+        a.state, a.why, a.suspect_since = WARM, None, None
+        a.last_heard = time.monotonic()
+        self._events.put({"t": "cleared", "node": a.node})
+
+    def _dead(self, a: AgentView, why: str) -> None:
+        a.state, a.why = DEAD, why
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(a.conn)
+        a.conn.close()
+        # no ping has gone to it since it became suspect: its lease ends lease_s after the last one
+        lease_ends = a.last_ping + self.lease_s
+        self._events.put(
+            {"t": "dead", "node": a.node, "why": why, "lease_left_s": max(0.0, lease_ends - time.monotonic())}
+        )

@@ -1,0 +1,142 @@
+"""One generation of ranks across the agents, as the supervisor keeps count of it.
+
+A generation is one start of the run's ranks inside the allocation (the
+``step`` of the run's attempts, ``HPC_LLM_STEP`` in the ranks): generation 0
+at the allocation's start, generation 1 after a restart in place, and so on.
+:class:`Generation` tracks which ranks have started and how each ended (the
+agents' ``started``/``exit``/``stopped`` messages; a dead node's ranks end
+with it); :class:`GenerationEnd` is what the supervisor saw of it, the input
+of its decision. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpc_llm.job.failures import TaskError
+
+
+@dataclass
+class RankExit:
+    rank: int
+    node: str
+    #: os.waitstatus_to_exitcode: negative for a signal; None for a rank lost with its node
+    status: int | None
+    what: str
+    #: ended by the supervisor (the agent killed it), not of its own
+    killed: bool
+    at: float
+
+
+@dataclass
+class GenerationEnd:
+    """How one generation ended, as seen from the batch host."""
+
+    returncode: int
+    #: srun's error lines of the agent step so far
+    srun_errors: list[str] = field(default_factory=list)
+    #: the ranks' ends as srun would have printed them (node, rank, what), first first
+    task_errors: list[TaskError] = field(default_factory=list)
+    #: stop signal forwarded to the ranks, when the supervisor got it, and why Slurm sent it
+    stop: str | None = None
+    stop_time: float | None = None
+    stop_cause: str | None = None
+    #: stop_cause is Slurm's answer, not the guess made from the cached end time
+    stop_cause_asked: bool = False
+    #: named hang: (reason, nodes to blame); storage: a stall in a storage phase (nobody blamed)
+    hang: tuple[str, tuple[str, ...]] | None = None
+    storage_stall: str | None = None
+    terminated: bool = False
+    #: the start-up phase that outlived fault.startup_timeout_s
+    startup: str | None = None
+    #: nodes whose agent was confirmed dead (silent, then its probe unanswered): node -> why
+    dead_nodes: dict[str, str] = field(default_factory=dict)
+    #: agents that ended of their own error (a bug, not the node) or stalled: node -> why
+    agent_errors: dict[str, str] = field(default_factory=dict)
+    #: the highest batch any rank's heartbeat reported, and seconds from its first to its last batch
+    top_batch: int = -1
+    heartbeat_train_s: float = 0.0
+    #: when the supervisor first saw the end coming (a rank's failure, a dead node, a hang, a signal)
+    detected_at: float | None = None
+    #: when the last rank of the generation was gone
+    stopped_at: float | None = None
+
+
+class Generation:
+    """Ranks of generation ``gen``: ``layout`` maps each node to its node rank."""
+
+    def __init__(self, gen: int, layout: dict[str, int], tasks_per_node: int) -> None:
+        self.gen = gen
+        self.layout = dict(layout)
+        self.tasks_per_node = tasks_per_node
+        self.expected = {
+            node_rank * tasks_per_node + local: node
+            for node, node_rank in layout.items()
+            for local in range(tasks_per_node)
+        }
+        self.started: set[str] = set()
+        self.pids: dict[int, int] = {}
+        self.exits: dict[int, RankExit] = {}
+        self.stopped: set[str] = set()
+        self.killing = False
+        self.started_at = time.time()
+
+    @property
+    def ntasks(self) -> int:
+        return len(self.expected)
+
+    @property
+    def all_started(self) -> bool:
+        return set(self.layout) <= self.started
+
+    def on_started(self, node: str, pids: dict[str, Any]) -> None:
+        self.started.add(node)
+        self.pids.update({int(r): int(p) for r, p in pids.items()})
+
+    def on_exit(self, msg: dict[str, Any]) -> RankExit | None:
+        rank = int(msg["rank"])
+        if rank not in self.expected or rank in self.exits:
+            return None
+        e = RankExit(
+            rank, str(msg["node"]), msg.get("status"), str(msg.get("what") or ""), bool(msg.get("killed")), time.time()
+        )
+        self.exits[rank] = e
+        return e
+
+    def lose(self, node: str, why: str) -> None:
+        """The node is gone: its ranks ended with it."""
+        for rank, where in self.expected.items():
+            if where == node and rank not in self.exits:
+                self.exits[rank] = RankExit(rank, node, None, f"lost with the node ({why})", False, time.time())
+        self.stopped.add(node)
+
+    @property
+    def done(self) -> bool:
+        return len(self.exits) >= self.ntasks and (not self.killing or set(self.layout) <= self.stopped)
+
+    def failed(self) -> RankExit | None:
+        """The first rank that ended badly of its own (not one the supervisor killed)."""
+        bad = [e for e in self.exits.values() if not e.killed and e.status not in (0, None)]
+        return min(bad, key=lambda e: e.at) if bad else None
+
+    def returncode(self) -> int:
+        codes = [e.status for e in self.exits.values() if e.status not in (0, None)]
+        if any(e.status is None for e in self.exits.values()):
+            codes.append(-9)
+        if not codes:
+            return 0
+        first = codes[0] or 1
+        return first if first > 0 else 128 - first
+
+    def task_errors(self) -> list[TaskError]:
+        """Every rank that did not exit 0, as srun's lines: the ones the supervisor killed say
+        ``Terminated`` (the bystanders of --kill-on-bad-exit), first to end first."""
+        out = []
+        for e in sorted(self.exits.values(), key=lambda e: e.at):
+            if e.status == 0:
+                continue
+            what = "Terminated" if e.killed else e.what
+            out.append(TaskError(e.node, str(e.rank), what))
+        return out

@@ -1,0 +1,143 @@
+"""The supervisor and the agents, over TCP: one JSON object per line.
+
+Each agent (:mod:`hpc_llm.job.agent`) connects to the supervisor
+(:mod:`hpc_llm.job.supervisor`) once per allocation and keeps the connection.
+Every message is a JSON object with a type ``t``, one per line:
+
+=========  ==========================  =====================================================
+type       from                        what
+=========  ==========================  =====================================================
+hello      agent, first                token, node, node id, pid, probe port, address
+warm       agent                       the training stack is imported: generations start now
+beat       agent, every period         its ranks' heartbeats (rank, seq, batch, phase, pid)
+exit       agent                       a rank of a generation ended: its exit code or signal
+stopped    agent                       every rank of a generation it was told to kill is gone
+bye        agent, last                 the agent ends on purpose (and why: a bug, not the node)
+ping       supervisor, every period    its monotonic send time: the agent's lease runs from it
+start      supervisor                  start generation G: node rank, layout, rendezvous, env
+signal     supervisor                  pass a stop signal to the ranks of generation G
+kill       supervisor                  end generation G now (SIGKILL to each rank's group)
+end        supervisor                  the allocation is done: clean up and exit
+probe      supervisor, own connection  are you there? (answered ``pong``)
+=========  ==========================  =====================================================
+
+Why not a library: the supervisor must stay stdlib-only on the batch host (no
+training stack, nothing to install there), and the protocol is a dozen short
+messages on one connection per node; a line of JSON per message is what
+``nc`` and a person reading a capture understand. :class:`Conn` is a
+non-blocking connection for a ``selectors`` loop (both sides are single
+``select`` loops), with a bounded input buffer. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from typing import Any
+
+#: a line longer than this is not ours: the connection is closed
+MAX_LINE = 1 << 20
+
+# What the supervisor tells the agent step, in its environment.
+#: the supervisor's address, ``host:port``
+SUPERVISOR = "HPC_LLM_SUPERVISOR"
+#: the allocation's secret: an agent's hello carries it, a probe too
+TOKEN = "HPC_LLM_AGENT_TOKEN"
+#: seconds a ping renews the live generation's lease for (hpc_llm.job.rank.fence)
+LEASE_S = "HPC_LLM_LEASE_S"
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+class Conn:
+    """One end of a connection: messages queued by :meth:`send` and written as the socket
+    takes them; :meth:`receive` returns the complete messages read so far."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self._in = bytearray()
+        self._out = bytearray()
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._out) and not self.closed
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        self._out += encode(msg)
+        self.flush()
+
+    def flush(self) -> None:
+        while self._out and not self.closed:
+            try:
+                n = self.sock.send(self._out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.close()
+                return
+            del self._out[:n]
+
+    def receive(self) -> list[dict[str, Any]]:
+        """The messages that arrived (call when the socket is readable); an EOF or error
+        closes the connection (``closed``), after what was read before it."""
+        while not self.closed:
+            try:
+                chunk = self.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.close()
+                break
+            if not chunk:
+                self.close()
+                break
+            self._in += chunk
+            if len(self._in) > MAX_LINE and b"\n" not in self._in:
+                self.close()
+        out = []
+        while b"\n" in self._in:
+            line, _, rest = bytes(self._in).partition(b"\n")
+            self._in = bytearray(rest)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                out.append(msg)
+        return out
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+
+def listener(host: str = "0.0.0.0", backlog: int = 4096) -> socket.socket:
+    """A listening TCP socket on an ephemeral port (its address: ``getsockname()``)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    s.listen(backlog)
+    s.setblocking(False)
+    return s
+
+
+def connect(address: str, timeout_s: float) -> socket.socket:
+    """A connection to ``host:port`` (blocking, with a timeout), with TCP keepalive on and
+    Nagle off: the messages are small and each one matters now."""
+    host, _, port = address.rpartition(":")
+    s = socket.create_connection((host, int(port)), timeout=timeout_s)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    return s
