@@ -11,17 +11,23 @@ from typing import Any
 
 
 @contextmanager
-def dev_cluster(name: str, nodes: int, ctld_port: int) -> Iterator[tuple[Any, dict[str, str]]]:
-    """(cluster, environment for its commands)."""
+def dev_cluster(
+    name: str, nodes: int, ctld_port: int, slurmd_timeout_s: int = 10
+) -> Iterator[tuple[Any, dict[str, str]]]:
+    """(cluster, environment for its commands); $SLURM_CONF's cluster only when its
+    SlurmdTimeout is the one asked for."""
     from hpc_llm.slurm import devcluster
 
     env = dict(os.environ)
     if env.get("SLURM_CONF"):
         cluster = devcluster.load(Path(env["SLURM_CONF"]).parent.parent)
         assert cluster is not None, f"no dev cluster at $SLURM_CONF={env['SLURM_CONF']}"
-        yield cluster, env
-        return
-    started = devcluster.up(root=Path.home() / ".hpc_llm" / name, nodes=nodes, ctld_port=ctld_port)
+        if cluster.slurmd_timeout_s == slurmd_timeout_s:
+            yield cluster, env
+            return
+    started = devcluster.up(
+        root=Path.home() / ".hpc_llm" / name, nodes=nodes, ctld_port=ctld_port, slurmd_timeout_s=slurmd_timeout_s
+    )
     env.update(started.env())
     try:
         yield started, env

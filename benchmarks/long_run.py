@@ -89,9 +89,9 @@ class Run:
 
 def simulate(seed: int, legacy: bool) -> Run:
     rng = random.Random(seed)
-    s = policy.Settings(
-        nodes=NODES, legacy_budgets=legacy, legacy_blame=legacy, legacy_time=legacy, max_preemptions=None
-    )
+    # the policy's own "before" rules left the production code (issue #29); --before now only
+    # changes this simulation's own modelling (keep-last-K per attempt, lost preemptions)
+    s = policy.Settings(nodes=NODES, max_preemptions=None)
     r = Run(seed, legacy)
     names = [f"n{i:02d}" for i in range(NODES + SPARES)]
     flaky = names[7]
