@@ -70,10 +70,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     from hpc_llm.config.site import origins
     from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
+    from hpc_llm.launch.train_check import check_sweep, point_of
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
     train = build_train_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
+    check_sweep([point_of(cfg, train)])  # what the job's own code would refuse (precheck.enabled)
     # the presets a site directory gave (a cluster profile, ...), as comments the yaml keeps
     runtime = cfg.hydra.runtime
     sys.stdout.write("".join(f"# {o.line()}\n" for o in origins(runtime.choices, runtime.config_sources)))
@@ -97,10 +99,13 @@ def as_plain_yaml(train: dict) -> dict:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from hpc_llm.launch.train_check import check_sweep, point_of
     from hpc_llm.slurm.preview import compose_job
     from hpc_llm.slurm.render import render
 
-    sys.stdout.write(render(compose_job(args.overrides).spec))
+    job = compose_job(args.overrides)
+    check_sweep([point_of(job.cfg, job.train)])  # what the job's own code would refuse (precheck.enabled)
+    sys.stdout.write(render(job.spec))
     return 0
 
 

@@ -25,8 +25,9 @@ EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
 
 
-def _die(message: str, code: int) -> None:
-    sys.stderr.write(f"hpc_llm: error: {' '.join(message.split())}\n")
+def _die(message: str, code: int, more: list[str] | None = None) -> None:
+    for line in [message, *(more or [])]:
+        sys.stderr.write(f"hpc_llm: error: {' '.join(line.split())}\n")
     sys.stderr.flush()
     raise SystemExit(code)
 
@@ -97,7 +98,7 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        _die(str(exc), EXIT_BAD_INPUT)
+        _die(str(exc), EXIT_BAD_INPUT, exc.more)
     except MissingConfigException as exc:
         _die(format_missing(exc), EXIT_BAD_INPUT)
     except OverrideParseException as exc:
@@ -109,7 +110,7 @@ def one_line_errors() -> Iterator[None]:
     except (ConfigCompositionException, OmegaConfBaseException) as exc:
         cause = _innermost(exc)
         if isinstance(cause, ConfigError):
-            _die(str(cause), EXIT_BAD_INPUT)
+            _die(str(cause), EXIT_BAD_INPUT, cause.more)
         if str(exc).startswith("Ambiguous value for argument"):  # a sweep given to --cfg / --info
             first = str(exc).strip().splitlines()[0].rstrip(".")
             _die(f"{first}: --cfg and --info show one job's config; allowed: one value per key", EXIT_BAD_INPUT)

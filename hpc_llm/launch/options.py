@@ -88,6 +88,9 @@ class ValidatingSweeperConf:
     # Dotted path of callable(job_cfg, run_dir) run on every job of the sweep
     # before any directory is created; raise to stop the sweep.
     validate: Optional[str] = None
+    # Dotted path of callable([(job_cfg, what validate returned, label)]) run once on the whole
+    # sweep after every job is valid, before anything is created; raise to stop the sweep.
+    check: Optional[str] = None
 
 
 #: hydra-submitit-launcher's option names, which users bring by habit, and where
