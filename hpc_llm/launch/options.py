@@ -134,11 +134,15 @@ def check_launcher_options(options: Mapping[str, Any]) -> None:
     conf = _CONF_OF_TARGET.get(str(options.get("_target_", "")).rsplit(".", 1)[-1])
     if conf is None:
         return  # not ours: Hydra's own launchers check their options themselves
+    import difflib
+
     known = [f.name for f in fields(conf)]
     for key in options:
         if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            mean = f"; did you mean hydra.launcher.{close[0]}?" if close and not launcher_hint(str(key)) else ""
             raise ConfigError(
-                f"unknown config key 'hydra.launcher.{key}'{launcher_hint(str(key))}; "
+                f"unknown config key 'hydra.launcher.{key}'{mean}{launcher_hint(str(key))}; "
                 f"allowed keys under hydra.launcher: {', '.join(known)}"
             )
 

@@ -84,8 +84,15 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
             yield table(list(rows[0]), (tuple(row.values()) for row in rows), title=f"attempts of run {run.id}")
 
 
-def show(limit: int | None = None, ref: str | None = None, every_run: bool = False, out: Console | None = None) -> int:
-    """Refresh the ledger and print it (or, with ``ref``, those runs' attempts)."""
+def show(
+    limit: int | None = None,
+    ref: str | None = None,
+    every_run: bool = False,
+    out: Console | None = None,
+    dry_runs: bool = False,
+) -> int:
+    """Refresh the ledger and print it (or, with ``ref``, those runs' attempts); dry runs only
+    with ``dry_runs`` (or named by ``ref``): they never ran, and a day of checking fills the table."""
     out = out or wide_console()
     snap = refresh(ids={r.id for r in runs_of(ref)}) if ref else refresh(limit=limit)
     line = snap.slurm_line(SHOWN_WITHOUT_SLURM)
@@ -96,5 +103,9 @@ def show(limit: int | None = None, ref: str | None = None, every_run: bool = Fal
         for renderable in run_details(snap.runs, lambda run: attempts_of(run, ask_slurm=asked)):
             out.print(renderable)
         return 0
-    out.print(runs_table(snap.runs, every_run=every_run))
+    shown = [r for r in snap.runs if dry_runs or r.state != "DRY_RUN"]
+    out.print(runs_table(shown, every_run=every_run))
+    hidden = len(snap.runs) - len(shown)
+    if hidden:
+        out.print(literal(f"{hidden} dry run(s) not shown (hpc-llm status --dry-runs)", highlight=False))
     return 0
