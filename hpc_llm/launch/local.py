@@ -8,12 +8,15 @@ code cannot tell the difference. Jobs of a sweep run one after another.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -26,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, JobFailed, resource_key, shown
 from hpc_llm.results import console, ledger
+from hpc_llm.results.failure import first_failure
 from hpc_llm.rundir import provenance
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
@@ -61,6 +65,14 @@ def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, thre
     )
     env.setdefault("OMP_NUM_THREADS", str(threads))
     return env
+
+
+def scratch_dir(cfg: DictConfig, run_dir: Path) -> Path:
+    """The node-local working dir the ranks of a local run make (hpc_llm.job.rank.task's
+    ``node_local_dir``: cluster.scratch, else $TMPDIR, else /tmp, then ``hpc_llm-<job>`` where a
+    run without a Slurm job id is named by the first 10 hex digits of its run dir's SHA-1)."""
+    base = OmegaConf.select(cfg, "cluster.scratch", default=None) or os.environ.get("TMPDIR") or tempfile.gettempdir()
+    return Path(base) / f"hpc_llm-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
 
 
 def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
@@ -191,11 +203,18 @@ class LocalLauncher(BaseLauncher):
                 t.join(timeout=10)
             for f in files:
                 f.close()
+            # the ranks' node-local working dir: nothing in it outlives the run (on Slurm the
+            # job's node agent removes it)
+            shutil.rmtree(scratch_dir(sweep_config, run_dir), ignore_errors=True)
         num = sweep_config.hydra.job.num
         results = self.print_summary(run_dir, title=f"job {num}")
         if failed is not None:
             rank, code = failed
-            raise JobFailed(f"job {num} failed: rank {rank} exited with {code}; log: {rd.rank_log(rank)}")
+            what = first_failure(run_dir, rank, socket.gethostname())
+            cause = f"{what.error[:500]}{what.where()}" if what else f"rank {rank} exited with {code}"
+            log_rank = what.rank if what is not None and what.rank is not None else rank
+            # the last line a user sees: what failed, where, and the log that has the rest
+            raise JobFailed(f"job {num} failed: {cause}; log: {rd.rank_log(log_rank)}")
         print(f"job {num}: completed; {rd.results if results is not None else run_dir}", flush=True)
         return read_return(run_dir)[1]
 
