@@ -96,7 +96,7 @@ class FromYaml(DataSource):
         # (hpc_llm/config/foundry_yaml.py): a container binds them.
         paths: list[str] = field(default_factory=list)
         # The key the user sets for each (train.variables.data_local where a variable gives it).
-        keys: list[str] = field(default_factory=list)
+        user_keys: list[str] = field(default_factory=list)
         # The yaml they come from, for messages.
         yaml: Optional[str] = None
 
@@ -109,7 +109,7 @@ class FromYaml(DataSource):
         opts = self.options(section)
         for i, p in enumerate(opts.paths):
             if not Path(p).expanduser().exists():
-                key = opts.keys[i] if i < len(opts.keys) else "a path"
+                key = opts.user_keys[i] if i < len(opts.user_keys) else "a path"
                 raise ConfigError(missing_path(str(opts.yaml), key, p))
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:

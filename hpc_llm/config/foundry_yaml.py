@@ -326,7 +326,7 @@ def apply(cfg: DictConfig) -> None:
         paths = local_paths(train)
         cfg.data.options = {  # bound into a container, checked by the data source
             "paths": [p for _, p in paths],
-            "keys": [behind.get(k, f"train.{k}") for k, _ in paths],
+            "user_keys": [behind.get(k, f"train.{k}") for k, _ in paths],
             "yaml": str(path),
         }
         cfg.parallelism.name = "fsdp" if fsdp else "ddp"
