@@ -36,6 +36,15 @@ LRS = ",".join(f"{(i + 1) * 1e-5:.5g}" for i in range(100))
 SWEEP = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.dry_run=true", f"train.optimizer.lr={LRS}"]
 
 
+def venv_binds() -> list[str]:
+    """The skeleton's binds, and this interpreter's venv where it lies outside the checkout."""
+    out = host_binds()
+    venv = os.path.realpath(sys.prefix)
+    if not any(venv == b or venv.startswith(b + "/") for b in out):
+        out.append(venv)
+    return out
+
+
 def points(overrides: list[str], n: int) -> list:
     """``n`` points of ``overrides`` (+ a learning rate each), composed and validated."""
     from hpc_llm.app import validate_job
@@ -78,23 +87,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     os.environ["HPC_LLM_PRECHECK"] = "1"
+    (Path.home() / ".hpc_llm").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="precheck-", dir=str(Path.home() / ".hpc_llm")))
     os.environ.setdefault("HPC_LLM_HOME", str(work / "home"))
     rows = []
-    for label, extra in [("venv", [])] + (
-        [
-            (
-                "image",
-                [
-                    "container=apptainer",
-                    f"container.image={make_skeleton(work / 'skeleton')}",
-                    "container.binds=[" + ",".join(host_binds()) + "]",
-                ],
-            )
-        ]  # fmt: skip
-        if shutil.which("apptainer")
-        else []
-    ):
+    ways: list[tuple[str, list[str]]] = [("venv", [])]
+    if shutil.which("apptainer"):
+        image = make_skeleton(work / "skeleton")
+        binds = "container.binds=[" + ",".join(venv_binds()) + "]"
+        ways.append(("image", ["container=apptainer", f"container.image={image}", binds]))
+    for label, extra in ways:
         one = timed_check(points(["+experiment=mpt_tiny", *extra], 1), args.repeats)
         hundred = timed_check(points(["+experiment=mpt_tiny", *extra], 100), args.repeats)
         rows.append((label, one, hundred))
