@@ -116,7 +116,8 @@ SUBMITIT_NAMES = {
     "mem_per_gpu": "hydra.launcher.extra_sbatch.mem_per_gpu",
 }
 
-_CONF_OF_TARGET = {conf._target_.rsplit(".", 1)[1]: conf for conf in (LocalLauncherConf, SlurmLauncherConf)}
+#: by the whole target: hydra-submitit-launcher's own launcher class is also named SlurmLauncher
+_CONF_OF_TARGET = {conf._target_: conf for conf in (LocalLauncherConf, SlurmLauncherConf)}
 
 
 def launcher_hint(key: str) -> str:
@@ -131,7 +132,7 @@ def check_launcher_options(options: Mapping[str, Any]) -> None:
     a traceback (the local one): refuse it in one line, before anything starts."""
     from hpc_llm.errors import ConfigError
 
-    conf = _CONF_OF_TARGET.get(str(options.get("_target_", "")).rsplit(".", 1)[-1])
+    conf = _CONF_OF_TARGET.get(str(options.get("_target_", "")))
     if conf is None:
         return  # not ours: Hydra's own launchers check their options themselves
     import difflib
