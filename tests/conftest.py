@@ -219,6 +219,10 @@ def pytest_configure(config: pytest.Config) -> None:
     (not by a worker), so every worker shares it; they find it through $HPC_LLM_TEST_CLUSTER.
     Without xdist, the first test that needs it starts it."""
     os.environ["HPC_LLM_HOME"] = str(shared_dir(config) / "hpc_llm_home")
+    # the check before the queue starts the training stack in a subprocess (~10 s a command): off
+    # for the suite's hundreds of commands, in-process ones included; on where it is the subject
+    # (tests/test_first_hour.py)
+    os.environ["HPC_LLM_PRECHECK"] = "0"
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
     if _slurm_tests_wanted(config):
