@@ -51,6 +51,7 @@ def test_upstream_yamls_are_all_here():
 # -- the check before the queue, through the job's own code ------------------------------------
 
 
+@pytest.mark.stack
 def test_bad_values_stop_the_sweep_before_anything_exists(app_env, runs_dir, tmp_path):
     """Each of the issue's values, given together: one line each, naming the key the user set;
     the sweep's one bad point stops all three; nothing is created."""
@@ -88,6 +89,7 @@ def test_bad_values_stop_the_sweep_before_anything_exists(app_env, runs_dir, tmp
     assert len(list(runs_dir.rglob("sbatch.sh"))) == 3
 
 
+@pytest.mark.stack
 def test_a_loader_with_num_workers_0_is_refused_by_config(app_env, tmp_path):
     """LLM Foundry's text loader passes prefetch_factor=2 and persistent_workers=true unless told
     otherwise, which torch refuses with num_workers: 0, in the job. Now `hpc-llm config` says so."""
@@ -111,6 +113,7 @@ def test_a_job_environment_missing_here_is_said_once_and_skipped(app_env, tmp_pa
     assert len(said) == 1 and "train configs not checked before submitting" in said[0], proc.stderr
 
 
+@pytest.mark.stack
 def test_the_check_runs_in_the_image_through_the_container_runtime(apptainer, sandbox, app_env, tmp_path, runs_dir):  # noqa: F811
     """container=apptainer: the check runs the image's python (apptainer exec, as the ranks start)."""
     import os
@@ -132,6 +135,7 @@ def test_the_check_runs_in_the_image_through_the_container_runtime(apptainer, sa
     assert "/nowhere/apptainer (container.executable) is not on this machine" in missing.stderr, explain(missing)
 
 
+@pytest.mark.stack
 def test_upstream_yamls_llm_foundry_accepts_pass_the_check_as_one_sweep(app_env, tmp_path, runs_dir):
     """The 24 yamls LLM Foundry accepts, as one sweep over yaml= (one checking process for all), from a
     directory holding their data: every point passes the check through the job's own code."""
