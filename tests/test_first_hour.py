@@ -63,6 +63,7 @@ def test_bad_values_stop_the_sweep_before_anything_exists(app_env, runs_dir, tmp
         "train.scheduler.name=cosine_warmup",
         "train.eval_interval=5xx",
         "checkpoint.interval=10xx",
+        "train.model.d_model=66",  # not a multiple of n_heads: MPTConfig says so, without building the model
         "train.max_duration=4ba,6ba,xyz",
     ]
     proc = run_app(args, checked(app_env), cwd=tmp_path)
@@ -77,6 +78,7 @@ def test_bad_values_stop_the_sweep_before_anything_exists(app_env, runs_dir, tmp
         "constant_with_warmup, cosine_with_warmup",
         "train.eval_interval='5xx': ValueError: Invalid time string: 5xx; allowed:",
         "checkpoint.interval='10xx': ValueError: Invalid time string: 10xx",
+        "train.model: ValueError: d_model must be divisible by n_heads; allowed: an MPT config",
         "train.max_duration='xyz': ValueError: Invalid time string: xyz; allowed: an integer and a unit: ba, ep, "
         "sp, tok (e.g. 100ba, 1ep, 2e6tok) (in job 2 [train.max_duration=xyz])",
     ):

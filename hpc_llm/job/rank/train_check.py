@@ -273,6 +273,24 @@ def check_registered(train: dict[str, Any], problems: Problems) -> None:
     model = (train.get("model") or {}).get("name")
     if model is not None and model not in registry.models.get_all():
         problems.add("model.name", f"LLM Foundry has no model {model!r}; allowed: {_names(registry.models)}")
+    elif model == "mpt_causal_lm":
+        check_mpt_config(train["model"], problems)
+
+
+def check_mpt_config(model: dict[str, Any], problems: Problems) -> None:
+    """An MPT model's config as ComposerMPTCausalLM builds it (``MPTConfig(**kwargs)``, which
+    validates shapes and options), without the model: no weights are made. What needs a package
+    (flash attention, TransformerEngine) is left to the job: its nodes may have what this does not."""
+    from llmfoundry.models.mpt import ComposerMPTCausalLM, MPTConfig
+
+    own = set(inspect.signature(ComposerMPTCausalLM.__init__).parameters)
+    kwargs = {k: v for k, v in model.items() if k not in own | {"name", "master_weights_dtype", "self"}}
+    try:
+        MPTConfig(**kwargs)
+    except (ValueError, NotImplementedError, TypeError) as exc:
+        problems.add("model", f"{_first_line(exc)}; allowed: an MPT config LLM Foundry's MPTConfig accepts")
+    except ImportError:
+        pass
 
 
 class _Dummy:
