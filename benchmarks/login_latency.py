@@ -12,12 +12,19 @@ one sbatch call (goal <= 6 s), against one bare `sbatch --array=0-99 --wrap`;
 and proof from `python -X importtime` that the submitting process imports no
 torch / composer / llmfoundry. Submitted jobs are cancelled.
 
-    .venv/bin/python benchmarks/login_latency.py [--repeats 5]
+With ``--submitit`` it also puts the same 100-point sweep through hydra-submitit-launcher
+(``hydra/launcher=submitit_slurm``, pip-installed into a temporary directory: it is not one
+of hpc_llm's dependencies) and hpc_llm's own launcher, alternated in one run, both with the
+check before the queue off (``precheck.enabled=false``; goal: hpc_llm <= 0.5x submitit's
+time to the queue), and hpc_llm's once more with the check on.
+
+    .venv/bin/python benchmarks/login_latency.py [--repeats 5] [--submitit]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -63,17 +70,102 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.Comple
     return time.perf_counter() - t0, proc
 
 
+SUBMITIT_WHEEL = "hydra-submitit-launcher==1.2.0"
+
+
+def submitit_site(into: Path) -> Path:
+    """hydra-submitit-launcher in a directory of its own (pip --target; its dependencies, hydra
+    and submitit, are this venv's), to put on PYTHONPATH."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(into), SUBMITIT_WHEEL], check=True
+    )
+    return into
+
+
+def submitit_ids(sweep_root: Path) -> list[str]:
+    """Job ids submitit recorded under the sweep dirs (<sweep>/.submitit/<array>_<task>/)."""
+    return sorted({p.name.split("_")[0] for p in sweep_root.rglob(".submitit/*") if p.name[:1].isdigit()})
+
+
+def queued(env: dict[str, str]) -> int:
+    """Jobs (array tasks counted one by one) this cluster's queue holds."""
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True)
+    return len(out.stdout.split())
+
+
+def until_queued(cmd: list[str], env: dict[str, str], points: int = 100, timeout_s: float = 300) -> float:
+    """Seconds from starting ``cmd`` until ``points`` more jobs are in the queue. hydra-submitit-launcher
+    then waits for the jobs' results (they are held: --begin=now+3600), so it is stopped there."""
+    before = queued(env)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while queued(env) - before < points:
+            if proc.poll() is not None:
+                raise SystemExit(f"{cmd[:4]} ended before its jobs were queued: {(proc.stderr.read() or '')[-2000:]}")
+            if time.perf_counter() - t0 > timeout_s:
+                raise SystemExit(f"{points} jobs not queued after {timeout_s} s")
+            time.sleep(0.05)
+        return time.perf_counter() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: list[str]) -> None:
+    """The same 100-point sweep to the queue: hydra-submitit-launcher against hpc_llm's launcher."""
+    site = submitit_site(runs / "submitit-site")
+    senv = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p))
+    theirs = [
+        *(a for a in LR_SWEEP if not a.startswith(("hydra/launcher=", "hydra.launcher.", "+hydra.launcher."))),
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.partition=low",
+        "hydra.launcher.array_parallelism=8",
+        "+hydra.launcher.additional_parameters.begin=now+3600",
+        "precheck.enabled=false",
+    ]
+    ours = [*LR_SWEEP, "precheck.enabled=false"]
+    sub_walls, our_walls, checked = [], [], []
+    for i in range(repeats):
+        root = runs / f"submitit-{i}"
+        sub_walls.append(until_queued([sys.executable, "-m", "hpc_llm", *theirs], dict(senv, HPC_LLM_RUNS=str(root))))
+        submitted += submitit_ids(root)
+        subprocess.run(["scancel", *submitted], env=env, capture_output=True)
+        wall, proc = timed([sys.executable, "-m", "hpc_llm", *ours], senv)
+        our_walls.append(wall)
+        submitted += job_ids(proc.stdout)
+        subprocess.run(["scancel", *submitted], env=env, capture_output=True)
+    wall, proc = timed([sys.executable, "-m", "hpc_llm", *LR_SWEEP, "precheck.enabled=true"], senv)
+    checked.append(wall)
+    submitted += job_ids(proc.stdout)
+    sub, our = statistics.median(sub_walls), statistics.median(our_walls)
+    print(
+        f"100-point lr sweep to the queue (start to 100 tasks in squeue; squeue polled every 50 ms), check off: "
+        f"hpc_llm {our:.2f} s, hydra-submitit-launcher {sub:.2f} s "
+        f"(median of {repeats}, alternated) -> {our / sub:.2f}x (goal <= 0.5x)",
+        flush=True,
+    )
+    print(f"the same with the check before the queue on: {checked[0]:.2f} s ({checked[0] - our:+.2f} s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--submitit", action="store_true", help="also against hydra-submitit-launcher (pip-installed)")
+    ap.add_argument("--submitit-only", action="store_true", help="only the comparison with hydra-submitit-launcher")
     args = ap.parse_args()
     from _cluster import dev_cluster
 
     with dev_cluster("bench-cluster", nodes=4, ctld_port=26817) as (_cluster, env):
         runs = Path(tempfile.mkdtemp(prefix="login-latency-", dir=str(Path.home() / ".hpc_llm")))
-        env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"))
+        # the check before the queue is measured apart (benchmarks/precheck.py, and --submitit below)
+        env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"), HPC_LLM_PRECHECK="0")
         submitted: list[str] = []
         try:
+            if args.submitit or args.submitit_only:
+                versus_submitit(env, runs, max(1, args.repeats // 2), submitted)
+            if args.submitit_only:
+                return
             walls, bases = [], []
             for _ in range(args.repeats):
                 wall, proc = timed([sys.executable, "-m", "hpc_llm", *SWEEP], env)

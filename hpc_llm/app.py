@@ -28,9 +28,10 @@ def task(cfg: DictConfig) -> Any:
     return run(cfg)
 
 
-def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
+def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[str, Any]:
     """Sweeper hook: every job of a sweep is checked before anything starts (``preview``:
-    ``hpc-llm render``, where data not prepared yet is a warning)."""
+    ``hpc-llm render``, where data not prepared yet is a warning). Returns the job's train
+    config, for :func:`check_sweep`."""
     from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
@@ -41,9 +42,19 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> None:
             "must not be shared between nodes) and write to the run dir by its absolute path; allowed: false"
         )
     job = resolve_job(cfg, run_dir, preview=preview)
-    build_train_config(cfg, job, run_name="validate")
+    train = build_train_config(cfg, job, run_name="validate")
     # binds depend on the whole config (data, checkpoints, run dir): conflicts show here
     job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
+    return train
+
+
+def check_sweep(points: list[tuple[DictConfig, Any, str]]) -> None:
+    """Sweeper hook, once every job is valid: each job's train config (``validate_job``'s) through
+    LLM Foundry's and Composer's own code in the job's environment (hpc_llm/launch/train_check.py)."""
+    from hpc_llm.launch.train_check import check_sweep as check
+    from hpc_llm.launch.train_check import point_of
+
+    check([point_of(cfg, train, label) for cfg, train, label in points if isinstance(train, dict)])
 
 
 #: the command line as the user typed it, for hpc_llm.rundir.provenance

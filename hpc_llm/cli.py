@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from hpc_llm.config.compose import compose
 
@@ -70,10 +71,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     from hpc_llm.config.site import origins
     from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
+    from hpc_llm.launch.train_check import check_sweep, point_of
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
     train = build_train_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
+    check_sweep([point_of(cfg, train)])  # what the job's own code would refuse (precheck.enabled)
     # the presets a site directory gave (a cluster profile, ...), as comments the yaml keeps
     runtime = cfg.hydra.runtime
     sys.stdout.write("".join(f"# {o.line()}\n" for o in origins(runtime.choices, runtime.config_sources)))
@@ -97,17 +100,20 @@ def as_plain_yaml(train: dict) -> dict:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from hpc_llm.launch.train_check import check_sweep, point_of
     from hpc_llm.slurm.preview import compose_job
     from hpc_llm.slurm.render import render
 
-    sys.stdout.write(render(compose_job(args.overrides).spec))
+    job = compose_job(args.overrides)
+    check_sweep([point_of(job.cfg, job.train)])  # what the job's own code would refuse (precheck.enabled)
+    sys.stdout.write(render(job.spec))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpc_llm.results.status_table import show
 
-    return show(limit=args.limit, ref=args.run, every_run=args.all)
+    return show(limit=args.limit, ref=args.run, every_run=args.all, dry_runs=args.dry_runs)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -136,10 +142,17 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpc_llm.errors import Failed
     from hpc_llm.results import ledger
+    from hpc_llm.results.status import finished, refresh
     from hpc_llm.slurm import submit
 
     run = _find_run(args.run)
+    # as the run stands now (its record, then Slurm), not as the ledger last saw it
+    run = next(iter(refresh(ids={run.id}).runs), run)
+    if finished(run):
+        how = "was a dry run (never submitted)" if run.state == "DRY_RUN" else f"already ended ({run.state.lower()})"
+        raise Failed(f"run {run.id} {how}; nothing to cancel: {run.run_dir}")
     if run.launcher == "slurm" and run.job_ids:
         submit.cancel(run.job_ids)
     ledger.update(run, state="CANCELLED")
@@ -218,7 +231,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         )
         for n in node_counts
     ]
-    sys.stdout.write(estimate.render(results))
+    sys.stdout.write(estimate.render(results, keep=int(cfg.checkpoint.keep)))
     return 0
 
 
@@ -331,12 +344,21 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpc-llm", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="hpc-llm",
+        description=__doc__.split("\n\n")[0],
+        epilog="Training itself is `python -m hpc_llm [+experiment=NAME | yaml=PATH] [overrides]` "
+        "(python -m hpc_llm --help). `hpc-llm COMMAND --help` describes each command.",
+    )
+    sub = _Described(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     p = sub.add_parser("plugins", help="list registered plugins per kind, with their packages")
     p.add_argument("--block", action="append", help="block a plugin by entry-point or package name")
     p.set_defaults(func=cmd_plugins)
-    p = sub.add_parser("config", help="print the resolved LLM Foundry train config")
+    p = sub.add_parser(
+        "config",
+        help="print the LLM Foundry train config a run would get (checked as a submit checks it; "
+        "with yaml=PATH, what hpc_llm changed as a diff against the file)",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
     p.add_argument(
         "--as-yaml",
@@ -348,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("status", help="runs in the ledger, with their Slurm state (a sweep is one line)")
-    p.add_argument("--limit", type=int, default=500)
+    p.add_argument("--limit", type=int, default=500, help="at most this many of the latest runs (default 500)")
+    p.add_argument("--dry-runs", action="store_true", help="also the dry runs (hydra.launcher.dry_run=true)")
     p.add_argument("--all", action="store_true", help="one line per run, sweeps included")
     p.add_argument("run", nargs="?", help="one run (ledger id, Slurm job id, run or sweep dir): its attempts")
     p.set_defaults(func=cmd_status)
@@ -358,15 +381,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_wait)
     p = sub.add_parser("logs", help="print (or follow) a rank's log of a run")
     p.add_argument("run", help="run directory, ledger id or Slurm job id (the ledger need not know it)")
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--rank", type=int, default=0, help="the global rank whose log to print (default 0)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing what is added until the run ends")
     p.set_defaults(func=cmd_logs)
-    p = sub.add_parser("cancel", help="cancel a run's Slurm job(s)")
+    p = sub.add_parser("cancel", help="cancel a run's Slurm job(s); a run that already ended is left as it is")
     p.add_argument("run", help="ledger id, Slurm job id or run directory")
     p.set_defaults(func=cmd_cancel)
     p = sub.add_parser("dev-cluster", help="start or stop a Slurm cluster on this machine")
-    p.add_argument("action", choices=["up", "down"])
-    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("action", choices=["up", "down"], help="up: start it (prints what to export); down: stop it")
+    p.add_argument("--nodes", type=int, default=3, help="nodes of the cluster (one slurmd each; default 3)")
     p.add_argument("--root", help="state/config directory (default ~/.hpc_llm/dev-cluster; not under /tmp)")
     p.add_argument("--port", type=int, default=16817, help="slurmctld port; node i's slurmd uses port+i")
     p.add_argument(
@@ -376,14 +399,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_dev_cluster)
     p = sub.add_parser("report", help="tables (md, csv) and a scaling plot from a sweep's results.json files")
-    p.add_argument("sweep_dir")
-    p.add_argument("--format", choices=["md", "csv", "json"], default="md")
+    p.add_argument("sweep_dir", help="a sweep dir (outputs/<experiment>/<date>) or one run dir")
+    p.add_argument("--format", choices=["md", "csv", "json"], default="md", help="what to print (all are written)")
     p.add_argument("--baseline-nodes", type=int, default=None, help="node count speedups are measured against")
     p.add_argument("--wait", action="store_true", help="wait for the sweep's runs to end first")
     p.add_argument("--poll", type=float, default=5.0, help="with --wait: seconds between looks at the queue")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("estimate", help="time and GPU-hours to train, with the assumptions used")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides (model=mpt-70b cluster=h100 resources.nodes=8)")
+    p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, before or after the options (model=mpt-70b cluster=h100)"
+    )
     p.add_argument("--nodes", type=int, nargs="+", help="node counts to estimate (default: resources.nodes)")
     p.add_argument("--tokens", type=float, help="tokens to train (default: from max_duration, else 20 per parameter)")
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation, 0-1 (default: by model size)")
@@ -402,7 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-flops", type=float, help="with --compare: peak FLOP/s per GPU (or per CPU rank)")
     p.set_defaults(func=cmd_estimate)
     p = sub.add_parser("container", help="build, check or inspect an Apptainer image (spython)")
-    p.add_argument("action", choices=["build", "check", "inspect"])
+    p.add_argument(
+        "action",
+        choices=["build", "check", "inspect"],
+        help="build: an image from a definition file; check: the image against the login side's versions; "
+        "inspect: an image's labels",
+    )
     p.add_argument("args", nargs="*", help="build: DEF IMAGE; check: Hydra overrides; inspect: IMAGE")
     p.add_argument("--force", action="store_true", help="build: overwrite IMAGE")
     p.add_argument("--no-fakeroot", action="store_true", help="build: without --fakeroot (default: only as root)")
@@ -413,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides (hydra/launcher=slurm resources.nodes=2 ...)")
     p.set_defaults(func=cmd_preflight)
     p = sub.add_parser("data", help="prepare a dataset (C4 -> MDS, hub finetuning data -> jsonl); needs [train]")
-    p.add_argument("action", choices=["prepare"])
+    p.add_argument("action", choices=["prepare"], help="prepare: write the dataset where the nodes read it")
     p.add_argument("name", help="a data config (conf/data/NAME.yaml): c4, dolly_hhrlhf, instruct_v3, ...")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (data.options.tokenizer=...)")
     p.add_argument("--out", required=True, help="output directory (shared filesystem) or remote URI")
@@ -425,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("model", help="fetch a Hugging Face hub model (weights, config, tokenizer) into a directory")
-    p.add_argument("action", choices=["fetch"])
+    p.add_argument("action", choices=["fetch"], help="fetch: download one model at one commit")
     p.add_argument("repo_id", help="a hub model id, e.g. meta-llama/Llama-3.1-8B")
     p.add_argument("--out", required=True, help="a new directory the compute nodes read (shared filesystem)")
     p.add_argument("--revision", help="a branch, tag or commit (default: main; the commit fetched is recorded)")
@@ -436,10 +466,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Described:
+    """``add_subparsers()`` whose commands' ``--help`` pages open with their one-line help."""
+
+    def __init__(self, sub: Any) -> None:
+        self.sub = sub
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("description", kwargs.get("help"))
+        return self.sub.add_parser(name, **kwargs)
+
+
+def overrides_first(argv: list[str], command: str = "estimate") -> list[str]:
+    """``hpc-llm estimate --nodes 1 8 train.x=1``: argparse would read ``train.x=1`` as a node count.
+    Every ``key=value`` of the command goes right after its name, where argparse takes overrides;
+    an option's value never has the form ``key=value`` (``--opt=v`` starts with a dash)."""
+    if command not in argv:
+        return argv
+    at = argv.index(command) + 1
+    rest = argv[at:]
+    moved = [a for a in rest if "=" in a and not a.startswith("-")]
+    return [*argv[:at], *moved, *(a for a in rest if a not in moved)]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from hpc_llm.config.hydra_errors import one_line_errors
 
     parser = build_parser()
+    argv = overrides_first(list(sys.argv[1:] if argv is None else argv))
     # overrides may follow options (`data prepare c4 --out D key=value`); argparse
     # stops collecting positionals at the first option, so gather the rest here
     args, extra = parser.parse_known_args(argv)

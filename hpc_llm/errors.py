@@ -18,10 +18,17 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """Bad user input: one line, naming the key and the allowed values."""
+    """Bad user input: one line, naming the key and the allowed values.
 
-    def __init__(self, message: str) -> None:
+    ``more``: further problems found in the same pass (every unknown key of a yaml, every
+    bad value of a sweep), one line each; the entry points print each on its own line."""
+
+    def __init__(self, message: str, more: Iterable[str] = ()) -> None:
         super().__init__(" ".join(message.split()))
+        self.more = [" ".join(m.split()) for m in more]
+
+    def lines(self) -> list[str]:
+        return [str(self), *self.more]
 
 
 class Failed(RuntimeError):

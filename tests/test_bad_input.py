@@ -23,8 +23,11 @@ CASES = [
     ),
     (["data=mds", "data.path=/no/such/dir"], "data.path='/no/such/dir' does not exist"),
     (["data=mds"], "data.path is required for data source 'mds'"),
-    (["resources.nodez=1"], "unknown config key 'resources.nodez'; allowed keys under resources: nodes,"),
-    (["+train.max_duraton=3ba"], "train.max_duraton is not an LLM Foundry train-config key; did you mean max_duration"),
+    (
+        ["resources.nodez=1"],
+        "unknown config key 'resources.nodez'; did you mean resources.nodes?; allowed keys under resources: nodes,",
+    ),
+    (["+train.max_duraton=3ba"], "train.max_duraton (did you mean max_duration?) is not an LLM Foundry train-config"),
     (["resources.nodes=two"], "resources.nodes"),
     (["resources.time=soon"], "resources.time='soon' is not a Slurm time limit"),
     (["checkpoint=uri"], "checkpoint.location='': not an object-store URI"),
@@ -60,7 +63,8 @@ CASES = [
     # a profile that does not compose keeps the line naming its bad key
     (
         ["hydra.searchpath=[file://{bad_configs}]", "cluster=naive"],
-        "In 'cluster/naive': unknown config key 'cluster.partitionz'; allowed keys under cluster: name,",
+        "In 'cluster/naive': unknown config key 'cluster.partitionz'; did you mean cluster.partition?; "
+        "allowed keys under cluster: name,",
     ),
     # another app's primary config
     (

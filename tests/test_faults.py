@@ -206,7 +206,7 @@ def slow_cluster(pytestconfig):
     """A 3-node dev cluster of its own with Slurm's default SlurmdTimeout=300 (no accounting):
     a frozen node stays "up" for Slurm for five minutes. Slurm 24.11 where it is installed (CI
     installs it): 22.05 needs the supervisor to hold a job it requeued around a dead node for
-    SlurmdTimeout x 4/3 + cred_expire (docs/design.md, "What Slurm does then"), seven minutes
+    SlurmdTimeout x 4/3 + cred_expire (docs/design.md, "Agents, detection and restarts"), seven minutes
     here even once the node is back. Started for the tests that use it."""
     from hpc_llm.slurm import devcluster
     from tests.conftest import _free_port_block, _slurm24_installed, _slurm_tests_wanted

@@ -54,8 +54,8 @@ def test_config_shows_what_hpc_llm_added_against_the_file(app_env, cache_dir):
         assert line in diff, diff
     # each decision the CPU profile made is one line on stderr
     said = proc.stderr
-    assert "precision=amp_bf16 needs a GPU; cluster.device=cpu runs fp32" in said
-    assert "model.attn_config.attn_impl=flash needs a GPU" in said
+    [gpu] = [ln for ln in said.splitlines() if "need a GPU" in ln]  # every stand-in, in one line
+    assert "precision=amp_bf16 -> fp32" in gpu and "model.attn_config.attn_impl=flash -> torch" in gpu
     assert "which has no sharding_strategy" in said
 
 
@@ -114,11 +114,11 @@ BAD = [
     (["yaml={tmp}/nope.yaml"], "yaml={tmp}/nope.yaml: no such file; allowed: the path of an LLM Foundry train yaml"),
     (["yaml={tmp}/list.yaml"], "holds a list, not a mapping of train-config keys"),
     (["yaml={tmp}/broken.yaml"], "not valid YAML at line 2"),
-    (["yaml={tmp}/typo.yaml"], "train.max_duraton is not an LLM Foundry train-config key; did you mean max_duration"),
+    (["yaml={tmp}/typo.yaml"], "train.max_duraton (did you mean max_duration?) is not an LLM Foundry train-config key"),
     (["yaml={tmp}/unresolved.yaml"], "data_locl"),
-    (["yaml={tmp}/pretrain.yaml"], "train.train_loader.dataset.local='./my-copy-c4' does not exist"),
+    (["yaml={tmp}/pretrain.yaml"], "train.variables.data_local: {tmp}/my-copy-c4 does not exist"),
     (["yaml={tmp}/pretrain.yaml", "+experiment=mpt_tiny"], "together with +experiment=mpt_tiny"),
-    (["yaml={tmp}/no_resume.yaml"], "sets autoresume: false, but fault.enabled=true"),
+    (["yaml={tmp}/no_resume.yaml"], "sets autoresume: false with its own save_folder"),
     # the same rules for train.* keys given to a preset experiment
     (
         ["+experiment=mpt_tiny", "train.save_folder=/x"],
@@ -141,11 +141,12 @@ def test_bad_yaml_input_is_one_line_and_leaves_nothing(args, message, app_env, r
     broken_ref["train_loader"]["dataset"] = {**tiny["train_loader"]["dataset"], "local": "${variables.data_locl}"}
     (tmp_path / "unresolved.yaml").write_text(yaml.safe_dump(broken_ref))
     (tmp_path / "pretrain.yaml").write_text(PRETRAIN.read_text())
-    (tmp_path / "no_resume.yaml").write_text(yaml.safe_dump({**tiny, "autoresume": False}))
+    (tmp_path / "no_resume.yaml").write_text(yaml.safe_dump({**tiny, "autoresume": False, "save_folder": "./ck"}))
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     proc = run_app(args, app_env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, explain(proc)
-    [line] = proc.stderr.strip().splitlines()
+    # one error line (warnings about the rest of the yaml may come before it)
+    [line] = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("hpc_llm: warning: ")]
     assert line.startswith("hpc_llm: error: ") and message.replace("{tmp}", str(tmp_path)) in line, line
     assert not runs_dir.exists() and not (tmp_path / "outputs").exists()
 

@@ -84,6 +84,7 @@ def loss_steps(uri: str, run_id: str) -> list[int]:
     return [m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss/train/total")]
 
 
+@pytest.mark.train
 def test_a_run_logs_to_one_mlflow_run_named_after_it(mlflow_server, app_env, runs_dir, tmp_path):
     proc = run_app(
         [*TINY, "train.max_duration=6ba", "logger=mlflow", f"logger.tracking_uri={mlflow_server}"],
@@ -153,6 +154,7 @@ def _wandb_history(run_dir: Path) -> list[int]:
     return steps
 
 
+@pytest.mark.train
 def test_a_resumed_run_keeps_its_wandb_run_offline(app_env, tmp_path):
     """W&B offline: a run resumed from its checkpoint (a second invocation into the same run
     dir, as a requeue does) logs to the same W&B run id, its steps going on where they stopped."""

@@ -95,6 +95,22 @@ class FromYaml(DataSource):
         # The local paths the yaml reads (data, tokenizer, model), set when it is read
         # (hpc_llm/config/foundry_yaml.py): a container binds them.
         paths: list[str] = field(default_factory=list)
+        # The key the user sets for each (train.variables.data_local where a variable gives it).
+        user_keys: list[str] = field(default_factory=list)
+        # The yaml they come from, for messages.
+        yaml: Optional[str] = None
+
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        """Every local path the yaml reads exists: one rule with the presets' data.path (an error
+        on submit, a warning in ``hpc-llm config`` / ``render`` / ``estimate``)."""
+        from hpc_llm.config.foundry_yaml import missing_path
+
+        super().validate(section, plan)
+        opts = self.options(section)
+        for i, p in enumerate(opts.paths):
+            if not Path(p).expanduser().exists():
+                key = opts.user_keys[i] if i < len(opts.user_keys) else "a path"
+                raise ConfigError(missing_path(str(opts.yaml), key, p))
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         # the yaml's train_loader / eval_loader / tokenizer are the train config's own keys; its

@@ -16,6 +16,8 @@ yaml=PATH`` shows every line it added or changed.
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -123,25 +125,114 @@ def _looks_local(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(("/", "./", "../", "~"))
 
 
-def local_paths(train: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, path) of every local path the yaml reads that must exist before the job starts:
-    loaders' datasets without a remote, tokenizer and model directories. Remote URIs and hub
-    ids pass through (they are the job's to fetch)."""
-    out: list[tuple[str, str]] = []
+def _is_uri(value: Any) -> bool:
+    return isinstance(value, str) and "://" in value
+
+
+def _datasets(train: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(key, dataset section) of every loader of the yaml."""
+    out = []
     for loader in ("train_loader", "eval_loader"):
         section = train.get(loader)
         for i, one in enumerate(section if isinstance(section, list) else [section]):
-            ds = (one or {}).get("dataset") or {}
-            name = f"{loader}{f'[{i}]' if isinstance(section, list) else ''}.dataset"
-            if ds.get("local") and not ds.get("remote"):
-                out.append((f"{name}.local", str(ds["local"])))
-            if _looks_local(ds.get("hf_name")):
-                out.append((f"{name}.hf_name", str(ds["hf_name"])))
+            ds = (one or {}).get("dataset") if isinstance(one, dict) else None
+            if isinstance(ds, dict):
+                out.append((f"{loader}{f'[{i}]' if isinstance(section, list) else ''}.dataset", ds))
+    return out
+
+
+def local_paths(train: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) of every local path the yaml reads that must exist before the job starts:
+    loaders' datasets and streams without a remote, tokenizer and model directories, the
+    checkpoint it loads, its code paths. Remote URIs and hub ids pass through (they are the
+    job's to fetch); a ``local`` beside a ``remote`` is the node's cache of it, not an input."""
+    out: list[tuple[str, str]] = []
+    for name, ds in _datasets(train):
+        if ds.get("local") and not ds.get("remote"):
+            out.append((f"{name}.local", str(ds["local"])))
+        if _looks_local(ds.get("hf_name")):
+            out.append((f"{name}.hf_name", str(ds["hf_name"])))
+        for stream, one in (ds.get("streams") or {}).items():
+            if isinstance(one, dict) and one.get("local") and not one.get("remote"):
+                out.append((f"{name}.streams.{stream}.local", str(one["local"])))
     if _looks_local((train.get("tokenizer") or {}).get("name")):
         out.append(("tokenizer.name", str(train["tokenizer"]["name"])))
     if _looks_local((train.get("model") or {}).get("pretrained_model_name_or_path")):
         out.append(("model.pretrained_model_name_or_path", str(train["model"]["pretrained_model_name_or_path"])))
+    if train.get("load_path") and not _is_uri(train["load_path"]):
+        out.append(("load_path", str(train["load_path"])))
+    for i, code in enumerate(train.get("code_paths") or []):
+        if isinstance(code, str) and not _is_uri(code):
+            out.append((f"code_paths[{i}]", code))
     return out
+
+
+def _set(train: dict[str, Any], key: str, value: Any) -> None:
+    node: Any = train
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", key) if p]
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def _get(train: dict[str, Any], key: str) -> Any:
+    node: Any = train
+    for part in (p for p in re.split(r"\.|\[(\d+)\]", key) if p):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def absolute_paths(train: dict[str, Any], base: Path) -> None:
+    """Relative local paths made absolute against ``base``, the directory the user submitted
+    from: what ``composer train.py`` means by them (it runs where it was started), while
+    hpc_llm's ranks work in node-local scratch. A tokenizer or model named without ``./`` is
+    a path only where that directory exists (else a hub id, as transformers reads it)."""
+    for key, value in local_paths(train):
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            _set(train, key, os.path.normpath(base / path))
+    for key in ("tokenizer.name", "model.pretrained_model_name_or_path"):
+        value = _get(train, key)
+        local = isinstance(value, str) and value and not _looks_local(value) and not _is_uri(value)
+        if local and (base / value).is_dir():  # transformers reads an existing directory first, as here
+            _set(train, key, os.path.normpath(base / value))
+
+
+def variables_behind(node: DictConfig) -> dict[str, str]:
+    """Train-config key -> ``train.variables.NAME`` for every value of the yaml (after the command
+    line's changes) that is exactly ``${variables.NAME}``: the key a user sets for it."""
+    raw = OmegaConf.to_container(node, resolve=False)
+    out: dict[str, str] = {}
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if key or k != "variables":
+                    walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(value, str):
+            m = re.fullmatch(r"\$\{(variables\.[\w.]+)\}", value)
+            if m:
+                out[key] = f"train.{m.group(1)}"
+
+    walk(raw, "")
+    return out
+
+
+def user_keys(path: str, cfg: DictConfig) -> dict[str, str]:
+    """:func:`variables_behind` of the yaml at ``path`` with this job's ``train.*`` changes."""
+    return variables_behind(_with_overrides(load(path), cfg))
 
 
 def hub_ids(train: dict[str, Any]) -> list[tuple[str, str]]:
@@ -163,13 +254,12 @@ def hub_ids(train: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def check_paths(train: dict[str, Any], path: str) -> None:
-    for key, value in local_paths(train):
-        if not Path(value).expanduser().exists():
-            raise ConfigError(
-                f"yaml={path}: train.{key}={value!r} does not exist; allowed: a path the nodes see "
-                f"(override it with train.{key}=... or through train.variables), or a remote URI"
-            )
+def missing_path(path: str, user_key: str, value: str) -> str:
+    """The line for a local path of the yaml that does not exist, naming the key the user sets."""
+    return (
+        f"yaml={path}: {user_key}: {value} does not exist (a relative path is taken from the directory "
+        f"you submit from); allowed: a path the nodes see, or a remote URI: {user_key}=PATH"
+    )
 
 
 def warn_hub_ids(train: dict[str, Any], path: str) -> None:
@@ -181,13 +271,8 @@ def warn_hub_ids(train: dict[str, Any], path: str) -> None:
         )
 
 
-def apply(cfg: DictConfig) -> None:
-    """Make ``cfg.train`` the yaml (plus the command line's ``train.*``) and point hpc_llm's
-    sections at what the yaml says (:data:`FOLLOWS`). A no-op without ``yaml=``."""
-    path = OmegaConf.select(cfg, "yaml", default=None)
-    if not path:
-        return
-    node = load(str(path))
+def _with_overrides(node: DictConfig, cfg: DictConfig) -> DictConfig:
+    """The yaml with this job's ``train.*`` command-line changes applied."""
     for key, value, delete in _train_overrides(cfg):
         if delete:
             parent_key, _, leaf = key.rpartition(".")
@@ -196,15 +281,37 @@ def apply(cfg: DictConfig) -> None:
                 del parent[leaf]
         else:
             OmegaConf.update(node, key, value, merge=True, force_add=True)
+    return node
+
+
+def apply(cfg: DictConfig) -> None:
+    """Make ``cfg.train`` the yaml (plus the command line's ``train.*``), its relative paths
+    absolute against the directory the user submits from, and point hpc_llm's sections at
+    what the yaml says (:data:`FOLLOWS`). A no-op without ``yaml=``. Whether its paths exist is
+    the data source's check (hpc_llm/builtin/data.py: an error on submit, a warning in a preview)."""
+    path = OmegaConf.select(cfg, "yaml", default=None)
+    if not path:
+        return
+    node = _with_overrides(load(str(path)), cfg)
+    behind = variables_behind(node)
     train = _resolved(node, str(path))
-    check_paths(train, str(path))
-    if train.get("autoresume") is False and cfg.fault.enabled:
-        raise ConfigError(
-            f"yaml={path} sets autoresume: false, but fault.enabled=true resumes requeued attempts from "
-            "the last checkpoint; allowed: train.autoresume=true, or fault.enabled=false to run it as written"
-        )
-    warn_hub_ids(train, str(path))
+    absolute_paths(train, Path.cwd())
     save_folder = train.get("save_folder")
+    if train.get("autoresume") is False and cfg.fault.enabled:
+        if save_folder:
+            raise ConfigError(
+                f"yaml={path} sets autoresume: false with its own save_folder ({save_folder}), but fault.enabled=true "
+                "resumes requeued attempts from the last checkpoint there; allowed: train.autoresume=true, or "
+                "fault.enabled=false to run it as written"
+            )
+        # its checkpoints are hpc_llm's own, in the run dir (it names no folder of its own):
+        # resuming from them is what keeps a requeued attempt from starting over
+        warn_once(
+            f"yaml={path} sets autoresume: false and no save_folder: its checkpoints are hpc_llm's, in the run "
+            "dir, and a requeued or restarted attempt resumes from them (autoresume: true)"
+        )
+        train["autoresume"] = True
+    warn_hub_ids(train, str(path))
     if save_folder and "://" not in str(save_folder):
         # the ranks work in node-local scratch: a relative folder would be a different one on each node
         train["save_folder"] = save_folder = str(Path(str(save_folder)).expanduser().resolve())
@@ -216,7 +323,12 @@ def apply(cfg: DictConfig) -> None:
         fsdp = train.pop("fsdp_config", None)
         cfg.train = train
         cfg.data.name = DATA_SOURCE
-        cfg.data.options = {"paths": [p for _, p in local_paths(train)]}  # bound into a container
+        paths = local_paths(train)
+        cfg.data.options = {  # bound into a container, checked by the data source
+            "paths": [p for _, p in paths],
+            "user_keys": [behind.get(k, f"train.{k}") for k, _ in paths],
+            "yaml": str(path),
+        }
         cfg.parallelism.name = "fsdp" if fsdp else "ddp"
         cfg.parallelism.options = fsdp or {}
         cfg.parallelism.lenient = True
@@ -251,19 +363,22 @@ CPU_STAND_INS = (
 
 def cpu_stand_ins(train: dict[str, Any], path: str) -> None:
     """A yaml written for GPUs on a CPU profile (this machine's tests, a laptop): what has no
-    CPU implementation is swapped for its stand-in, in one line each."""
+    CPU implementation is swapped for its stand-in, all said in one line."""
     node = OmegaConf.create(train)
     is_mpt = OmegaConf.select(node, "model.name", default=None) == "mpt_causal_lm"
+    swapped = []
     for key, gpu_values, stand_in in CPU_STAND_INS:
         if key.startswith("model.") and not is_mpt:
             continue
         value = OmegaConf.select(node, key, default=None)
         if value in gpu_values and (value is not None or key.startswith("model.")):
             OmegaConf.update(node, key, stand_in, force_add=True)
-            warn_once(
-                f"yaml={path}: {key}={value or '(default)'} needs a GPU; cluster.device=cpu runs "
-                f"{stand_in} (a GPU profile such as cluster=h100 runs the yaml's)"
-            )
+            swapped.append(f"{key}={value or '(default)'} -> {stand_in}")
+    if swapped:
+        warn_once(
+            f"yaml={path}: {'; '.join(swapped)}: these need a GPU, and cluster.device=cpu runs the CPU stand-in "
+            "(a GPU profile such as cluster=h100 runs the yaml's)"
+        )
     train.clear()
     train.update(OmegaConf.to_container(node))  # type: ignore[arg-type]
 

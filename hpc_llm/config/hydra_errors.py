@@ -25,8 +25,9 @@ EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
 
 
-def _die(message: str, code: int) -> None:
-    sys.stderr.write(f"hpc_llm: error: {' '.join(message.split())}\n")
+def _die(message: str, code: int, more: list[str] | None = None) -> None:
+    for line in [message, *(more or [])]:
+        sys.stderr.write(f"hpc_llm: error: {' '.join(line.split())}\n")
     sys.stderr.flush()
     raise SystemExit(code)
 
@@ -56,6 +57,42 @@ def _schema_class(name: str) -> type | None:
     return obj if isinstance(obj, type) else None
 
 
+def did_you_mean(key: str, allowed_keys: list[str]) -> str:
+    """'; did you mean X?' for an unknown key: the closest allowed key, or ``train.KEY`` for a key of
+    LLM Foundry's train config typed at the top level (``variables.x``, ``optimizer.lr``)."""
+    import difflib
+
+    from hpc_llm.config.llmfoundry_keys import TRAIN_CONFIG_KEYS
+
+    parent, _, leaf = key.rpartition(".")
+    if not parent and leaf in TRAIN_CONFIG_KEYS:
+        typed = next((a.lstrip("+") for a in sys.argv[1:] if a.lstrip("+").startswith((leaf + ".", leaf + "="))), leaf)
+        return f"; did you mean train.{typed}? (LLM Foundry's train config is under train.)"
+    close = difflib.get_close_matches(leaf, allowed_keys, n=1, cutoff=0.6)
+    return f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+
+
+def _as_typed(key: str) -> str:
+    """The override the user typed for ``key`` (``experiment=mpt_tiny``), from the command line."""
+    for arg in sys.argv[1:]:
+        if arg.split("=", 1)[0].lstrip("+~") == key:
+            return arg
+    return key
+
+
+def format_no_match(exc: BaseException) -> str | None:
+    """Hydra's "Could not override 'experiment'. No match in the defaults list." for a group
+    given without ``+``: the ``+`` form."""
+    m = re.match(r"Could not override '([^']+)'\. No match in the defaults list", str(exc).strip())
+    if not m:
+        return None
+    typed = _as_typed(m.group(1))
+    return (
+        f"{typed}: '{m.group(1)}' is a config group the defaults list does not name, so it is added, not "
+        f"overridden (Hydra: No match in the defaults list); did you mean +{typed.lstrip('+')}?"
+    )
+
+
 def format_omegaconf(exc: BaseException) -> str:
     inner = _innermost(exc)
     full_key = getattr(inner, "full_key", None)
@@ -78,7 +115,7 @@ def format_omegaconf(exc: BaseException) -> str:
         hint = f"; allowed keys under {where}: {', '.join(keys)}" if keys else ""
         if where == "hydra.launcher":
             hint = launcher_hint(key.rsplit(".", 1)[1]) + hint
-        said = f"unknown config key '{key}'{hint}"
+        said = f"unknown config key '{key}'{did_you_mean(key, keys)}{hint}"
         return f"{where_file.group(1)}: {said}" if where_file else said
     if where_file:
         return f"{where_file.group(1)}: {first}"
@@ -97,7 +134,7 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        _die(str(exc), EXIT_BAD_INPUT)
+        _die(str(exc), EXIT_BAD_INPUT, exc.more)
     except MissingConfigException as exc:
         _die(format_missing(exc), EXIT_BAD_INPUT)
     except OverrideParseException as exc:
@@ -109,7 +146,10 @@ def one_line_errors() -> Iterator[None]:
     except (ConfigCompositionException, OmegaConfBaseException) as exc:
         cause = _innermost(exc)
         if isinstance(cause, ConfigError):
-            _die(str(cause), EXIT_BAD_INPUT)
+            _die(str(cause), EXIT_BAD_INPUT, cause.more)
+        no_match = format_no_match(exc)
+        if no_match:
+            _die(no_match, EXIT_BAD_INPUT)
         if str(exc).startswith("Ambiguous value for argument"):  # a sweep given to --cfg / --info
             first = str(exc).strip().splitlines()[0].rstrip(".")
             _die(f"{first}: --cfg and --info show one job's config; allowed: one value per key", EXIT_BAD_INPUT)

@@ -275,6 +275,19 @@ class LoggerConfig:
     tags: dict[str, str] = field(default_factory=dict)
 
 
+# -- the first hour (issue 32): checks before the queue ---------------------------------
+
+
+@dataclass
+class PrecheckConfig:
+    # Before anything is submitted, put every point's train config through LLM Foundry's and
+    # Composer's own code in the job's environment (the venv or the image; one process for
+    # the whole sweep, no data or weights): bad times, precisions, optimizer and scheduler
+    # arguments, registry names, loader arguments and batch splits are refused here instead
+    # of after the queue wait. false (or HPC_LLM_PRECHECK=0 in the environment): skip it.
+    enabled: bool = True
+
+
 @dataclass
 class PluginsConfig:
     # Plugins (entry-point or distribution names) not to load.
@@ -297,6 +310,7 @@ class HpcLlmConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    precheck: PrecheckConfig = field(default_factory=PrecheckConfig)
     # An LLM Foundry train yaml (the file `composer train/train.py` takes), run as written:
     # it becomes `train` whole (docs/llmfoundry-yaml.md). None: train comes from the presets.
     yaml: Optional[str] = None

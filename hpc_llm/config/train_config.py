@@ -29,7 +29,7 @@ def check_owned_keys(cfg: DictConfig) -> None:
     """``train.*`` keys that hpc_llm owns (docs/llmfoundry-yaml.md), given to a preset
     experiment: refused or reconciled in one line, never taken silently."""
     train = cfg.train
-    if "run_name" in train:
+    if train.get("run_name") is not None:  # null (LLM Foundry's yamls: "read from $RUN_NAME") sets nothing
         warn_once(
             f"train.run_name={train.run_name!r} is not used: hpc_llm names the run <experiment>-<date>-<job>, "
             "the same on every attempt (Composer's autoresume finds the checkpoints by it)"

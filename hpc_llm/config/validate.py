@@ -58,15 +58,31 @@ class ResolvedJob:
         )
 
 
-def check_train_keys(train: Mapping[str, object]) -> None:
-    for key in train:
-        if key not in TRAIN_CONFIG_KEYS:
-            close = sorted(k for k in TRAIN_CONFIG_KEYS if k[:4] == str(key)[:4])
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(
-                f"train.{key} is not an LLM Foundry train-config key{hint} "
-                "(see llmfoundry.utils.config_utils.TrainConfig)"
-            )
+#: LLM Foundry's own words for a key TrainConfig does not have (llmfoundry.utils.config_utils)
+FOUNDRY_ADVICE = (
+    "Please check your yaml to ensure these parameters are necessary. Please place any variables under the "
+    "`variables` key."
+)
+
+
+def check_train_keys(train: Mapping[str, object], source: str = "") -> None:
+    """Every key of ``train`` is one of LLM Foundry's TrainConfig: all unknown ones in one line,
+    each with the closest real key, and LLM Foundry's own advice (``source``: ``yaml=PATH``)."""
+    import difflib
+
+    unknown = sorted(str(k) for k in train if k not in TRAIN_CONFIG_KEYS)
+    if not unknown:
+        return
+    each = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, TRAIN_CONFIG_KEYS, n=2, cutoff=0.75)
+        each.append(f"train.{key}" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    what = "is not an LLM Foundry train-config key" if len(unknown) == 1 else "are not LLM Foundry train-config keys"
+    raise ConfigError(
+        f'{source + ": " if source else ""}{", ".join(each)} {what}; LLM Foundry: "Unused parameters {unknown} '
+        f'found in cfg. {FOUNDRY_ADVICE}" (as train.variables.<name>; the allowed keys are '
+        "llmfoundry.utils.config_utils.TrainConfig's)"
+    )
 
 
 #: len(tokenizer) of hub tokenizers the shipped experiments use (their tokenizer.json
@@ -258,7 +274,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None, *, preview: bool = 
         check_preflight_off(cfg.preflight)
     check_watchdog(cfg)
     check_fault(cfg, plan)
-    check_train_keys(cfg.train)
+    check_train_keys(cfg.train, f"yaml={cfg.yaml}" if cfg.yaml else "")
     # `hpc-llm preflight` stops before training: how the batch splits over the ranks is
     # no concern of the checks (the README's preflight on 2 H100 nodes was refused for it)
     if "global_train_batch_size" in cfg.train and not cfg.preflight.only:

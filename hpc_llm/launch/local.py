@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,8 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, JobFailed, resource_key, shown
 from hpc_llm.results import console, ledger
+from hpc_llm.results.failure import first_failure
 from hpc_llm.rundir import provenance
-from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.layout import RunDir, job_scratch
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,12 @@ def slurm_like_env(base: dict[str, str], rank: int, ntasks: int, port: int, thre
     )
     env.setdefault("OMP_NUM_THREADS", str(threads))
     return env
+
+
+def scratch_dir(cfg: DictConfig, run_dir: Path) -> Path:
+    """The node-local working dir the ranks of a local run make (no Slurm job id: named by the
+    run dir, hpc_llm.rundir.layout.job_scratch)."""
+    return job_scratch(OmegaConf.select(cfg, "cluster.scratch", default=None), None, run_dir)
 
 
 def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
@@ -191,11 +199,18 @@ class LocalLauncher(BaseLauncher):
                 t.join(timeout=10)
             for f in files:
                 f.close()
+            # the ranks' node-local working dir: nothing in it outlives the run (on Slurm the
+            # job's node agent removes it)
+            shutil.rmtree(scratch_dir(sweep_config, run_dir), ignore_errors=True)
         num = sweep_config.hydra.job.num
         results = self.print_summary(run_dir, title=f"job {num}")
         if failed is not None:
             rank, code = failed
-            raise JobFailed(f"job {num} failed: rank {rank} exited with {code}; log: {rd.rank_log(rank)}")
+            what = first_failure(run_dir, rank, socket.gethostname())
+            cause = f"{what.error[:500]}{what.where()}" if what else f"rank {rank} exited with {code}"
+            log_rank = what.rank if what is not None and what.rank is not None else rank
+            # the last line a user sees: what failed, where, and the log that has the rest
+            raise JobFailed(f"job {num} failed: {cause}; log: {rd.rank_log(log_rank)}")
         print(f"job {num}: completed; {rd.results if results is not None else run_dir}", flush=True)
         return read_return(run_dir)[1]
 

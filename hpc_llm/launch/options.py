@@ -88,6 +88,9 @@ class ValidatingSweeperConf:
     # Dotted path of callable(job_cfg, run_dir) run on every job of the sweep
     # before any directory is created; raise to stop the sweep.
     validate: Optional[str] = None
+    # Dotted path of callable([(job_cfg, what validate returned, label)]) run once on the whole
+    # sweep after every job is valid, before anything is created; raise to stop the sweep.
+    check: Optional[str] = None
 
 
 #: hydra-submitit-launcher's option names, which users bring by habit, and where
@@ -113,7 +116,8 @@ SUBMITIT_NAMES = {
     "mem_per_gpu": "hydra.launcher.extra_sbatch.mem_per_gpu",
 }
 
-_CONF_OF_TARGET = {conf._target_.rsplit(".", 1)[1]: conf for conf in (LocalLauncherConf, SlurmLauncherConf)}
+#: by the whole target: hydra-submitit-launcher's own launcher class is also named SlurmLauncher
+_CONF_OF_TARGET = {conf._target_: conf for conf in (LocalLauncherConf, SlurmLauncherConf)}
 
 
 def launcher_hint(key: str) -> str:
@@ -128,14 +132,18 @@ def check_launcher_options(options: Mapping[str, Any]) -> None:
     a traceback (the local one): refuse it in one line, before anything starts."""
     from hpc_llm.errors import ConfigError
 
-    conf = _CONF_OF_TARGET.get(str(options.get("_target_", "")).rsplit(".", 1)[-1])
+    conf = _CONF_OF_TARGET.get(str(options.get("_target_", "")))
     if conf is None:
         return  # not ours: Hydra's own launchers check their options themselves
+    import difflib
+
     known = [f.name for f in fields(conf)]
     for key in options:
         if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            mean = f"; did you mean hydra.launcher.{close[0]}?" if close and not launcher_hint(str(key)) else ""
             raise ConfigError(
-                f"unknown config key 'hydra.launcher.{key}'{launcher_hint(str(key))}; "
+                f"unknown config key 'hydra.launcher.{key}'{mean}{launcher_hint(str(key))}; "
                 f"allowed keys under hydra.launcher: {', '.join(known)}"
             )
 

@@ -36,6 +36,7 @@ from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_con
 from hpc_llm.launch.handover import RankEntry
 from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
+from hpc_llm.results.failure import first_failure
 from hpc_llm.rundir import provenance, snapshot
 from hpc_llm.rundir.layout import PRIVATE, RunDir
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
@@ -283,11 +284,20 @@ class SlurmLauncher(BaseLauncher):
             # rank 0 ran Hydra's run_job: its JobReturn is the job's own
             return value if isinstance(value, JobReturn) else self._job_return(cfg, run_dir, value)
         final = accounting.final_states([job_id]).get(job_id, "FAILED")
+        what = first_failure(run_dir)
         if run is not None:
-            ledger.update(run, state=final if final != "COMPLETED" else "FAILED")
-        err = JobFailed(
-            f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {RunDir(run_dir).logs}"
-        )
+            error = f"{what.error}{what.where()}" if what else None
+            ledger.update(run, state=final if final != "COMPLETED" else "FAILED", error=error)
+        if what is not None:
+            # the last line a user sees: the first rank's exception and node, then its log
+            log_at = RunDir(run_dir).rank_log(what.rank) if what.rank is not None else RunDir(run_dir).logs
+            err = JobFailed(
+                f"job {cfg.hydra.job.num} (Slurm job {job_id}) failed: {what.error[:500]}{what.where()}; log: {log_at}"
+            )
+        else:
+            err = JobFailed(
+                f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {RunDir(run_dir).logs}"
+            )
         return self._job_return(cfg, run_dir, err, JobStatus.FAILED)
 
 

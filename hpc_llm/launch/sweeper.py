@@ -36,9 +36,11 @@ class ValidatingSweeper(BasicSweeper):
         max_batch_size: int | None = None,
         params: dict[str, str] | None = None,
         validate: str | None = None,
+        check: str | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.validate = validate
+        self.check = check
 
     _validated = False
 
@@ -115,11 +117,18 @@ class ValidatingSweeper(BasicSweeper):
         str(self.config.hydra.sweep.dir)
         jobs = self.compose_jobs(arguments)
         self._honour_run_dir(jobs)
-        for cfg in jobs.values():
-            if validate:
-                validate(cfg, job_run_dir(cfg))
+        validated = []
+        common = set.intersection(*(set(o) for o in jobs)) if jobs else set()
+        for overrides, cfg in jobs.items():
+            out = validate(cfg, job_run_dir(cfg)) if validate else None
             if ours is not None:
                 ours.check_job(cfg)
+            # a point of a sweep is named by what sets it apart
+            own = [o.lstrip("+") for o in overrides if o not in common]
+            label = f"job {cfg.hydra.job.num}" + (f" [{' '.join(own)}]" if own else "") if len(jobs) > 1 else ""
+            validated.append((cfg, out, label))
+        if self.check:
+            get_method(self.check)(validated)  # the whole sweep at once (one process in the job's environment)
         self._validated = True
         if ours is not None:
             # Composing costs ~0.2 s a job; the launcher reuses these instead of

@@ -57,6 +57,15 @@ NODE_MTBF_DAYS = 54 * 2048 / 419
 KEEP_CHECKPOINTS = 3
 
 
+def kept(keep: int | None) -> str:
+    """What the run keeps on disk (``checkpoint.keep``, which a yaml's save_num_checkpoints_to_keep sets)."""
+    if keep is None:
+        return f"keep the last {KEEP_CHECKPOINTS}"
+    if keep > 0:
+        return f"the run keeps the last {keep} (checkpoint.keep)"
+    return f"the run keeps every checkpoint (checkpoint.keep={keep}; {KEEP_CHECKPOINTS} would bound the disk)"
+
+
 @dataclass(frozen=True)
 class Assumption:
     value: float
@@ -298,7 +307,8 @@ def money(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
 
 
-def render(estimates: list[Estimate]) -> str:
+def render(estimates: list[Estimate], keep: int | None = None) -> str:
+    """The estimate as text; ``keep``: the checkpoints the run keeps (``checkpoint.keep``)."""
     e0 = estimates[0]
     lines = [
         f"{e0.model}: {e0.n_params:,} parameters, {e0.flops_per_token:.4g} FLOPs/token ({e0.flops_formula})"
@@ -343,8 +353,7 @@ def render(estimates: list[Estimate]) -> str:
             f"checkpoints: {human_bytes(e0.n_params * CHECKPOINT_BYTES_PER_PARAM)} each "
             f"({CHECKPOINT_BYTES_PER_PARAM} B/parameter: fp32 weights and Adam moments), written sharded at "
             f"{WRITE_GBPS_PER_NODE:g} GB/s per node (assumed); a node fails every {NODE_MTBF_DAYS:.0f} days "
-            "(Llama 3 report); interval = sqrt(2 x save x MTBF) (Young 1974); keep the last "
-            f"{KEEP_CHECKPOINTS}",
+            "(Llama 3 report); interval = sqrt(2 x save x MTBF) (Young 1974); " + kept(keep),
             "",
             "| nodes | save | job MTBF | checkpoint every | batches |",
             "|---|---|---|---|---|",

@@ -21,6 +21,7 @@ from typing import Any
 
 from hpc_llm.errors import ConfigError
 from hpc_llm.results import ledger
+from hpc_llm.results.failure import one_prefix
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import SETTLED, read_results
 from hpc_llm.slurm import accounting, query
@@ -238,7 +239,7 @@ def attempts_of(run: ledger.Run, ask_slurm: bool = True) -> list[dict[str, objec
                     "nodes": a.nodelist,
                     "exit": a.exit_code,
                     "alloc": ",".join(f"{k}={v}" for k, v in a.tres.items() if k in ("node", "cpu", "gres/gpu")),
-                    "cause": rec.cause if rec else None,
+                    "cause": (rec.cause or short(rec.error)) if rec else None,
                     "batches": (f"{rec.resumed_at_batch}->{rec.last_batch}" if rec else None),
                 }
             )
@@ -250,11 +251,19 @@ def attempts_of(run: ledger.Run, ask_slurm: bool = True) -> list[dict[str, objec
                     "attempt": i + 1,
                     "slurm state": None,
                     "state": x.state,
-                    "cause": x.cause,
+                    "cause": x.cause or short(x.error),
                     "batches": f"{x.resumed_at_batch}->{x.last_batch}",
                 }
             )
     return rows
+
+
+def short(error: str | None, width: int = 80) -> str | None:
+    """An error as a table cell: its first line, cut to ``width``."""
+    if not error:
+        return None
+    line = " ".join(str(error).split())
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def runs_of(ref: str) -> list[ledger.Run]:
@@ -442,7 +451,10 @@ def follow_log(source: LogSource, rank: int = 0, follow: bool = False, poll_s: f
                 chunk = f.read()
                 pos = f.tell()
             if chunk:
-                sys.stdout.buffer.write(chunk)
+                # whole lines only (the rest waits for the next read), each rank prefix once
+                cut = chunk.rfind(b"\n") + 1 if follow else len(chunk)
+                pos -= len(chunk) - cut
+                sys.stdout.buffer.write(one_prefix(chunk[:cut].decode(errors="replace")).encode())
                 sys.stdout.flush()
         elif not follow:
             print(f"no log yet: {path}", file=sys.stderr)

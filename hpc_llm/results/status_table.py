@@ -6,6 +6,7 @@ they are, never read as console markup."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 
@@ -14,9 +15,18 @@ from rich.table import Table
 
 from hpc_llm.results import ledger
 from hpc_llm.results.format import add_row, literal, table, wide_console
-from hpc_llm.results.status import SHOWN_WITHOUT_SLURM, attempts_of, causes, counts, refresh, runs_of
+from hpc_llm.results.status import SHOWN_WITHOUT_SLURM, attempts_of, causes, counts, refresh, runs_of, short
 
-COLUMNS = ("id", "state", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
+COLUMNS = ("id", "state", "cause", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
+
+
+def cause(run: ledger.Run) -> str:
+    """Why a run did not complete, in a cell: its error (the first rank's exception), else '-'."""
+    if run.state in ("COMPLETED", "RUNNING", "PENDING", "SUBMITTED", "DRY_RUN") or not run.error:
+        return "-"
+    error = re.sub(r"^job \d+ (\(Slurm job \S+\) )?failed: ", "", str(run.error)).split("; log: ")[0]
+    return short(error, 60) or "-"
+
 
 AttemptsOf = Callable[[ledger.Run], list[dict[str, object]]]
 
@@ -41,6 +51,7 @@ def runs_table(runs: list[ledger.Run], every_run: bool = False) -> Table:
                 (
                     f"{sweep[0].id}-{sweep[-1].id}",
                     counts(sweep),
+                    next((c for c in map(cause, sweep) if c != "-"), "-"),
                     r.experiment or "-",
                     f"{len(sweep)} runs",
                     str(sum(x.restarts for x in sweep)),
@@ -55,6 +66,7 @@ def runs_table(runs: list[ledger.Run], every_run: bool = False) -> Table:
             (
                 str(r.id),
                 r.state,
+                cause(r),
                 r.experiment or "-",
                 ",".join(r.job_ids) or "-",
                 str(r.restarts),
@@ -84,8 +96,15 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
             yield table(list(rows[0]), (tuple(row.values()) for row in rows), title=f"attempts of run {run.id}")
 
 
-def show(limit: int | None = None, ref: str | None = None, every_run: bool = False, out: Console | None = None) -> int:
-    """Refresh the ledger and print it (or, with ``ref``, those runs' attempts)."""
+def show(
+    limit: int | None = None,
+    ref: str | None = None,
+    every_run: bool = False,
+    out: Console | None = None,
+    dry_runs: bool = False,
+) -> int:
+    """Refresh the ledger and print it (or, with ``ref``, those runs' attempts); dry runs only
+    with ``dry_runs`` (or named by ``ref``): they never ran, and a day of checking fills the table."""
     out = out or wide_console()
     snap = refresh(ids={r.id for r in runs_of(ref)}) if ref else refresh(limit=limit)
     line = snap.slurm_line(SHOWN_WITHOUT_SLURM)
@@ -96,5 +115,9 @@ def show(limit: int | None = None, ref: str | None = None, every_run: bool = Fal
         for renderable in run_details(snap.runs, lambda run: attempts_of(run, ask_slurm=asked)):
             out.print(renderable)
         return 0
-    out.print(runs_table(snap.runs, every_run=every_run))
+    shown = [r for r in snap.runs if dry_runs or r.state != "DRY_RUN"]
+    out.print(runs_table(shown, every_run=every_run))
+    hidden = len(snap.runs) - len(shown)
+    if hidden:
+        out.print(literal(f"{hidden} dry run(s) not shown (hpc-llm status --dry-runs)", highlight=False))
     return 0

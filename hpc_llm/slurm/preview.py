@@ -19,6 +19,8 @@ class Job:
     opts: Any
     run_dir: str
     spec: Any
+    #: the LLM Foundry train config the job would run
+    train: Any = None
 
 
 def compose_job(overrides: Sequence[str]) -> Job:
@@ -42,5 +44,5 @@ def compose_job(overrides: Sequence[str]) -> Job:
         OmegaConf.structured(SlurmLauncherConf), {k: v for k, v in cfg.hydra.launcher.items() if k in fields}
     )
     run_dir = job_run_dir(cfg)
-    validate_job(cfg, run_dir, preview=True)
-    return Job(cfg, opts, run_dir, build_spec(cfg, opts, run_dir))
+    train = validate_job(cfg, run_dir, preview=True)
+    return Job(cfg, opts, run_dir, build_spec(cfg, opts, run_dir), train)

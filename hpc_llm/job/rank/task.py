@@ -11,11 +11,9 @@ Slurm signal it saves and requeues (:mod:`hpc_llm.job.rank.preemption`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import logging
 import os
-import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -35,7 +33,7 @@ from hpc_llm.job.rank import context, fence, preemption, preflight
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.job.rank.measure import progress_figures, training_figures
 from hpc_llm.rundir import provenance
-from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.layout import RunDir, job_scratch
 from hpc_llm.rundir.record import RunRecord, run_info
 
 log = logging.getLogger(__name__)
@@ -126,9 +124,7 @@ def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
 def scratch_path(cfg: DictConfig, run_dir: Path, job_id: str | None, node_rank: int) -> Path:
     """``<cluster.scratch, else $TMPDIR, else /tmp>/hpc_llm-<job>/node<node rank>`` (the node's
     agent removes it when the allocation ends)."""
-    base = cfg.cluster.scratch or os.environ.get("TMPDIR") or tempfile.gettempdir()
-    job = job_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
-    return Path(base) / f"hpc_llm-{job}" / f"node{node_rank}"
+    return job_scratch(cfg.cluster.scratch, job_id, run_dir) / f"node{node_rank}"
 
 
 def run_name(experiment: str, run_dir: Path) -> str:
