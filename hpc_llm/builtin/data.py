@@ -107,6 +107,18 @@ class FromYaml(DataSource):
         ]
 
 
+#: where shards streamed from a remote are cached: relative, so under each rank's working
+#: directory, which is node-local scratch (hpc_llm.job.rank.task.node_local_dir)
+NODE_LOCAL_CACHE = "streaming_cache"
+
+
+def cache_beside_remote(path: Any, default: str) -> str:
+    """The ``local`` of a loader that streams from a remote: a relative path stays relative, so
+    node-local (each node downloads and caches its own shards, as Streaming expects); an
+    absolute one is the user's explicit choice of a shared cache."""
+    return str(path) if path else default
+
+
 class RemoteMds(DataSource):
     name = "remote_mds"
     description = "MDS shards in an object store (s3/gs/oci/azure/hf/...), streamed by mosaicml-streaming"
@@ -117,8 +129,7 @@ class RemoteMds(DataSource):
         require_scheme("data.remote", remote, REMOTE_SCHEMES, "a location Streaming can read")
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
-        # Without data.path, shards are cached node-locally (cwd is node-local scratch).
-        local = str(section.path) if section.path else "streaming_cache"
+        local = cache_beside_remote(section.path, NODE_LOCAL_CACHE)
         return text_loaders(section, local=local, remote=section.remote, workers=workers_for(plan.device))
 
     def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
@@ -154,12 +165,17 @@ class C4(DataSource):
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         opts = self.options(section)
         remote = str(section.remote) if section.remote else None
-        # remote shards are cached node-locally (the rank's cwd is node-local scratch)
-        local = str(Path(section.path).expanduser().resolve()) if section.path else "streaming_cache/c4"
+        # streamed shards are cached node-locally (the rank's cwd is node-local scratch), never in
+        # data.path: that is where `hpc-llm data prepare c4` writes a shared copy (conf/data/c4.yaml)
+        local = f"{NODE_LOCAL_CACHE}/c4" if remote else str(Path(section.path).expanduser().resolve())
         return {
             "tokenizer": tokenizer_section(opts.tokenizer),
             **text_loaders(section, local=local, remote=remote, workers=workers_for(plan.device)),
         }
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        # streamed from data.remote: data.path (the shared copy's default place) is not read
+        return [] if section.remote else super().host_paths(section, plan)
 
     def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
         from hpc_llm.data import prepare

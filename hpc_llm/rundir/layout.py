@@ -85,6 +85,11 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    def run_name(self, experiment: str) -> str:
+        """The run's name, the same on every attempt: Composer's autoresume keys on it, and a
+        checkpoint folder in an object store is named after it (``<location>/<run name>``)."""
+        return f"{experiment}-{self.root.parent.name}-{self.root.name}"
+
     @property
     def hydra(self) -> Path:
         return self.root / ".hydra"

@@ -124,7 +124,7 @@ def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
 
 def run_name(experiment: str, run_dir: Path) -> str:
     """Stable across requeues of the same run (autoresume keys on it)."""
-    return f"{experiment}-{run_dir.parent.name}-{run_dir.name}"
+    return RunDir(run_dir).run_name(experiment)
 
 
 def supervised() -> bool:
