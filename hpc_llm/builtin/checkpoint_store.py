@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -243,23 +241,15 @@ def local_copy_root(cwd: Path | None = None) -> Path:
     return (cwd or Path.cwd()) / LOCAL_COPY_ROOT
 
 
-def prepare_node(node_dir: Path, local_rank: int) -> Path:
-    """Before Composer starts, on every rank: the temp folder is ``<node dir>/tmp`` in node
-    scratch (Composer writes a remote save there first and stages its upload there), which
-    local rank 0 empties of what an earlier attempt on this node left (a killed one's saves and
-    staging copies), with the stale copy of ``latest``. One folder per node, not per rank:
-    Streaming keeps the file locks its local ranks share in the temp folder. Local rank 0
-    empties it before the rendezvous, which every rank of the node waits for before it writes
-    there."""
-    tmp = node_dir / "tmp"
+def prepare_node(node_dir: Path, local_rank: int) -> None:
+    """Before Composer starts, local rank 0 of each node empties ``<node dir>/saves`` (where each
+    rank writes a save to the store first and stages its upload:
+    :func:`hpc_llm.job.rank.remote_saves.local_saves_dir`) of what an earlier attempt on this node
+    left (a killed one's saves and staging links), and removes the stale copy of ``latest``.
+    The other ranks of the node write there only after the rendezvous, which waits for it."""
     if local_rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(node_dir / "saves", ignore_errors=True)
         drop_local_copy(node_dir)
-    tmp.mkdir(parents=True, exist_ok=True)
-    # tempfile.mkdtemp() is where Composer's CheckpointSaver and RemoteUploader put them
-    tempfile.tempdir = str(tmp)
-    os.environ["TMPDIR"] = str(tmp)  # and the upload workers they spawn
-    return tmp
 
 
 def drop_local_copy(node_dir: Path) -> None:

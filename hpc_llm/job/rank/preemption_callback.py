@@ -83,7 +83,7 @@ class PreemptionCallback(Callback):
         _remember_earlier_saves(state)
         saver = _saver(state)
         if saver is not None:
-            self._remote = RemoteSaves.of(saver, state, keep=int(self.ctx.cfg.checkpoint.keep))
+            self._remote = RemoteSaves.of(saver, state, int(self.ctx.cfg.checkpoint.keep), self.ctx.node_dir)
         self._device = state.device
 
     def eval_start(self, state: State, logger: Logger) -> None:
@@ -192,9 +192,9 @@ class PreemptionCallback(Callback):
         rank is past loading, the node's copy of the checkpoint autoresume loaded goes."""
         assert self._remote is not None
         self._remote.forget_upto(uploaded)
-        took = self._remote.commit(uploaded)
-        if took is not None:
-            self._note_checkpoint(uploaded, took)
+        linked = self._remote.commit(uploaded)
+        if linked is not None:
+            self._note_checkpoint(*linked)
         if not self._resumed_copy_dropped:
             self._resumed_copy_dropped = True
             if self.ctx.dist.local_rank == 0:
@@ -215,13 +215,9 @@ class PreemptionCallback(Callback):
             if error is not None:
                 log.warning("hpc_llm: the save of batch %d was not uploaded (%s): not linked", batch, error)
             return
-        deadline = time.monotonic() + STORE_OUTAGE_S
-        while self._remote.rank == 0 and (self._remote.committed or -1) < batch and time.monotonic() < deadline:
-            took = self._remote.commit(batch)
-            if took is not None:
-                self._note_checkpoint(batch, took)
-            else:
-                time.sleep(2.0)  # the store did not answer the link: try again
+        linked = self._remote.commit_now(batch, STORE_OUTAGE_S)
+        if linked is not None:
+            self._note_checkpoint(*linked)
 
     def _note_checkpoint(self, batch: int, took: float) -> None:
         """A save linked as latest is progress (the fault policy's count starts again); the time

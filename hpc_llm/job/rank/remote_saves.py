@@ -27,7 +27,8 @@ import shutil
 import sys
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,9 +113,19 @@ class _Save:
 
 
 class RemoteSaves:
-    """One rank's saves to an S3 folder: which are uploaded, and (rank 0) which one is linked."""
+    """One rank's saves to an S3 folder: which are uploaded, and (rank 0) which one is linked.
 
-    def __init__(self, saver: Any, state: Any, keep: int) -> None:
+    Local copies and upload staging go to ``<node dir>/saves/rank<N>`` in node scratch (emptied
+    at each start by :func:`hpc_llm.builtin.checkpoint_store.prepare_node`) instead of Composer's
+    ``tempfile.mkdtemp()`` folders, so an attempt killed mid-upload leaves nothing that outlives the
+    next start. Only these two folders move: the process's temp dir stays where it was
+    (multiprocessing puts its AF_UNIX sockets there, and a long scratch path is too long for one).
+
+    Rank 0 links ``latest`` (and prunes to ``keep``) in a thread of its own: a store that hangs
+    must not hold training at a batch boundary.
+    """
+
+    def __init__(self, saver: Any, state: Any, keep: int, node_dir: Path) -> None:
         self.saver = saver
         self.keep = keep
         self.uploader = saver.remote_uploader
@@ -128,18 +139,28 @@ class RemoteSaves:
         # keep-last-K is applied in the store (rank 0, at each link); a local copy goes as soon
         # as it is staged for upload (a yaml's save_num_checkpoints_to_keep would keep K of them)
         saver.num_checkpoints_to_keep = 0
+        root = local_saves_dir(node_dir, self.rank)
+        self.local_folder = root / "save"
+        self.local_folder.mkdir(parents=True, exist_ok=True)
+        for attr in ("filename", "latest_filename"):
+            partial = getattr(saver, attr, None)
+            if partial is not None:
+                partial.folder = str(self.local_folder)
+        saver.folder = str(self.local_folder)
+        self.uploader._upload_staging_folder = str(root / "staging")
         self.pending: dict[int, _Save] = {}
         self.committed: int | None = None
-        self.local_folder = Path(saver.folder.replace("{run_name}", str(state.run_name)))
+        self._linker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpc_llm-link") if self.rank == 0 else None
+        self._linking: tuple[int, Future] | None = None
 
     @classmethod
-    def of(cls, saver: Any, state: Any, keep: int) -> RemoteSaves | None:
+    def of(cls, saver: Any, state: Any, keep: int, node_dir: Path) -> RemoteSaves | None:
         """For a saver that uploads to s3:// (None for a local folder and for other stores);
         ``keep``: checkpoint.keep, the saves kept in the store (-1: all)."""
         uploader = getattr(saver, "remote_uploader", None)
         if uploader is None or uploader.remote_backend_name != "s3" or saver.latest_remote_file_name is None:
             return None
-        return cls(saver, state, keep)
+        return cls(saver, state, keep, node_dir)
 
     # -- after each save --------------------------------------------------------------------
     def saved(self, batch: int, started_at: float) -> int:
@@ -199,33 +220,73 @@ class RemoteSaves:
         return str(Path(name).parent) if self.sharded else name
 
     # -- the link: every rank agrees, rank 0 writes ----------------------------------------------
-    def commit(self, batch: int) -> float | None:
-        """Rank 0 links ``latest`` to ``batch`` once every rank has uploaded it; the seconds from
-        the save's start to the link (None: nothing linked, the store did not answer; tried again
-        at the next batch)."""
-        if self.rank != 0 or batch == NOTHING_PENDING or (self.committed is not None and batch <= self.committed):
-            return None
-        target = self.target(batch)
-        if target is None:
-            return None
+    def _link(self, batch: int, target: str) -> tuple[int, float]:
+        """In rank 0's link thread: ``latest`` to ``batch``, then keep-last-K; when it was linked."""
         from hpc_llm.builtin import checkpoint_store
 
-        try:
-            checkpoint_store.commit_latest(self.store, self.symlink_key, target)
-        except Exception as exc:
-            if not object_store.transient(exc):
-                raise
-            log.warning("hpc_llm: could not link latest to batch %d yet (%s)", batch, object_store.describe(exc))
-            return None
-        took = time.time() - self.pending[batch].started_at
-        self.committed = batch
-        for old in [b for b in self.pending if b <= batch]:
-            del self.pending[old]
+        checkpoint_store.commit_latest(self.store, self.symlink_key, target)
+        linked_at = time.time()
         try:
             checkpoint_store.prune(self.store, self.loc, self.keep)
         except Exception as exc:  # tried again at the next link, and at the next start
             log.warning("hpc_llm: could not prune %s (%s)", self.loc.uri(), object_store.describe(exc))
-        return took
+        return batch, linked_at
+
+    def commit(self, batch: int) -> tuple[int, float] | None:
+        """Every rank has uploaded up to ``batch``: rank 0 starts linking it, unless a link is under
+        way. Returns ``(batch, seconds from its save's start to its link)`` of a link that has
+        just finished (a store that did not answer is tried again at a later batch)."""
+        if self.rank != 0:
+            return None
+        finished = self._finished_link()
+        newest = max(self.committed or -1, self._linking[0] if self._linking else -1)
+        if self._linking is None and batch != NOTHING_PENDING and batch > newest:
+            target = self.target(batch)
+            if target is not None and self._linker is not None:
+                self._linking = (batch, self._linker.submit(self._link, batch, target))
+        return finished
+
+    def _finished_link(self, timeout: float | None = 0) -> tuple[int, float] | None:
+        if self._linking is None:
+            return None
+        batch, future = self._linking
+        try:
+            linked, linked_at = future.result(timeout=timeout)
+        except FutureTimeout:
+            return None
+        except Exception as exc:
+            self._linking = None
+            if not object_store.transient(exc):
+                raise
+            log.warning("hpc_llm: could not link latest to batch %d yet (%s)", batch, object_store.describe(exc))
+            return None
+        self._linking = None
+        took = linked_at - self.pending[linked].started_at
+        self.committed = linked
+        for old in [b for b in self.pending if b <= linked]:
+            del self.pending[old]
+        return linked, took
+
+    def commit_now(self, batch: int, deadline_s: float) -> tuple[int, float] | None:
+        """Rank 0, at a stop or at the end of training: link ``batch`` before returning (a link under
+        way is waited for first); a store that does not answer is asked again until the deadline."""
+        if self.rank != 0:
+            return None
+        until = time.monotonic() + deadline_s
+        done: tuple[int, float] | None = None
+        while (self.committed or -1) < batch and time.monotonic() < until:
+            if self._linking is None:
+                done = self.commit(batch) or done
+                if self._linking is None and (self.committed or -1) < batch:
+                    return done  # nothing of rank 0's to link for this batch
+                if self._linking is None:
+                    break
+            finished = self._finished_link(timeout=max(0.0, until - time.monotonic()))
+            if finished is not None:
+                done = finished
+            elif self._linking is None:
+                time.sleep(2.0)  # the store did not answer the link: ask again
+        return done
 
     def wait_uploaded(self, deadline_s: float) -> BaseException | None:
         """Block until this rank's uploads are done (a stop, the end of training); the error of
@@ -238,6 +299,11 @@ class RemoteSaves:
                 except Exception as exc:
                     return exc
         return None
+
+
+def local_saves_dir(node_dir: Path, rank: int) -> Path:
+    """Where a rank's saves to a store are written first, and staged for upload, in node scratch."""
+    return node_dir / "saves" / f"rank{rank}"
 
 
 #: the attribute the patched ``RemoteUploader.upload_file_async`` appends ``(remote name, future,
