@@ -95,7 +95,7 @@ def s3_c4(s3, tiny_tokenizer: Path, pytestconfig: pytest.Config) -> str:
     uri = s3.uri("data/c4")
     with open(where / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (where / "done").exists():
+        if "data/c4/val_small/index.json" not in keys(s3, "data/c4/"):  # this server's, not a marker's
             source = write_c4_like(where / f"allenai-c4-{uuid.uuid4().hex[:6]}")
             env = {**os.environ, **s3.env()}
             proc = run_cli(
@@ -116,12 +116,27 @@ def s3_c4(s3, tiny_tokenizer: Path, pytestconfig: pytest.Config) -> str:
                 timeout=600,
             )
             assert proc.returncode == 0, explain(proc)
-            (where / "done").write_text(uri)
     return uri
 
 
 def data_args(s3_c4: str, tokenizer: Path) -> list[str]:
     return ["data=c4", f"data.remote={s3_c4}", f"data.options.tokenizer={tokenizer}"]
+
+
+@pytest.fixture(scope="session")
+def s3_tiny(s3, cache_dir: Path, pytestconfig: pytest.Config) -> str:
+    """``hpc-llm data prepare tiny_corpus --out s3://hpc-llm/data/tiny`` (the README's), once per
+    session: the bundled corpus's MDS splits in the store, the runs below stream them."""
+    where = shared_dir(pytestconfig) / "s3-tiny"
+    where.mkdir(parents=True, exist_ok=True)
+    uri = s3.uri("data/tiny")
+    with open(where / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if "data/tiny/val/index.json" not in keys(s3, "data/tiny/"):
+            env = {**os.environ, **s3.env(), "HPC_LLM_CACHE": str(cache_dir)}
+            proc = run_cli(["data", "prepare", "tiny_corpus", "--out", "s3://hpc-llm/data/tiny"], env, timeout=300)
+            assert proc.returncode == 0 and f"wrote {uri}/train" in proc.stdout, explain(proc)
+    return uri
 
 
 # -- without Slurm ------------------------------------------------------------------------------
@@ -255,6 +270,8 @@ def test_shards_streamed_from_a_store_are_cached_on_each_node_not_in_the_shared_
         app_env,
     )
     assert remote["train_loader"]["dataset"]["local"] == "cache/x"  # relative: under the node-local cwd
+    tiny = train_config(["+experiment=mpt_tiny", "data.remote=s3://b/tiny"], app_env)["train_loader"]["dataset"]
+    assert (tiny["remote"], tiny["local"]) == ("s3://b/tiny", "streaming_cache/tiny_corpus")
 
 
 def test_data_prepare_writes_mds_to_s3_once_and_says_what_is_wrong_in_one_line(s3, s3_env, s3_c4, tiny_tokenizer):
@@ -308,22 +325,45 @@ print(json.dumps({"moved": moved, "removed": removed, "refused": refused, "owner
     assert out["owner"]["run"] == "run-b" and out["owner"]["resumed_from"]["run"] == "run-a"
 
 
+def test_dev_cluster_up_s3_prints_the_exports_a_client_needs_and_down_stops_it(app_env, tmp_path):
+    """``eval "$(hpc-llm dev-cluster up --nodes 3 --s3)"``, a bucket listed with what it exported,
+    then ``down`` (in a root and on ports of its own)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+        pytest.skip("needs Debian slurm-wlm and root (scripts/setup-dev.sh installs it)")
+    root = tmp_path / "cluster"
+    extra = ["--root", str(root), "--port", str(_free_port_block(16))]
+    cli = f"{sys.executable} -c 'from hpc_llm.cli import main; main()'"
+    check = (
+        f'{sys.executable} -c \'import boto3, os; print(boto3.client("s3").head_bucket(Bucket="hpc-llm")'
+        '["ResponseMetadata"]["HTTPStatusCode"], os.environ["S3_ENDPOINT_URL"])\''
+    )
+    script = f'eval "$({cli} dev-cluster up --nodes 3 --s3 {" ".join(extra)})" && {check}'
+    try:
+        proc = subprocess.run(["bash", "-c", script], env=app_env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, explain(proc)
+        status, endpoint = proc.stdout.split()[-2:]
+        assert status == "200" and endpoint.startswith("http://127.0.0.1:")
+    finally:
+        off = run_cli(["dev-cluster", "down", "--root", str(root)], app_env, timeout=120)
+    assert off.returncode == 0 and "weed mini (S3" in off.stdout, explain(off)
+    from hpc_llm.slurm import s3_server
+
+    assert s3_server.pid_of(s3_server.load(root)) is None
+
+
 # -- on the dev cluster ----------------------------------------------------------------------------
 
 
-#: one node, one rank, exclusive (preemptable); data and checkpoints in the store; a save every 5 batches
-def s3_base(s3_c4: str, tokenizer: Path) -> list[str]:
-    return [
-        *ALONE,
-        *data_args(s3_c4, tokenizer),
-        "checkpoint=uri",
-        "checkpoint.interval=5ba",
-        "train.max_duration=600ba",
-    ]
+def s3_base(s3_tiny: str) -> list[str]:
+    """One node, one rank, exclusive (preemptable); the data streamed from the store, checkpoints
+    to it every 5 batches (the README's run, with a location of the test's own)."""
+    return [*ALONE, f"data.remote={s3_tiny}", "checkpoint=uri", "checkpoint.interval=5ba", "train.max_duration=600ba"]
 
 
-def s3_reference(s3, s3_c4, tokenizer, env, pytestconfig) -> dict:
-    return reference([*s3_base(s3_c4, tokenizer), f"checkpoint.location={s3.uri('references')}"], env, pytestconfig)
+def s3_reference(s3, s3_tiny, env, pytestconfig) -> dict:
+    return reference([*s3_base(s3_tiny), f"checkpoint.location={s3.uri('references')}"], env, pytestconfig)
 
 
 @pytest.fixture
@@ -333,24 +373,24 @@ def s3_slurm_env(slurm_env: dict[str, str], s3) -> dict[str, str]:
 
 @pytest.mark.slurm
 def test_wrong_credentials_or_a_missing_bucket_are_one_line_and_nothing_is_submitted(
-    s3, s3_slurm_env, s3_c4, tiny_tokenizer, tmp_path
+    s3, s3_slurm_env, s3_tiny, tmp_path
 ):
     env = dict(s3_slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    args = [*s3_base(s3_c4, tiny_tokenizer), f"checkpoint.location={s3.uri('never')}"]
+    args = [*s3_base(s3_tiny), f"checkpoint.location={s3.uri('never')}"]
     wrong = run_app(args, dict(env, AWS_SECRET_ACCESS_KEY="wrong"), cwd=tmp_path, timeout=120)
     line = one_line(wrong)
     assert "refused the credentials (SignatureDoesNotMatch)" in line and "nothing was submitted" in line
     bucket = run_app([*args[:-1], "checkpoint.location=s3://no-such-bucket/ck"], env, cwd=tmp_path, timeout=120)
     assert "checkpoint.location='s3://no-such-bucket/ck': no bucket 'no-such-bucket'" in one_line(bucket)
     data = run_app([*args, "data.train_split=nope"], env, cwd=tmp_path, timeout=120)
-    assert f"data.remote='{s3_c4}': no MDS split 'nope'" in one_line(data)
+    assert f"data.remote='{s3_tiny}': no MDS split 'nope'" in one_line(data)
     # nothing was created to submit (no run dir, no batch script) and nothing written to the store
     assert not (tmp_path / "runs").exists() and keys(s3, "never/") == {}
 
 
 @pytest.mark.slurm
 def test_a_second_run_at_the_first_ones_location_is_refused_before_submitting_or_resumed_on_purpose(
-    s3, s3_slurm_env, s3_c4, tiny_tokenizer, tmp_path
+    s3, s3_slurm_env, s3_tiny, tmp_path
 ):
     """Seen before: a new run (new run dir) at the first one's location silently resumed it and
     reported batches it never trained. A folder names its run (hpc_llm-run.json)."""
@@ -358,7 +398,7 @@ def test_a_second_run_at_the_first_ones_location_is_refused_before_submitting_or
     folder = f"shared-{uuid.uuid4().hex[:6]}"
     base = [
         "+experiment=mpt_tiny",
-        *data_args(s3_c4, tiny_tokenizer),
+        f"data.remote={s3_tiny}",
         "eval=none",
         "resources.tasks_per_node=1",
         "checkpoint=uri",
@@ -389,7 +429,7 @@ def test_a_second_run_at_the_first_ones_location_is_refused_before_submitting_or
 @pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_a_run_on_s3_preempted_then_stopped_twice_resumes_each_time_where_it_stopped(
-    s3, s3_slurm_env, s3_c4, tiny_tokenizer, test_site, tmp_path, pytestconfig
+    s3, s3_slurm_env, s3_tiny, test_site, tmp_path, pytestconfig
 ):
     """Data streamed from s3://, checkpoints to s3://, keep=2, node scratch outside /tmp: a
     preemption and two stop signals (three requeues). Each stop's save is linked as latest before
@@ -397,10 +437,12 @@ def test_a_run_on_s3_preempted_then_stopped_twice_resumes_each_time_where_it_sto
     scratch still holds the previous attempt's files: no stale copy of latest is reused), the loss
     is the uninterrupted run's, the bucket never holds more than keep + 1 saves, and the node
     scratch holds no checkpoint at the end."""
-    ref = s3_reference(s3, s3_c4, tiny_tokenizer, s3_slurm_env, pytestconfig)
+    ref = s3_reference(s3, s3_tiny, s3_slurm_env, pytestconfig)
     scratch = tmp_path / "scratch"
     location = f"e2e-{uuid.uuid4().hex[:6]}"
-    args = [*s3_base(s3_c4, tiny_tokenizer), f"checkpoint.location={s3.uri(location)}", "checkpoint.keep=2"]
+    # the README's run: python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm data.remote=...
+    #   checkpoint=uri checkpoint.location=... checkpoint.keep=2
+    args = [*s3_base(s3_tiny), f"checkpoint.location={s3.uri(location)}", "checkpoint.keep=2"]
     env = with_site(dict(s3_slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     job_id, run_dir = submit([*args, f"cluster.scratch={scratch}", *paced(0.1)], env, tmp_path)
     folder = f"{location}/mpt_tiny-{run_dir.parent.name}-{run_dir.name}"
@@ -463,7 +505,7 @@ def test_a_run_on_s3_preempted_then_stopped_twice_resumes_each_time_where_it_sto
 @pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_the_store_killed_then_frozen_for_a_minute_each_fails_nothing_and_blames_no_node(
-    s3, s3_slurm_env, s3_c4, tiny_tokenizer, test_site, tmp_path, pytestconfig
+    s3, s3_slurm_env, s3_tiny, test_site, tmp_path, pytestconfig
 ):
     """A store of its own (the session's stays up for the other tests), holding the same data:
     killed for 60 s (connections refused) then frozen for 60 s (SIGSTOP: connections hang) while
@@ -471,17 +513,17 @@ def test_the_store_killed_then_frozen_for_a_minute_each_fails_nothing_and_blames
     once the store is back; the run completes with the uninterrupted run's loss, no node blamed."""
     from hpc_llm.slurm import s3_server
 
-    ref = s3_reference(s3, s3_c4, tiny_tokenizer, s3_slurm_env, pytestconfig)
+    ref = s3_reference(s3, s3_tiny, s3_slurm_env, pytestconfig)
     root, port = tmp_path / "store", _free_port_block(5)
     own = s3_server.start(root, port)
     try:
         source, target = s3_client(s3), s3_client(own)
-        for key in keys(s3, "data/c4/"):
+        for key in keys(s3, "data/tiny/"):
             body = source.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
             target.put_object(Bucket=own.bucket, Key=key, Body=body)
         env = with_site(dict(s3_slurm_env, **own.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
         location = "faults"
-        args = [*s3_base(s3_c4, tiny_tokenizer), f"checkpoint.location={own.uri(location)}", "checkpoint.keep=2"]
+        args = [*s3_base(s3_tiny), f"checkpoint.location={own.uri(location)}", "checkpoint.keep=2"]
         job_id, run_dir = submit([*args, "fault.hang_timeout_s=60", *paced(0.3)], env, tmp_path)
         folder = f"{location}/mpt_tiny-{run_dir.parent.name}-{run_dir.name}"
         rank_at(run_dir, 0, 10)
@@ -504,3 +546,17 @@ def test_the_store_killed_then_frozen_for_a_minute_each_fails_nothing_and_blames
     assert r["restarts"] == 0 and not r["restarts_by_cause"], r["attempts"]
     assert all(not a.get("suspects") for a in r["attempts"])
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+
+
+@pytest.mark.slurm
+def test_doctor_checks_the_store_from_a_compute_node_with_the_jobs_credentials(s3, s3_slurm_env, s3_tiny):
+    args = ["doctor", "+experiment=mpt_tiny", "checkpoint=uri", f"checkpoint.location={s3.uri('doctor')}", "--json"]
+    args += [f"data.remote={s3_tiny}"]
+    proc = run_cli(args, s3_slurm_env)
+    assert proc.returncode == 0, explain(proc)
+    row = {r["check"]: r for r in json.loads(proc.stdout)}["object store"]
+    assert row["status"] == "OK" and re.search(r"checked from n\d", row["value"]), row
+    wrong = run_cli(args, dict(s3_slurm_env, AWS_SECRET_ACCESS_KEY="wrong"))
+    assert wrong.returncode == 1, explain(wrong)
+    row = {r["check"]: r for r in json.loads(wrong.stdout)}["object store"]
+    assert row["status"] == "FAIL" and "refused the credentials (SignatureDoesNotMatch)" in row["detail"], row

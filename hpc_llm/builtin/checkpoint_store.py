@@ -121,8 +121,8 @@ def commit_latest(store: Store, symlink_key: str, target_key: str) -> None:
 
 def set_aside_unfinished(store: Store, loc: Location) -> list[str]:
     """Move saves newer than the one ``latest`` names (or every save, without a link) to
-    ``<folder>/unfinished/`` (commit points). Nothing is deleted here; :func:`prune` keeps the
-    newest of them."""
+    ``<folder>/unfinished/`` (commit points; docs/design.md, upstream fix 17). Nothing is
+    deleted here; :func:`prune` keeps the newest of them."""
     found = latest(store, loc)
     newest = found[1] if found is not None else -1
     moved = []
@@ -143,7 +143,8 @@ def set_aside_unfinished(store: Store, loc: Location) -> list[str]:
 
 
 def prune(store: Store, loc: Location, keep: int) -> list[str]:
-    """Keep-last-K over the run's life, in the store (commit points): finished saves beyond the
+    """Keep-last-K over the run's life, in the store (commit points; docs/design.md, upstream
+    fix 16): finished saves beyond the
     ``keep`` newest, never the one ``latest`` names; ``unfinished/`` keeps only its newest save."""
     if keep <= 0:
         return []
@@ -253,5 +254,6 @@ def prepare_node(node_dir: Path, local_rank: int) -> None:
 
 
 def drop_local_copy(node_dir: Path) -> None:
-    """The copy of the loaded checkpoint autoresume downloaded into the node's working dir."""
+    """The copy of the loaded checkpoint autoresume downloaded into the node's working dir
+    (docs/design.md, upstream fix 15)."""
     shutil.rmtree(local_copy_root(node_dir), ignore_errors=True)

@@ -22,10 +22,14 @@ from hpc_llm.plugins.base import DataSource, HostPath, local_path
 # Schemes mosaicml-streaming can download from (streaming.base.storage).
 REMOTE_SCHEMES = ("s3", "gs", "oci", "azure", "azure-dl", "dbfs", "sftp", "hf", "http", "https")
 
+#: where shards streamed from a remote are cached: relative, so under each rank's working
+#: directory, which is node-local scratch (hpc_llm.job.rank.task.node_local_dir)
+NODE_LOCAL_CACHE = "streaming_cache"
+
 
 class TinyCorpus(DataSource):
     name = "tiny_corpus"
-    description = "bundled corpus + byte-level BPE tokenizer, built locally at first use"
+    description = "bundled corpus + byte-level BPE tokenizer, built locally at first use (or streamed: data.remote)"
 
     @dataclass
     class Options:
@@ -38,13 +42,20 @@ class TinyCorpus(DataSource):
         opts = self.options(section)
         return tiny_corpus.root(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
 
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        super().validate(section, plan)
+        if section.remote:
+            require_scheme("data.remote", str(section.remote), REMOTE_SCHEMES, "a location Streaming can read")
+
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         root = self._root(section)
-        mds = str(root / "mds")
-        return {
-            "tokenizer": tokenizer_section(str(root / "tokenizer")),
-            **text_loaders(section, local=mds),
-        }
+        tokenizer = tokenizer_section(str(root / "tokenizer"))
+        if section.remote:
+            # its shards streamed from where `hpc-llm data prepare tiny_corpus --out URI` put them
+            local = f"{NODE_LOCAL_CACHE}/tiny_corpus"
+            loaders = text_loaders(section, local=local, remote=str(section.remote), workers=workers_for(plan.device))
+            return {"tokenizer": tokenizer, **loaders}
+        return {"tokenizer": tokenizer, **text_loaders(section, local=str(root / "mds"))}
 
     def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
         return [HostPath(str(self._root(section).expanduser().resolve()), "tiny corpus cache", created_by_job=True)]
@@ -54,6 +65,16 @@ class TinyCorpus(DataSource):
 
         opts = self.options(section)
         tiny_corpus.ensure(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
+
+    def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
+        """Its MDS splits (built here if needed) copied to ``out``: a directory, or ``s3://...``."""
+        from hpc_llm.data import prepare, tiny_corpus
+
+        if source:
+            raise ConfigError("--source: the tiny corpus is bundled with hpc_llm; it takes none")
+        opts = self.options(section)
+        _tokenizer, mds = tiny_corpus.ensure(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
+        return prepare.copy_mds(mds, out, splits or [section.train_split, section.eval_split])
 
 
 def _require(section: DictConfig, key: str, source: str, what: str) -> str:
@@ -105,11 +126,6 @@ class FromYaml(DataSource):
         return [
             HostPath(str(Path(p).expanduser().resolve()), "a path the yaml reads") for p in self.options(section).paths
         ]
-
-
-#: where shards streamed from a remote are cached: relative, so under each rank's working
-#: directory, which is node-local scratch (hpc_llm.job.rank.task.node_local_dir)
-NODE_LOCAL_CACHE = "streaming_cache"
 
 
 def cache_beside_remote(path: Any, default: str) -> str:

@@ -54,6 +54,34 @@ def _refuse_existing_in_store(out: str, splits: list[str]) -> None:
             raise ConfigError(f"{out}: split '{split}' exists already in the store; remove it or choose another --out")
 
 
+def copy_mds(mds: Path, out: str, splits: list[str]) -> list[str]:
+    """MDS splits already built (``<mds>/<split>/``) copied to ``out``: a directory, or
+    ``s3://...`` (each file uploaded as ``<out>/<split>/<file>``); nothing is overwritten."""
+    missing = [s for s in splits if not (mds / s / "index.json").is_file()]
+    if missing:
+        have = ", ".join(sorted(p.name for p in mds.iterdir()))
+        raise ConfigError(f"--splits: no split '{missing[0]}'; allowed: {have}")
+    if "://" in out and not out.startswith("s3://"):
+        raise ConfigError(f"--out {out}: this source copies to a directory or to s3:// only")
+    _refuse_existing(out, splits)
+    written = []
+    for split in splits:
+        files = sorted(p for p in (mds / split).iterdir() if p.is_file())
+        if out.startswith("s3://"):
+            from hpc_llm.job.rank.object_store import Store
+
+            store, loc = Store.of(out)
+            for f in files:
+                store.put(loc.key(f"{split}/{f.name}"), f)
+            written.append(loc.uri(split))
+        else:
+            import shutil
+
+            shutil.copytree(mds / split, Path(out) / split)
+            written.append(str(Path(out) / split))
+    return written
+
+
 def _eos_text(tokenizer: str) -> str:
     """LLM Foundry needs an EOS (or BOS) text between documents when the tokenizer adds none."""
     from transformers import AutoTokenizer

@@ -113,7 +113,8 @@ class _Save:
 
 
 class RemoteSaves:
-    """One rank's saves to an S3 folder: which are uploaded, and (rank 0) which one is linked.
+    """One rank's saves to an S3 folder: which are uploaded, and (rank 0) which one is linked
+    (docs/design.md, upstream fix 14).
 
     Local copies and upload staging go to ``<node dir>/saves/rank<N>`` in node scratch (emptied
     at each start by :func:`hpc_llm.builtin.checkpoint_store.prepare_node`) instead of Composer's
