@@ -101,11 +101,9 @@ def error_code(exc: BaseException) -> str:
 
 
 def transient(exc: BaseException) -> bool:
-    """A store that is down, frozen, slow or overloaded, as opposed to a wrong key or bucket."""
-    code = error_code(exc)
-    if code in TRANSIENT_CODES or code in TRANSIENT_EXCEPTIONS:
-        return True
-    return any(type(e).__name__ in TRANSIENT_EXCEPTIONS for e in _chain(exc))
+    """A store that is down, frozen, slow or overloaded, as opposed to a wrong key or bucket
+    (also behind a wrapper: boto3's upload_file raises S3UploadFailedError from the ClientError)."""
+    return any(error_code(e) in TRANSIENT_CODES or error_code(e) in TRANSIENT_EXCEPTIONS for e in _chain(exc))
 
 
 def _chain(exc: BaseException) -> Iterable[BaseException]:
