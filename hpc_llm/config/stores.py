@@ -143,7 +143,6 @@ def targets(cfg: DictConfig, run_dir: str | None) -> list[dict[str, Any]]:
                 "uri": str(ck.location).rstrip("/") if fresh else folder,
                 "role": "checkpoints",
                 "owner": None if fresh else run,
-                "run_dir": None if fresh else run_dir,
                 "resume_other": bool(ck.resume_other),
             }
         )
@@ -167,8 +166,8 @@ def targets(cfg: DictConfig, run_dir: str | None) -> list[dict[str, Any]]:
 
 
 def check_key(target: dict[str, Any]) -> str:
-    """Targets with the same answer (the run dir only says where the owner's marker came from)."""
-    return json.dumps({k: v for k, v in target.items() if k != "run_dir"}, sort_keys=True)
+    """Targets that are the same question have the same answer."""
+    return json.dumps(target, sort_keys=True)
 
 
 def check_in_job_env(python: Sequence[str], checks: list[dict[str, Any]], timeout_s: float = 120) -> list[str]:
