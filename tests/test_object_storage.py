@@ -181,7 +181,7 @@ def check_line(targets: list[dict], env: dict[str, str]) -> tuple[int, list[str]
 
 
 def test_the_store_check_names_what_is_wrong_in_one_line(s3, s3_env, s3_c4):
-    ck = {"key": "checkpoint.location", "uri": s3.uri(f"ck-{uuid.uuid4().hex[:6]}"), "role": "checkpoints"}
+    ck = {"key": "checkpoint.location", "uri": s3.uri(f"ck-{uuid.uuid4().hex[:6]}"), "role": "checkpoint_folder"}
     data = {"key": "data.remote", "uri": s3_c4, "role": "data", "splits": ["train", "val_small"]}
     rc, lines = check_line([ck, data], s3_env)
     assert rc == 0 and [ln.split("\t")[0] for ln in lines] == ["ok", "ok"], lines

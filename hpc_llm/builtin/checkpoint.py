@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from hpc_llm.config.plan import JobPlan
 from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.paths import size_bytes
 from hpc_llm.plugins.base import CheckpointBackend, HostPath
-from hpc_llm.rundir.layout import RunDir, unfinished_checkpoints
+from hpc_llm.rundir.layout import CHECKPOINT_NAME, LATEST, LATEST_SHARDED, RunDir, unfinished_checkpoints
 
 if TYPE_CHECKING:
     from hpc_llm.job.rank.context import JobContext
@@ -34,11 +33,6 @@ if TYPE_CHECKING:
 # (composer.utils.remote_uploader, file_helpers.maybe_create_object_store_from_uri; its uploader
 # refuses sftp, and libcloud needs settings a URI cannot carry). dbfs is written dbfs:/Volumes/...
 URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs")
-LATEST = "latest-rank0.pt"
-LATEST_SHARDED = "latest-sharded-rank0"
-#: what Composer names a checkpoint by (save_filename ``ep{epoch}-ba{batch}-rank{rank}.pt``,
-#: a sharded checkpoint's folder ``ep{epoch}-ba{batch}``)
-CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank\d+\.pt)?$")
 
 log = logging.getLogger(__name__)
 
@@ -281,10 +275,14 @@ class Uri(CheckpointBackend):
 
     def prepare(self, section: DictConfig, ctx: JobContext) -> None:
         from hpc_llm.builtin import checkpoint_store
+        from hpc_llm.job.rank import store_check
 
         checkpoint_store.prepare_node(ctx.node_dir, ctx.dist.local_rank)
         if ctx.dist.rank != 0 or stores.scheme(str(section.location)) not in stores.MANAGED:
             return
+        # rank 0, before Composer starts: the store check (a store that is down is waited for; a
+        # wrong key, a missing bucket is one line), then whose folder it is, unfinished saves, keep
+        store_check.wait_for_store("checkpoint.location", self.folder(section, ctx.plan))
         checkpoint_store.start_of_attempt(
             self.folder(section, ctx.plan),
             keep=int(section.keep),

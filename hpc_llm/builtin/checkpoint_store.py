@@ -36,15 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.builtin.checkpoint import CHECKPOINT_NAME, LATEST, LATEST_SHARDED
 from hpc_llm.job.rank import object_store
 from hpc_llm.job.rank.object_store import STORE_OUTAGE_S, Location, Store
+from hpc_llm.rundir.layout import CHECKPOINT_NAME, LATEST, LATEST_SHARDED, UNFINISHED
 
 log = logging.getLogger(__name__)
 
 #: who the folder's checkpoints belong to
 OWNER = "hpc_llm-run.json"
-UNFINISHED = "unfinished"
 SYMLINK = ".symlink"
 #: the scheme of a save folder that autoresume copies into the working directory (``<cwd>/s3:/...``)
 LOCAL_COPY_ROOT = "s3:"
@@ -203,26 +202,13 @@ def latest_bytes(folder: str) -> int | None:
 
 
 def start_of_attempt(folder: str, keep: int, run: str, run_dir: str, resume_other: bool) -> None:
-    """Rank 0, before Composer starts: the store check, whose folder this is, then set aside
-    what an attempt did not link and prune to ``keep``. A store that is down or frozen is waited
-    for (:data:`STORE_OUTAGE_S`); a wrong key, a missing bucket or another run's folder is one line."""
-    from hpc_llm.errors import ConfigError
-    from hpc_llm.job.rank import store_check
-
-    target = {"key": "checkpoint.location", "uri": folder, "role": "checkpoints"}
-
-    def checked() -> None:
-        s3 = object_store.client(connect_timeout=5, read_timeout=20, attempts=2)
-        verdict, line = store_check.check_one(target, s3)
-        if verdict == "fail":
-            if "cannot reach the store" in line:
-                raise ConnectionError(line)  # transient: waited for
-            raise ConfigError(line)
+    """Rank 0, before Composer starts (after the store check): whose folder this is, then set
+    aside what an attempt did not link and prune to ``keep``. A store that stops answering is
+    waited for (:data:`STORE_OUTAGE_S`); another run's folder is one line."""
 
     def waiting(exc: BaseException, wait: float) -> None:
         log.warning("hpc_llm: the checkpoint store does not answer (%s); trying again in %.0fs", exc, wait)
 
-    object_store.retrying(checked, STORE_OUTAGE_S, on_retry=waiting)
     store, loc = Store.of(folder)
 
     def manage() -> None:

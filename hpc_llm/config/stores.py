@@ -141,7 +141,7 @@ def targets(cfg: DictConfig, run_dir: str | None) -> list[dict[str, Any]]:
             {
                 "key": "checkpoint.location",
                 "uri": str(ck.location).rstrip("/") if fresh else folder,
-                "role": "checkpoints",
+                "role": "checkpoint_folder",
                 "owner": None if fresh else run,
                 "resume_other": bool(ck.resume_other),
             }

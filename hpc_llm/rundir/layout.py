@@ -32,6 +32,7 @@ Stdlib only: the job's supervisor and the login side both use it.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +167,19 @@ class RunDir:
         return cls(Path(payload).parent.parent)
 
 
+# -- inside a checkpoint folder (the run dir's checkpoints/, or one in an object store) -----------
+
+#: what Composer names a checkpoint by (save_filename ``ep{epoch}-ba{batch}-rank{rank}.pt``,
+#: a sharded checkpoint's folder ``ep{epoch}-ba{batch}``)
+CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank\d+\.pt)?$")
+#: Composer's link to the latest checkpoint (in an object store: this name + ``.symlink``, an
+#: object holding the save's key)
+LATEST = "latest-rank0.pt"
+LATEST_SHARDED = "latest-sharded-rank0"
+#: where saves a dead attempt did not finish are set aside
+UNFINISHED = "unfinished"
+
+
 def unfinished_checkpoints(folder: str | os.PathLike[str]) -> Path:
     """Where saves a dead attempt did not finish are set aside, inside a checkpoint folder."""
-    return Path(folder) / "unfinished"
+    return Path(folder) / UNFINISHED

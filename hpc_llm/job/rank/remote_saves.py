@@ -182,7 +182,7 @@ class RemoteSaves:
     def drop_local_saves(self) -> None:
         """Composer's local copies of this rank's saves (with ``save_num_checkpoints_to_keep=0`` it
         removes a rank-0 file itself, but never another rank's shard)."""
-        from hpc_llm.builtin.checkpoint import CHECKPOINT_NAME
+        from hpc_llm.rundir.layout import CHECKPOINT_NAME
 
         for entry in self.local_folder.iterdir() if self.local_folder.is_dir() else []:
             if CHECKPOINT_NAME.match(entry.name) and not entry.is_symlink():

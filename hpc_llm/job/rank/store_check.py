@@ -23,8 +23,9 @@ import secrets
 import sys
 from typing import Any
 
+from hpc_llm.builtin import checkpoint_store
 from hpc_llm.job.rank import object_store
-from hpc_llm.job.rank.object_store import Location, Store
+from hpc_llm.job.rank.object_store import STORE_OUTAGE_S, Location, Store
 
 #: codes of a store that refused the credentials themselves
 BAD_CREDENTIALS = frozenset({"SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken", "403"})
@@ -64,8 +65,6 @@ def problem_of(exc: BaseException, loc: Location, s3: Any) -> str:
 
 def _checkpoints(store: Store, loc: Location, target: dict[str, Any]) -> str:
     """The folder can be written, and holds no other run's checkpoints (unless resumed on purpose)."""
-    from hpc_llm.builtin import checkpoint_store
-
     probe = loc.key(f".hpc_llm-write-check-{secrets.token_hex(6)}")
     store.put(probe, b"hpc_llm can write here\n")
     store.delete([probe])
@@ -112,7 +111,7 @@ def _object(store: Store, loc: Location, target: dict[str, Any]) -> str:
     raise OtherRun(f"no object {loc.uri()} (nor {loc.uri()}.symlink, nor a folder of that name)")
 
 
-ROLES = {"checkpoints": _checkpoints, "data": _data, "object": _object}
+ROLES = {"checkpoint_folder": _checkpoints, "data": _data, "object": _object}
 
 
 def check_one(target: dict[str, Any], s3: Any) -> tuple[str, str]:
@@ -144,6 +143,30 @@ def check(targets: list[dict[str, Any]], s3: Any | None = None) -> list[tuple[st
 
 def problems(targets: list[dict[str, Any]]) -> list[str]:
     return [line for verdict, line in check(targets) if verdict == "fail"]
+
+
+def wait_for_store(key: str, folder: str) -> None:
+    """At a job's start (rank 0): the checkpoint folder's store check. A store that does not
+    answer is waited for (:data:`~hpc_llm.job.rank.object_store.STORE_OUTAGE_S`), then its error
+    ends the attempt as transient; a wrong key or a missing bucket is a ConfigError at once."""
+    import logging
+
+    from hpc_llm.errors import ConfigError
+
+    target = {"key": key, "uri": folder, "role": "checkpoint_folder"}
+
+    def checked() -> None:
+        s3 = object_store.client(connect_timeout=5, read_timeout=20, attempts=2)
+        verdict, line = check_one(target, s3)
+        if verdict == "fail":
+            if "cannot reach the store" in line:
+                raise ConnectionError(line)  # transient: waited for
+            raise ConfigError(line)
+
+    def waiting(exc: BaseException, wait: float) -> None:
+        logging.getLogger(__name__).warning("hpc_llm: %s; trying again in %.0fs", exc, wait)
+
+    object_store.retrying(checked, STORE_OUTAGE_S, on_retry=waiting)
 
 
 def main(argv: list[str] | None = None) -> int:
