@@ -249,6 +249,12 @@ def test_uri_checkpoints_go_to_a_folder_per_run_and_only_what_composer_can_save_
     assert dbfs["save_folder"].startswith("dbfs:/Volumes/c/s/v/ck/")
     proc = run_app(["+experiment=mpt_tiny", "checkpoint.resume_other=true"], env, cwd=tmp_path)
     assert "checkpoint.resume_other=True is for object stores (checkpoint=uri)" in one_line(proc)
+    # two points of one sweep at one folder (a dry run, with or without Slurm: a config error all the same)
+    shared = ["checkpoint=uri", "checkpoint.location=s3://b/x", "checkpoint.run_subdir=false"]
+    sweep = ["+experiment=mpt_tiny", "hydra/launcher=slurm", *shared, "train.max_duration=2ba,3ba"]
+    proc = run_app([*sweep, "hydra.launcher.dry_run=true"], env, cwd=tmp_path)
+    assert proc.returncode == 2, explain(proc)
+    assert "jobs 0 and 1 of this sweep would write their checkpoints to one folder (s3://b/x)" in proc.stderr
     assert not (tmp_path / "runs").exists()
 
 

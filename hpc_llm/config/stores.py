@@ -196,7 +196,9 @@ class StoreVerdicts:
         #: checkpoint folder -> the job of this sweep that writes it
         self._folders: dict[str, object] = {}
 
-    def check(self, cfg: DictConfig, run_dir: str | None, python: Sequence[str]) -> None:
+    def check_sweep(self, cfg: DictConfig, run_dir: str | None) -> None:
+        """Two jobs of one sweep never share a checkpoint folder (pure: a config error, also in a
+        dry run)."""
         ck = cfg.checkpoint
         if ck.name == "uri" and ck.location:
             folder = checkpoint_folder(str(ck.location), run_name_of(cfg, run_dir), bool(ck.run_subdir))
@@ -208,6 +210,9 @@ class StoreVerdicts:
                     f"their checkpoints to one folder ({folder}); allowed: checkpoint.run_subdir=true (a folder "
                     "per run); nothing was submitted"
                 )
+
+    def check(self, cfg: DictConfig, run_dir: str | None, python: Sequence[str]) -> None:
+        """The job's stores, asked from its Python (each distinct question once per sweep)."""
         todo = []
         for t in targets(cfg, run_dir):
             key = check_key(t)

@@ -91,6 +91,7 @@ class SlurmLauncher(BaseLauncher):
 
     def _check_stores(self, cfg: DictConfig, container: str) -> None:
         """The job's object stores, asked from its own Python (boto3 is the job's, not ours)."""
+        self._stores.check_sweep(cfg, job_run_dir(cfg))
         if not stores.targets(cfg, job_run_dir(cfg)):
             return
         if container != "none":
