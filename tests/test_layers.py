@@ -23,7 +23,8 @@ import hpc_llm
 from tests.conftest import ROOT
 
 NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data")
-TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets")
+#: boto3: an object store is checked before submitting from the job's own Python, in a subprocess
+TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets", "boto3", "botocore")
 #: the two places where the login side hands over to the job: the Hydra task
 #: function and the callable submitit runs in each srun task (RankEntry in
 #: hpc_llm.launch.handover). Both import the in-job side when called, which

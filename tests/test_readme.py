@@ -212,6 +212,26 @@ COVERED: dict[str, Run | By] = {
         out="job 0: dry run",
     ),
     "hpc-llm config +experiment=mpt7b_c4": Run(("config", "+experiment=mpt7b_c4"), out="mpt_causal_lm"),
+    # -- object storage (a real S3 server: see tests/test_object_storage.py) -------------------------
+    "eval $(hpc-llm dev-cluster up --nodes 3 --s3)": By(
+        "tests/test_object_storage.py::test_dev_cluster_up_s3_prints_the_exports_a_client_needs_and_down_stops_it",
+        ("dev-cluster up --nodes 3 --s3",),
+    ),
+    "hpc-llm data prepare tiny_corpus --out s3://hpc-llm/data/tiny": By(
+        "tests/test_object_storage.py::s3_tiny",
+        ('"data", "prepare", "tiny_corpus", "--out", "s3://hpc-llm/data/tiny"',),
+    ),
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm data.remote=s3://hpc-llm/data/tiny checkpoint=uri checkpoint.location=s3://hpc-llm/checkpoints checkpoint.keep=2": By(  # noqa: E501
+        "tests/test_object_storage.py::test_a_run_on_s3_preempted_then_stopped_twice_resumes_each_time_where_it_stopped",
+        ("s3_base(s3_tiny)", 'f"checkpoint.location={s3.uri(location)}"', '"checkpoint.keep=2"'),
+    ),
+    "hpc-llm doctor +experiment=mpt_tiny checkpoint=uri checkpoint.location=s3://hpc-llm/checkpoints": By(
+        "tests/test_object_storage.py::test_doctor_checks_the_store_from_a_compute_node_with_the_jobs_credentials",
+        ('"doctor", "+experiment=mpt_tiny", "checkpoint=uri"',),
+    ),
+    "hpc-llm data prepare c4 --out s3://bucket/c4 --source /shared/allenai-c4 --splits train,val_small": By(
+        "tests/test_object_storage.py::s3_c4", ('"prepare"', '"c4"', '"--out"', '"--source"', '"--splits"')
+    ),
     # -- containers (real Apptainer: see tests/test_containers.py) --------------------------------
     "hpc-llm container build containers/h100.def /shared/images/hpc_llm-h100.sif": By(
         "tests/test_containers.py::test_container_build_inspect_check_through_spython", ('"container", "build"',)

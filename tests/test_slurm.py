@@ -197,3 +197,33 @@ def test_dev_cluster_up_is_idempotent(dev_cluster, tmp_path):
         devcluster.down(own.root)
     assert not devcluster.running(own)
     assert dev_cluster.env()["SLURM_CONF"] == str(dev_cluster.conf) and dev_cluster.conf.is_file()
+
+
+def test_a_job_larger_than_the_nodes_up_now_is_queued_not_refused(app_env, runs_dir, tmp_path):
+    """On a cluster of its own, one of its 2 nodes drained: ``sbatch --test-only`` refuses a
+    2-node job ("Requested node configuration is not available": it counts only the nodes up)
+    while a real sbatch queues it. The pre-submit check submits it with one warning line (a CI
+    run refused another test's job while a test had killed a node of the shared cluster); a job
+    larger than the partition is still refused before anything exists."""
+    from hpc_llm.slurm import devcluster
+    from tests.conftest import _free_port_block
+
+    own = devcluster.up(root=tmp_path / "own", nodes=2, ctld_port=_free_port_block(8), accounting=False)
+    try:
+        env = dict(app_env, **own.env())
+        subprocess.run(["scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=test"], env=env, check=True)
+        asked = subprocess.run(["sbatch", "--test-only", "-N2", "--wrap=true"], env=env, capture_output=True, text=True)
+        assert "Requested node configuration is not available" in asked.stderr, asked.stderr
+        args = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=2"]
+        proc = run_app(args, env, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, explain(proc)
+        warned = [ln for ln in proc.stderr.splitlines() if "hpc_llm: warning:" in ln and "--nodes=2" in ln]
+        assert len(warned) == 1 and "wait in the queue" in warned[0], explain(proc)
+        [job] = squeue(env)
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], env=env, capture_output=True, text=True)
+        assert state.stdout.startswith("PENDING"), state.stdout
+        subprocess.run(["scancel", job], env=env, check=True)
+        too_big = run_app(["+experiment=mpt_tiny", "hydra/launcher=slurm", "resources.nodes=4"], env, cwd=tmp_path)
+        assert too_big.returncode == 2 and "more than partition" in too_big.stderr, explain(too_big)
+    finally:
+        devcluster.down(own.root)

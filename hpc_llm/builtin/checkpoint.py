@@ -1,9 +1,10 @@
 """Built-in checkpoint backends: a shared-filesystem folder, an object-store URI.
 
-Both map to Composer's ``save_folder`` / ``save_interval`` /
-``save_num_checkpoints_to_keep`` / ``autoresume``; Composer already uploads to
-s3/gs/oci/azure/dbfs through its RemoteUploaderDownloader, so the URI backend
-only validates and passes the location through.
+Both map to Composer's ``save_folder`` / ``save_interval`` / ``autoresume``. Composer uploads
+to s3/gs/oci/azure/dbfs itself (its RemoteUploader); for ``s3://`` the ``uri`` backend also
+does what hpc_llm does around a folder's checkpoints (a folder per run, whose checkpoints a
+folder holds, keep-last-K, unfinished saves set aside, ``latest`` linked by the stop that saved
+it): the in-job half is :mod:`hpc_llm.builtin.checkpoint_store`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,22 +19,20 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from hpc_llm import hookimpl
+from hpc_llm.config import stores
 from hpc_llm.config.plan import JobPlan
-from hpc_llm.errors import ConfigError, require_scheme
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.paths import size_bytes
 from hpc_llm.plugins.base import CheckpointBackend, HostPath
-from hpc_llm.rundir.layout import RunDir, unfinished_checkpoints
+from hpc_llm.rundir.layout import CHECKPOINT_NAME, LATEST, LATEST_SHARDED, RunDir, unfinished_checkpoints
 
 if TYPE_CHECKING:
     from hpc_llm.job.rank.context import JobContext
 
-# Object stores Composer's checkpoint saver understands (composer.utils.file_helpers).
-URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs", "sftp", "libcloud")
-LATEST = "latest-rank0.pt"
-LATEST_SHARDED = "latest-sharded-rank0"
-#: what Composer names a checkpoint by (save_filename ``ep{epoch}-ba{batch}-rank{rank}.pt``,
-#: a sharded checkpoint's folder ``ep{epoch}-ba{batch}``)
-CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank\d+\.pt)?$")
+# Object stores Composer's checkpoint saver uploads to and autoresume reads from, by URI
+# (composer.utils.remote_uploader, file_helpers.maybe_create_object_store_from_uri; its uploader
+# refuses sftp, and libcloud needs settings a URI cannot carry). dbfs is written dbfs:/Volumes/...
+URI_SCHEMES = ("s3", "gs", "oci", "azure", "dbfs")
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +69,13 @@ class Folder(CheckpointBackend):
             raise ConfigError(
                 f"checkpoint.location={section.location!r} is a URI; use checkpoint=uri for object stores"
             )
+        for key, default in (("run_subdir", True), ("resume_other", False)):
+            value = section.get(key, default)
+            if bool(value) != default:
+                raise ConfigError(
+                    f"checkpoint.{key}={value} is for object stores (checkpoint=uri); checkpoint=folder keeps "
+                    "each run's checkpoints in checkpoint.location as given; allowed: its default, or checkpoint=uri"
+                )
         if plan.run_dir is None and not section.location:
             return
         folder = self.folder(section, plan)
@@ -235,17 +240,73 @@ def set_aside_unfinished(folder: Path) -> list[Path]:
 
 class Uri(CheckpointBackend):
     name = "uri"
-    description = "checkpoints in an object store Composer supports (s3://, gs://, oci://, ...)"
+    description = "checkpoints in an object store: <location>/<run name> (s3:// managed; gs, oci, azure, dbfs)"
+
+    def folder(self, section: DictConfig, plan: JobPlan) -> str:
+        """The run's checkpoint folder: ``<location>/<run name>`` (``checkpoint.run_subdir``),
+        or the location as given (Composer's ``{run_name}`` filled in)."""
+        run = RunDir(plan.run_dir).run_name(plan.experiment) if plan.run_dir else None
+        return stores.checkpoint_folder(str(section.location), run, bool(section.run_subdir))
 
     def validate(self, section: DictConfig, plan: JobPlan) -> None:
         super().validate(section, plan)
-        require_scheme("checkpoint.location", str(section.location or ""), URI_SCHEMES, "an object-store URI")
+        location = str(section.location or "")
+        scheme = stores.scheme(location)
+        if scheme not in URI_SCHEMES or (scheme != "dbfs" and "://" not in location):
+            raise ConfigError(
+                f"checkpoint.location={location!r}: not an object-store URI Composer can save to; allowed: "
+                + ", ".join("dbfs:/Volumes/..." if s == "dbfs" else f"{s}://bucket/path" for s in URI_SCHEMES)
+            )
+        if location.startswith("s3://") and not location[5:].split("/", 1)[0]:
+            raise ConfigError(f"checkpoint.location={location!r}: no bucket; allowed: s3://bucket/path")
+        if scheme not in stores.MANAGED:
+            warn_once(
+                f"checkpoint.location={location!r}: Composer saves and resumes there, but hpc_llm's store checks, "
+                "keep-last-K, unfinished saves and the stop's link of latest are for s3:// only"
+            )
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
-        return {"save_folder": str(section.location), **_common(section)}
+        out = {"save_folder": self.folder(section, plan), **_common(section)}
+        if stores.scheme(str(section.location)) in stores.MANAGED:
+            # Composer keeps K local copies in the node's temp dir (its keep counts only those):
+            # each is dropped once staged for upload, and keep-last-K is applied in the store
+            out["save_num_checkpoints_to_keep"] = 0
+        return out
+
+    def prepare(self, section: DictConfig, ctx: JobContext) -> None:
+        from hpc_llm.builtin import checkpoint_store
+        from hpc_llm.job.rank import store_check
+
+        checkpoint_store.prepare_node(ctx.node_dir, ctx.dist.local_rank)
+        if ctx.dist.rank != 0 or stores.scheme(str(section.location)) not in stores.MANAGED:
+            return
+        # rank 0, before Composer starts: the store check (a store that is down is waited for; a
+        # wrong key, a missing bucket is one line), then whose folder it is, unfinished saves, keep
+        store_check.wait_for_store("checkpoint.location", self.folder(section, ctx.plan))
+        checkpoint_store.start_of_attempt(
+            self.folder(section, ctx.plan),
+            keep=int(section.keep),
+            run=RunDir(ctx.run_dir).run_name(ctx.plan.experiment),
+            run_dir=str(ctx.run_dir),
+            resume_other=bool(section.resume_other),
+        )
 
     def latest(self, section: DictConfig, plan: JobPlan) -> str | None:
-        return f"{str(section.location).rstrip('/')}/{LATEST}"
+        """The save ``latest`` names, read from the store (s3); else where Composer's link is."""
+        folder = self.folder(section, plan)
+        if stores.scheme(folder) not in stores.MANAGED:
+            return f"{folder}/{LATEST}"
+        from hpc_llm.builtin import checkpoint_store
+
+        return checkpoint_store.latest_uri(folder)
+
+    def size_bytes(self, section: DictConfig, plan: JobPlan) -> int | None:
+        folder = self.folder(section, plan)
+        if stores.scheme(folder) not in stores.MANAGED:
+            return None
+        from hpc_llm.builtin import checkpoint_store
+
+        return checkpoint_store.latest_bytes(folder)
 
 
 @hookimpl

@@ -22,10 +22,14 @@ from hpc_llm.plugins.base import DataSource, HostPath, local_path
 # Schemes mosaicml-streaming can download from (streaming.base.storage).
 REMOTE_SCHEMES = ("s3", "gs", "oci", "azure", "azure-dl", "dbfs", "sftp", "hf", "http", "https")
 
+#: where shards streamed from a remote are cached: relative, so under each rank's working
+#: directory, which is node-local scratch (hpc_llm.job.rank.task.node_local_dir)
+NODE_LOCAL_CACHE = "streaming_cache"
+
 
 class TinyCorpus(DataSource):
     name = "tiny_corpus"
-    description = "bundled corpus + byte-level BPE tokenizer, built locally at first use"
+    description = "bundled corpus + byte-level BPE tokenizer, built locally at first use (or streamed: data.remote)"
 
     @dataclass
     class Options:
@@ -38,13 +42,20 @@ class TinyCorpus(DataSource):
         opts = self.options(section)
         return tiny_corpus.root(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
 
+    def validate(self, section: DictConfig, plan: JobPlan) -> None:
+        super().validate(section, plan)
+        if section.remote:
+            require_scheme("data.remote", str(section.remote), REMOTE_SCHEMES, "a location Streaming can read")
+
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         root = self._root(section)
-        mds = str(root / "mds")
-        return {
-            "tokenizer": tokenizer_section(str(root / "tokenizer")),
-            **text_loaders(section, local=mds),
-        }
+        tokenizer = tokenizer_section(str(root / "tokenizer"))
+        if section.remote:
+            # its shards streamed from where `hpc-llm data prepare tiny_corpus --out URI` put them
+            local = f"{NODE_LOCAL_CACHE}/tiny_corpus"
+            loaders = text_loaders(section, local=local, remote=str(section.remote), workers=workers_for(plan.device))
+            return {"tokenizer": tokenizer, **loaders}
+        return {"tokenizer": tokenizer, **text_loaders(section, local=str(root / "mds"))}
 
     def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
         return [HostPath(str(self._root(section).expanduser().resolve()), "tiny corpus cache", created_by_job=True)]
@@ -54,6 +65,16 @@ class TinyCorpus(DataSource):
 
         opts = self.options(section)
         tiny_corpus.ensure(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
+
+    def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
+        """Its MDS splits (built here if needed) copied to ``out``: a directory, or ``s3://...``."""
+        from hpc_llm.data import prepare, tiny_corpus
+
+        if source:
+            raise ConfigError("--source: the tiny corpus is bundled with hpc_llm; it takes none")
+        opts = self.options(section)
+        _tokenizer, mds = tiny_corpus.ensure(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
+        return prepare.copy_mds(mds, out, splits or [section.train_split, section.eval_split])
 
 
 def _require(section: DictConfig, key: str, source: str, what: str) -> str:
@@ -123,6 +144,13 @@ class FromYaml(DataSource):
         ]
 
 
+def cache_beside_remote(path: Any, default: str) -> str:
+    """The ``local`` of a loader that streams from a remote: a relative path stays relative, so
+    node-local (each node downloads and caches its own shards, as Streaming expects); an
+    absolute one is the user's explicit choice of a shared cache."""
+    return str(path) if path else default
+
+
 class RemoteMds(DataSource):
     name = "remote_mds"
     description = "MDS shards in an object store (s3/gs/oci/azure/hf/...), streamed by mosaicml-streaming"
@@ -133,8 +161,7 @@ class RemoteMds(DataSource):
         require_scheme("data.remote", remote, REMOTE_SCHEMES, "a location Streaming can read")
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
-        # Without data.path, shards are cached node-locally (cwd is node-local scratch).
-        local = str(section.path) if section.path else "streaming_cache"
+        local = cache_beside_remote(section.path, NODE_LOCAL_CACHE)
         return text_loaders(section, local=local, remote=section.remote, workers=workers_for(plan.device))
 
     def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
@@ -170,12 +197,17 @@ class C4(DataSource):
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         opts = self.options(section)
         remote = str(section.remote) if section.remote else None
-        # remote shards are cached node-locally (the rank's cwd is node-local scratch)
-        local = str(Path(section.path).expanduser().resolve()) if section.path else "streaming_cache/c4"
+        # streamed shards are cached node-locally (the rank's cwd is node-local scratch), never in
+        # data.path: that is where `hpc-llm data prepare c4` writes a shared copy (conf/data/c4.yaml)
+        local = f"{NODE_LOCAL_CACHE}/c4" if remote else str(Path(section.path).expanduser().resolve())
         return {
             "tokenizer": tokenizer_section(opts.tokenizer),
             **text_loaders(section, local=local, remote=remote, workers=workers_for(plan.device)),
         }
+
+    def host_paths(self, section: DictConfig, plan: JobPlan) -> list[HostPath]:
+        # streamed from data.remote: data.path (the shared copy's default place) is not read
+        return [] if section.remote else super().host_paths(section, plan)
 
     def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
         from hpc_llm.data import prepare

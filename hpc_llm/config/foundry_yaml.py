@@ -335,6 +335,8 @@ def apply(cfg: DictConfig) -> None:
         if save_folder:
             cfg.checkpoint.name = "uri" if "://" in str(save_folder) else "folder"
             cfg.checkpoint.location = str(save_folder)
+            if "://" in str(save_folder):  # taken as written ({run_name} is filled in)
+                cfg.checkpoint.run_subdir = False
         for section_key, yaml_key in (
             ("checkpoint.interval", "save_interval"),
             ("checkpoint.keep", "save_num_checkpoints_to_keep"),

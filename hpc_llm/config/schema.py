@@ -119,6 +119,13 @@ class CheckpointConfig:
     # Path or URI to initialise weights from (Composer load_path).
     load_path: Optional[str] = None
     options: dict[str, Any] = field(default_factory=dict)
+    # -- object stores (checkpoint=uri) --
+    # The run's checkpoints go to <location>/<run name>, a folder of its own. false: to the
+    # location as given (a yaml's save_folder, Composer's {run_name} filled in).
+    run_subdir: bool = True
+    # The folder holds another run's checkpoints (its hpc_llm-run.json names another run): resume
+    # them on purpose instead of refusing the run.
+    resume_other: bool = False
 
 
 @dataclass

@@ -6,6 +6,10 @@ from typing import Any
 
 #: dataloader worker processes per rank on GPU nodes (LLM Foundry's yamls use 8)
 GPU_WORKERS = 8
+#: attempts at each shard download from a remote (Streaming's ``download_retry``, default 2;
+#: docs/design.md, upstream fix 19): Streaming waits 1, 2, 4, ... s between them, so 10 rides
+#: out a store that is down or frozen for about 8 minutes instead of failing the run after 3 s
+REMOTE_DOWNLOAD_RETRY = 10
 
 
 def workers_for(device: str) -> int:
@@ -38,6 +42,7 @@ def text_loader(split: str, *, local: str, remote: str | None = None, train: boo
     }
     if remote:
         dataset["remote"] = remote
+        dataset["download_retry"] = REMOTE_DOWNLOAD_RETRY
     return _loader(dataset, "text", train=train, workers=workers)
 
 

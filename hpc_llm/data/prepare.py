@@ -28,11 +28,58 @@ C4_DEFAULT_SPLITS = ["train_small", "val_small"]
 
 
 def _refuse_existing(out: str, splits: list[str]) -> None:
-    if "://" in out:
+    if out.startswith("s3://"):
+        _refuse_existing_in_store(out, splits)
         return
+    if "://" in out:
+        return  # Streaming's MDSWriter refuses a non-empty remote folder itself
     for split in splits:
         if (Path(out) / split).exists() or (Path(out) / f"{split}.jsonl").exists():
             raise ConfigError(f"{out}: split '{split}' exists already; remove it or choose another --out")
+
+
+def _refuse_existing_in_store(out: str, splits: list[str]) -> None:
+    """--out s3://...: the store takes the credentials and has the bucket, and no split is
+    there yet; one line each, before LLM Foundry's converter reads anything (Streaming's
+    MDSWriter writes each shard locally, then uploads it, through the same S3_ENDPOINT_URL)."""
+    from hpc_llm.job.rank import store_check
+    from hpc_llm.job.rank.object_store import Store
+
+    problems = store_check.problems([{"key": "--out", "uri": out, "role": "data", "splits": []}])
+    if problems:
+        raise ConfigError(problems[0])
+    store, loc = Store.of(out)
+    for split in splits:
+        if store.list(loc.key(split) + "/"):
+            raise ConfigError(f"{out}: split '{split}' exists already in the store; remove it or choose another --out")
+
+
+def copy_mds(mds: Path, out: str, splits: list[str]) -> list[str]:
+    """MDS splits already built (``<mds>/<split>/``) copied to ``out``: a directory, or
+    ``s3://...`` (each file uploaded as ``<out>/<split>/<file>``); nothing is overwritten."""
+    missing = [s for s in splits if not (mds / s / "index.json").is_file()]
+    if missing:
+        have = ", ".join(sorted(p.name for p in mds.iterdir()))
+        raise ConfigError(f"--splits: no split '{missing[0]}'; allowed: {have}")
+    if "://" in out and not out.startswith("s3://"):
+        raise ConfigError(f"--out {out}: this source copies to a directory or to s3:// only")
+    _refuse_existing(out, splits)
+    written = []
+    for split in splits:
+        files = sorted(p for p in (mds / split).iterdir() if p.is_file())
+        if out.startswith("s3://"):
+            from hpc_llm.job.rank.object_store import Store
+
+            store, loc = Store.of(out)
+            for f in files:
+                store.put(loc.key(f"{split}/{f.name}"), f)
+            written.append(loc.uri(split))
+        else:
+            import shutil
+
+            shutil.copytree(mds / split, Path(out) / split)
+            written.append(str(Path(out) / split))
+    return written
 
 
 def _eos_text(tokenizer: str) -> str:

@@ -111,17 +111,55 @@ _SLOT_SIZE = 64
 NO_GENERATION = -1
 
 
+#: where a rank's spawned children find its board: "<path>:<slot>:<generation>"
+BOARD_ENV = "HPC_LLM_BOARD"
+
+
 class Board:
-    """An anonymous shared mapping the agent creates once and its forked ranks inherit.
+    """A shared mapping the agent creates once and its forked ranks inherit.
 
     Each slot is written by one rank only and read by the agent; a slot is
     versioned like a seqlock (odd while being written), so a read never returns
-    a half-written beat. The header is written by the agent only."""
+    a half-written beat. The header is written by the agent only.
 
-    def __init__(self, slots: int) -> None:
+    ``path``: back the mapping by this file (the agent's, in /dev/shm) so that
+    processes a rank *spawns* (Composer's upload workers: fresh interpreters that
+    inherit no mapping) can map it too and check the fence before they write to a
+    store (:func:`spawned_board`); without it, an anonymous mapping."""
+
+    def __init__(self, slots: int, path: Path | None = None) -> None:
         self.slots = slots
-        self.mm = mmap.mmap(-1, _HEADER_SIZE + slots * _SLOT_SIZE)  # MAP_SHARED | MAP_ANONYMOUS
+        self.path = path
+        size = _HEADER_SIZE + slots * _SLOT_SIZE
+        if path is None:
+            self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                self.mm = mmap.mmap(fd, size)  # MAP_SHARED
+            finally:
+                os.close(fd)
         self.set_fence(NO_GENERATION, 0.0)
+
+    @classmethod
+    def open(cls, path: Path) -> Board:
+        """Map an agent's board file (a spawned child's view of it)."""
+        board = cls.__new__(cls)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            board.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        board.slots, board.path = (size - _HEADER_SIZE) // _SLOT_SIZE, path
+        return board
+
+    def remove(self) -> None:
+        """The agent is done with its board file."""
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
 
     # the agent's side
     def set_fence(self, live_gen: int, lease_until: float) -> None:
@@ -170,6 +208,26 @@ def attach(board: Board, slot: int, gen: int) -> None:
 
 def board() -> tuple[Board, int, int] | None:
     return _board
+
+
+def spawned_board() -> tuple[Board, int, int] | None:
+    """The board of the rank that spawned this process, from :data:`BOARD_ENV` (None outside an
+    agent's rank, or when the agent's file is gone: then the agent has ended the generation and
+    killed the rank's process group, or is about to)."""
+    global _spawned
+    if _spawned is None:
+        spec = os.environ.get(BOARD_ENV)
+        if not spec:
+            return None
+        path, slot, gen = spec.rsplit(":", 2)
+        try:
+            _spawned = (Board.open(Path(path)), int(slot), int(gen))
+        except OSError:
+            return None
+    return _spawned
+
+
+_spawned: tuple[Board, int, int] | None = None
 
 
 def start(rank: int, interval_s: float) -> None:

@@ -10,8 +10,9 @@ one; submitit still pickles the callable, runs it in every srun task
 (``python -m submitit.core._submit``) and collects per-task results.
 
 Bad input (no Slurm, unknown partition, more nodes or CPUs than the partition
-has) is reported by ``check_job``, which the hpc_llm sweeper calls on every
-job before anything is created or submitted.
+has, an object store that refuses the job's credentials or lacks its bucket) is
+reported by ``check_job``, which the hpc_llm sweeper calls on every job before
+anything is created or submitted.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf._utils import OmegaConfDumper
 
+from hpc_llm.config import stores
 from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, shown
 from hpc_llm.launch.handover import RankEntry
@@ -43,7 +45,7 @@ from hpc_llm.rundir.payload import read_return, shared_part, write_payload
 from hpc_llm.slurm import accounting, checks, query, submit
 from hpc_llm.slurm.query import SlurmUnreachable
 from hpc_llm.slurm.render import render
-from hpc_llm.slurm.spec import build_spec, job_resources
+from hpc_llm.slurm.spec import build_spec, job_resources, python_command
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class SlurmLauncher(BaseLauncher):
         self.opts = OmegaConf.create(options)
         self._partitions: dict[str, query.Partition] | None = None
         self._verdicts = checks.SchedulerVerdicts()
+        self._stores = stores.StoreVerdicts()
         self._shared: bytes | None = None  # the pickled part of the payload all jobs share
         #: each job's config without the hydra node, by id of the job config (kept alive with it)
         self._task_cfgs: dict[int, tuple[DictConfig, DictConfig]] = {}
@@ -85,6 +88,24 @@ class SlurmLauncher(BaseLauncher):
             # a dry run checks all a submit would, where Slurm answers; without one it still
             # writes the scripts (rendering for another cluster is a use of it), and says so
             warn_once(f"{exc}; dry run: the partition and sbatch --test-only were not checked")
+        self._check_stores(cfg, container)
+
+    def _check_stores(self, cfg: DictConfig, container: str) -> None:
+        """The job's object stores, asked from its own Python (boto3 is the job's, not ours)."""
+        self._stores.check_sweep(cfg, job_run_dir(cfg))
+        if not stores.targets(cfg, job_run_dir(cfg)):
+            return
+        if container != "none":
+            # the image's Python answers at job start (and in hpc-llm doctor) instead
+            warn_once(f"container={container}: the object stores are checked when the job starts, not before")
+            return
+        try:
+            self._stores.check(cfg, job_run_dir(cfg), python_command(self.opts))
+        except ConfigError as exc:
+            if not self.opts.dry_run:
+                raise
+            # a dry run writes the scripts all the same (one for another site's store is a use of it)
+            warn_once(f"{str(exc).removesuffix('; nothing was submitted')}; dry run: a submit would stop here")
 
     def _check_partition(self, cfg: DictConfig, res: Any) -> None:
         cluster = OmegaConf.select(cfg, str(self.opts.cluster_key), default=None) or {}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    def run_name(self, experiment: str) -> str:
+        """The run's name, the same on every attempt: Composer's autoresume keys on it, and a
+        checkpoint folder in an object store is named after it (``<location>/<run name>``)."""
+        return f"{experiment}-{self.root.parent.name}-{self.root.name}"
 
     @property
     def hydra(self) -> Path:
@@ -169,6 +175,19 @@ def job_scratch(base: str | None, job_id: str | None, run_dir: str | os.PathLike
     return Path(root) / f"hpc_llm-{name}"
 
 
+# -- inside a checkpoint folder (the run dir's checkpoints/, or one in an object store) -----------
+
+#: what Composer names a checkpoint by (save_filename ``ep{epoch}-ba{batch}-rank{rank}.pt``,
+#: a sharded checkpoint's folder ``ep{epoch}-ba{batch}``)
+CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)(?:-rank\d+\.pt)?$")
+#: Composer's link to the latest checkpoint (in an object store: this name + ``.symlink``, an
+#: object holding the save's key)
+LATEST = "latest-rank0.pt"
+LATEST_SHARDED = "latest-sharded-rank0"
+#: where saves a dead attempt did not finish are set aside
+UNFINISHED = "unfinished"
+
+
 def unfinished_checkpoints(folder: str | os.PathLike[str]) -> Path:
     """Where saves a dead attempt did not finish are set aside, inside a checkpoint folder."""
-    return Path(folder) / "unfinished"
+    return Path(folder) / UNFINISHED

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpc_llm.errors import ConfigError
+from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.slurm import query, submit
 from hpc_llm.slurm.render import SbatchSpec
 
+#: sbatch --test-only's refusal of a job larger than the nodes up now (and of an impossible one)
+NOT_AVAILABLE = "Requested node configuration is not available"
 #: the #SBATCH flags a refusal names, in the order a person reads them
 _ASKED = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem", "qos", "account", "time")
 
@@ -56,10 +58,28 @@ class SchedulerVerdicts:
     def check(self, spec: SbatchSpec, job_num: object) -> None:
         key = submit.shape(spec)
         if key not in self._verdicts:
-            self._verdicts[key] = query.test_only(dict(spec.flags))
+            self._verdicts[key] = self._ask(dict(spec.flags))
         reason = self._verdicts[key]
         if reason:
             asked = " ".join(
                 f"--{k.replace('_', '-')}={v}" for k, v in sorted(spec.flags.items()) if k in _ASKED and v is not None
             )
             raise ConfigError(f"Slurm would refuse job {job_num} ({asked}): {reason}; nothing was submitted")
+
+    @staticmethod
+    def _ask(flags: dict[str, object]) -> str | None:
+        """Slurm's verdict on a job of these flags. ``--test-only`` counts only the nodes up now:
+        with nodes DOWN or DRAINED it refuses a job of more nodes than are left ("Requested node
+        configuration is not available") that a real sbatch queues ("Nodes required for job are
+        DOWN, DRAINED or reserved"; both seen on the dev cluster, 22.05). A job refused so is
+        asked again on one node: if one node of its shape is fine, the count is what was refused,
+        and :func:`placement` has checked it against the partition's configured nodes."""
+        reason = query.test_only(flags)
+        nodes = int(str(flags.get("nodes") or 1))
+        if reason and NOT_AVAILABLE in reason and nodes > 1 and query.test_only({**flags, "nodes": 1}) is None:
+            warn_once(
+                f"--nodes={nodes}: fewer nodes than that are up now (DOWN or DRAINED) in the job's "
+                "partition; it will wait in the queue for them"
+            )
+            return None
+        return reason

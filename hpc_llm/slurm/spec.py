@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_llm.config import stores
 from hpc_llm.config.plan import check_gpu_type, parse_time_limit
 from hpc_llm.errors import ConfigError
 from hpc_llm.rundir.layout import RunDir
@@ -238,7 +239,11 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
     name = str(OmegaConf.select(cfg, "experiment", default=None) or cfg.hydra.job.name)
     rd = RunDir(run_dir)
     container = OmegaConf.select(cfg, "container", default=None)
-    passthrough = sorted({*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or [])})
+    # the variables the job's object-store clients read (credentials, endpoint, region, session
+    # token, profile) reach the ranks by name whenever its data or checkpoints use a store
+    passthrough = sorted(
+        {*(cluster.get("env_passthrough") or []), *(opts.env_passthrough or []), *stores.client_variables(cfg)}
+    )
     if container is not None and container.name != "none":
         passthrough = sorted({*passthrough, *(container.env_passthrough or [])})
     flags: dict[str, Any] = {

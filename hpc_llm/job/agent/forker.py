@@ -118,6 +118,8 @@ def _become_rank(
     os.close(out)
     os.environ.update(env)
     heartbeat.attach(board, local_rank, gen)
+    if board.path is not None:  # for the processes the rank spawns (their fence)
+        os.environ[heartbeat.BOARD_ENV] = f"{board.path}:{local_rank}:{gen}"
     # the agent's logging handlers write to the agent's log: the rank configures its own
     root = logging.getLogger()
     for h in list(root.handlers):

@@ -31,6 +31,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -215,7 +216,9 @@ class Agent:
         gen, node_rank, per_node = int(msg["gen"]), int(msg["node_rank"]), int(msg["tasks_per_node"])
         warm.check_fork_safe()
         if self.board is None or self.board.slots < per_node:
-            self.board = heartbeat.Board(per_node)
+            if self.board is not None:
+                self.board.remove()
+            self.board = heartbeat.Board(per_node, board_file())
         self.gen = self.live = gen
         self.stalled = False
         self.board.set_fence(gen, time.monotonic() + self.lease_s)
@@ -383,10 +386,20 @@ class Agent:
             self.conn.flush()
             self.conn.close()
         self.file.close()
+        if self.board is not None:
+            self.board.remove()
         for path in self.scratch:
             shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):
                 path.parent.rmdir()  # hpc_llm-<job>/, once no node dir is left in it
+
+
+def board_file() -> Path:
+    """This agent's board file: in /dev/shm (memory, and per job where Slurm's job_container
+    gives each job its own), else the temp dir; named by the agent's pid."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"hpc_llm-board-{os.getpid()}"
 
 
 def rank_env(msg: dict[str, Any], rank: int, local_rank: int, node_rank: int) -> dict[str, str]:

@@ -91,7 +91,7 @@ def _prepay_first_calls() -> None:
     * Composer's ``HuggingFaceModel`` checks the model against every causal-LM class of
       transformers' auto mapping (``_is_registered_causal_lm``), which imports each of their
       modules lazily, hundreds of them;
-    * the CPU model Composer's Trainer logs (upstream fix 13 keeps it: asked once here).
+    * the CPU model Composer's Trainer logs (upstream fix 20 keeps it: asked once here).
     """
     from composer.utils import collect_env
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING

@@ -13,6 +13,7 @@ twice never wraps the wrapper.
 
 from __future__ import annotations
 
+import os
 import random
 import string
 from dataclasses import dataclass, fields
@@ -190,7 +191,7 @@ def _patch_streaming_epoch_boundary() -> None:
 
 
 def _patch_cpu_model_query() -> None:
-    """Ask for the CPU model once per process (docs/design.md, upstream fix 13).
+    """Ask for the CPU model once per process (docs/design.md, upstream fix 20).
 
     Composer's Trainer logs ``get_composer_env_dict()`` at every construction, and its
     ``get_cpu_model`` calls py-cpuinfo's ``get_cpu_info()``, which starts a Python
@@ -214,6 +215,47 @@ def _patch_cpu_model_query() -> None:
     collect_env.get_cpu_model = get_cpu_model
 
 
+def _patch_remote_uploader() -> None:
+    """Stage an upload by hard link, and survive a store outage (docs/design.md, upstream fix 13).
+
+    Composer's ``RemoteUploader.upload_file_async`` copies every file it uploads into its staging
+    folder (a second local write of each save, while training waits) and its worker tries an
+    upload 3 times within seconds (a store down for a minute failed the run at the next batch).
+    The patched method stages by hard link and submits :func:`hpc_llm.job.rank.remote_saves.upload_staged`,
+    which keeps trying while the store's errors are transient (s3; other stores keep Composer's
+    worker), and notes each ``(remote name, future, bytes)`` for :class:`~hpc_llm.job.rank.remote_saves.RemoteSaves`.
+    """
+    from composer.utils import remote_uploader
+
+    cls = remote_uploader.RemoteUploader
+    if getattr(cls.upload_file_async, "_hpc_llm", False):
+        return
+    from hpc_llm.job.rank import remote_saves
+
+    def upload_file_async(self: Any, remote_file_name: str, file_path: Any, overwrite: bool) -> Any:
+        staged = remote_saves.stage(self, file_path)
+        size = os.path.getsize(staged)
+        future = self.upload_executor.submit(
+            remote_saves.upload_staged,
+            remote_backend_name=self.remote_backend_name,
+            backend_kwargs=self.backend_kwargs,
+            remote_file_name=remote_file_name,
+            local_file_path=staged,
+            overwrite=overwrite,
+            num_attempts=self.num_attempts,
+        )
+        self.futures.append(future)
+        submitted = getattr(self, remote_saves.SUBMITTED, None)
+        if submitted is None:
+            submitted = []
+            setattr(self, remote_saves.SUBMITTED, submitted)
+        submitted.append((remote_file_name, future, size))
+        return future
+
+    upload_file_async._hpc_llm = True  # type: ignore[attr-defined]
+    cls.upload_file_async = upload_file_async  # type: ignore[method-assign]
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -225,4 +267,5 @@ def apply() -> None:
     _patch_wandb_download()
     _patch_streaming_epoch_boundary()
     _patch_cpu_model_query()
+    _patch_remote_uploader()
     _APPLIED = True

@@ -27,12 +27,21 @@ def free_bytes(folder: Path) -> int:
 
 def room_warning(last_save: Path) -> str | None:
     """One line when the filesystem of ``last_save`` holds less than two more saves of its size."""
-    size = size_bytes(last_save)
-    folder = last_save.parent
+    return room_warning_for(last_save.parent, size_bytes(last_save))
+
+
+def room_warning_for(
+    folder: Path,
+    size: int,
+    where: str = "checkpoint folder",
+    fix: str = "make room or move checkpoint.location",
+) -> str | None:
+    """One line when ``folder``'s filesystem holds less than two more saves of ``size`` bytes.
+    A save to an object store is written to node scratch first: that is the room it needs."""
     free = free_bytes(folder)
     if size <= 0 or free >= SAVES_OF_ROOM * size:
         return None
     return (
-        f"checkpoint folder {folder}: {human_bytes(free)} free, less than {SAVES_OF_ROOM} saves of "
-        f"{human_bytes(size)}; the next saves may fail (ENOSPC): make room or move checkpoint.location"
+        f"{where} {folder}: {human_bytes(free)} free, less than {SAVES_OF_ROOM} saves of "
+        f"{human_bytes(size)}; the next saves may fail (ENOSPC): {fix}"
     )

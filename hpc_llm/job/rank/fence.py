@@ -22,8 +22,11 @@ directory. The fence makes sure it then writes nothing that counts:
   Composer writes a checkpoint (:func:`guard_checkpoints`: a save that was in
   progress when the node froze is never linked as ``latest`` or uploaded).
 
-Composer's upload workers are processes the rank started: the agent kills the
-rank's whole process group when it ends a generation, workers included.
+Composer's upload workers are processes the rank *spawned* (fresh interpreters
+that inherit no mapping): they map the agent's board file named in
+``HPC_LLM_BOARD`` and check the same fence before every write to a store
+(:meth:`hpc_llm.job.rank.object_store.Store._write_allowed`). The agent also
+kills the rank's whole process group when it ends a generation, workers included.
 
 A rank outside an agent (the local launcher) has no board: nothing to fence.
 Stdlib only, except :func:`guard_checkpoints` (Composer, imported there).
@@ -32,6 +35,7 @@ Stdlib only, except :func:`guard_checkpoints` (Composer, imported there).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -53,8 +57,10 @@ RENEWAL_WAIT_S = 3.0
 def state(wait_s: float = RENEWAL_WAIT_S) -> str | None:
     """Why this rank may not write (None: it may). A lease that ran out while the generation is
     still live is waited on for ``wait_s`` (the agent renews it on the next ping)."""
-    found = heartbeat.board()
+    found = heartbeat.board() or heartbeat.spawned_board()
     if found is None:
+        if os.environ.get(heartbeat.BOARD_ENV) and heartbeat.board() is None:
+            return "the node's agent has ended (its board file is gone)"
         return None
     board, _slot, gen = found
     deadline = time.monotonic() + wait_s

@@ -51,8 +51,39 @@ def install(sig_name: str | None = None) -> str | None:
         return None
     signum = getattr(signal, name if name.startswith("SIG") else f"SIG{name}")
     signal.signal(signum, _on_signal)
+    _spawned_children_keep_out(signum)
     _installed.append(name)
     return name
+
+
+def _spawned_children_keep_out(signum: int) -> None:
+    """Processes a rank spawns start with the stop signal blocked (docs/design.md, upstream fix 18).
+
+    Slurm signals every process of the step (slurmstepd's proctrack sends to the whole
+    container), and a process a rank starts with multiprocessing's spawn (Composer's upload
+    workers and its uploader's Manager, with checkpoints in an object store; the resource
+    tracker of Streaming's shared memory) is a fresh interpreter with the default action, which
+    terminates it: a preemption's save then failed with BrokenProcessPool (seen on the dev
+    cluster). A blocked signal stays blocked across fork and exec, so every spawn
+    (``multiprocessing.util.spawnv_passfds``, which they all go through) happens with it blocked
+    in the spawning thread; the rank itself gets a signal that came meanwhile when the mask is
+    restored, a moment later. Forked children (dataloader workers) inherit the rank's handler.
+    """
+    from multiprocessing import util
+
+    original = util.spawnv_passfds
+    if getattr(original, "_hpc_llm", False):
+        return
+
+    def spawnv_passfds(path: Any, args: Any, passfds: Any) -> Any:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        try:
+            return original(path, args, passfds)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    spawnv_passfds._hpc_llm = True  # type: ignore[attr-defined]
+    util.spawnv_passfds = spawnv_passfds
 
 
 def request_stop(reason: str) -> None:

@@ -129,7 +129,7 @@ def scratch_path(cfg: DictConfig, run_dir: Path, job_id: str | None, node_rank: 
 
 def run_name(experiment: str, run_dir: Path) -> str:
     """Stable across requeues of the same run (autoresume keys on it)."""
-    return f"{experiment}-{run_dir.parent.name}-{run_dir.name}"
+    return RunDir(run_dir).run_name(experiment)
 
 
 def supervised() -> bool:

@@ -24,6 +24,7 @@ from hpc_llm.slurm.doctor.checks_node import (
     check_python,
     check_run_arg,
     check_run_dir,
+    check_store,
 )
 from hpc_llm.slurm.doctor.checks_scheduler import (
     check_gres,
@@ -58,6 +59,7 @@ CHECKS = (
     check_image,
     check_apptainer,
     check_node_gpus,
+    check_store,
 )
 
 

@@ -185,3 +185,34 @@ def gpu_model(probe: Probe | None) -> str | None:
     """The first GPU ``nvidia-smi -L`` named on the probe's node (``NVIDIA H100 80GB HBM3``)."""
     gpus = [g for g in (probe.gpus or []) if g.startswith("GPU ")] if probe is not None and probe.ran else []
     return re.sub(r"^GPU \d+:\s*|\s*\(UUID:[^)]*\)", "", gpus[0]) if gpus else None
+
+
+def check_store(facts: Facts, needs: Needs, part: str | None) -> Row | None:
+    """The job's object stores, checked from a compute node by the job's own Python: the node
+    reaches the store, and the store takes the credentials the job will have."""
+    if not needs.stores:
+        return None
+    import json
+
+    where = ", ".join(t["uri"] for t in json.loads(needs.stores)["targets"])
+    p, why = _probed(facts)
+    if p is None:
+        return Row("object store", where, WARN, why)
+    verdicts = [line.split("\t", 1) for line in p.stores if line.split("\t", 1)[0] in ("ok", "fail", "skip")]
+    if not verdicts:
+        said = p.stores[-1] if p.stores else "no output"
+        return Row("object store", where, WARN, f"the store check did not run on {p.node} ({said})")
+    failed = [what for verdict, what in verdicts if verdict == "fail"]
+    if failed:
+        return Row(
+            "object store",
+            f"{where}: refused from {p.node}",
+            FAIL,
+            f"the ranks could not use it: {failed[0]}",
+        )
+    return Row(
+        "object store",
+        f"{where}: checked from {p.node}",
+        OK,
+        "reached, credentials taken and the bucket there, as the job's ranks will see them",
+    )

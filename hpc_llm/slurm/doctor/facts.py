@@ -46,6 +46,8 @@ class Needs:
     hang_timeout_s: float | None = 1800.0
     #: the #SBATCH flags ``sbatch --test-only`` was asked about (for the row)
     asked: str = ""
+    #: what the store check asks of the job's object stores, as JSON (empty: it uses none)
+    stores: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from hpc_llm.config import stores
 from hpc_llm.errors import ConfigError
 from hpc_llm.slurm import preview, query
 from hpc_llm.slurm.doctor import probe as node_probe
@@ -84,6 +85,7 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
     if image is None and name != "none":
         image = str(container.image) if container.image else None
     save_s, save_from = save_time(cfg, res.nodes, run)
+    store_targets = stores.targets(cfg, job.run_dir)
     return Needs(
         partition=opts.partition or cluster.get("partition"),
         nodes=res.nodes,
@@ -109,6 +111,7 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
             for k, v in sorted(spec.flags.items())
             if k in submit_checks._ASKED and v not in (None, False)
         ),
+        stores=json.dumps({"targets": store_targets}) if store_targets else "",
     )
 
 
@@ -157,6 +160,12 @@ def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) 
             flags["gpus_per_node"] = f"{needs.gpu_type}:1" if needs.gpu_type else 1
         paths = [p for p in (needs.run, needs.image) if p]
         report = node_probe.run(
-            flags, needs.run_dir, paths, needs.python, apptainer=needs.apptainer, wait_s=probe_wait_s
+            flags,
+            needs.run_dir,
+            paths,
+            needs.python,
+            apptainer=needs.apptainer,
+            wait_s=probe_wait_s,
+            stores=needs.stores,
         )
     return dataclasses.replace(facts, test_only=verdict, probe=report, probe_skipped=skipped)

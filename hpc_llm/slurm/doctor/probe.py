@@ -12,7 +12,11 @@ answers) and prints ``@@hpc_llm <key>\\t<value>`` lines:
 - whether other paths (``--run``, the container image) exist and are readable;
 - whether the Python the batch script runs (the supervisor; the ranks too without a
   container) starts there and imports hpc_llm;
-- ``apptainer --version`` and ``nvidia-smi -L``, when they are there.
+- ``apptainer --version`` and ``nvidia-smi -L``, when they are there;
+- with the job's data or checkpoints in an object store, the store check the job itself runs
+  (``python -m hpc_llm.job.rank.store_check``, in that Python; the targets come in
+  ``$HPC_LLM_DOCTOR_STORES``, which srun passes like the rest of the environment, credentials
+  included): whether the node reaches the store, and it takes the credentials as the job will.
 
 Login node only: stdlib.
 """
@@ -66,6 +70,10 @@ if out=$("$@" -c 'import sys, hpc_llm; print(sys.prefix, sys.version.split()[0],
 else
   say python "failed $(printf '%s' "$out" | tail -n 1)"
 fi
+if [ -n "${HPC_LLM_DOCTOR_STORES:-}" ]; then
+  out=$("$@" -m hpc_llm.job.rank.store_check "$HPC_LLM_DOCTOR_STORES" 2>&1)
+  printf '%s\n' "$out" | while IFS= read -r line; do say store "$line"; done
+fi
 if command -v "$apptainer" >/dev/null 2>&1; then
   say apptainer "$("$apptainer" --version 2>&1 | head -n 1)"
 else
@@ -106,6 +114,9 @@ class Probe:
     apptainer: str = ""
     #: ``nvidia-smi -L`` lines; None when nvidia-smi is not on the node
     gpus: list[str] | None = None
+    #: the store check's lines (``ok``/``fail``/``skip``, a tab, what it found), and anything else
+    #: it printed (an error of the node's Python)
+    stores: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -142,6 +153,7 @@ def from_report(fields: dict[str, list[str]], seconds: float = 0.0) -> Probe:
         python=one("python"),
         apptainer=one("apptainer"),
         gpus=None if one("nvidia_smi") == "missing" else list(fields.get("gpu", [])),
+        stores=list(fields.get("store", [])),
         seconds=seconds,
     )
 
@@ -182,6 +194,10 @@ def srun_command(
     return [*args, "bash", "-c", SCRIPT, "hpc_llm-doctor", token, marker, apptainer, str(len(paths)), *paths, *python]
 
 
+#: the variable the probe reads the store check's targets from (JSON)
+STORES_ENV = "HPC_LLM_DOCTOR_STORES"
+
+
 def run(
     flags: dict[str, object],
     run_dir: str,
@@ -189,9 +205,11 @@ def run(
     python: Sequence[str],
     apptainer: str = "apptainer",
     wait_s: int = 120,
+    stores: str = "",
 ) -> Probe:
     """Run the probe job and read its report. The marker goes into the run dir's nearest
-    existing ancestor on this node and is removed afterwards, with the node's own copy."""
+    existing ancestor on this node and is removed afterwards, with the node's own copy.
+    ``stores``: the store check's targets as JSON (empty: the job uses no object store)."""
     token = secrets.token_hex(8)
     marker = nearest_existing(run_dir) / f".hpc_llm-doctor-{token}"
     wrote = False
@@ -203,7 +221,7 @@ def run(
     cmd = srun_command(flags, token, str(marker), apptainer, paths, python, wait_s)
     started = time.monotonic()
     try:
-        out, err, code = _srun(cmd, timeout=wait_s + 180)
+        out, err, code = _srun(cmd, timeout=wait_s + 180, stores=stores)
         took = time.monotonic() - started
         fields = parse(out)
         if "done" not in fields:
@@ -223,12 +241,15 @@ def run(
                 leftover.unlink()
 
 
-def _srun(cmd: list[str], timeout: float) -> tuple[str, str, int | None]:
+def _srun(cmd: list[str], timeout: float, stores: str = "") -> tuple[str, str, int | None]:
     """stdout, stderr and exit status of srun; None as the status when it ran out of time
     (then it is stopped with SIGINT twice, which makes srun cancel its job)."""
     if shutil.which(cmd[0]) is None:
         raise SlurmUnreachable(f"no Slurm reachable: `{cmd[0]}` is not on PATH; {HOW_TO_START}")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {k: v for k, v in os.environ.items() if k != STORES_ENV}
+    if stores:
+        env[STORES_ENV] = stores
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
         return out, err, proc.returncode
