@@ -437,7 +437,11 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, test_site, t
     [preempted] = [a for a in r["attempts"] if a["cause"] == "preemption"]
     unsaved = preempted["signal_to_requeue_s"] is None
     assert not unsaved or "warning signal was spent" in preempted["error"], preempted
-    assert all(a["signal_to_requeue_s"] is not None for a in r["attempts"][:-1] if a is not preempted)
+    # the others saved at the signal, or (a busy machine: a start-up that eats the minute) met
+    # the limit before training a batch, which loses nothing (seen under a load of 8 on 2 cores)
+    for a in r["attempts"][:-1]:
+        if a is not preempted and a["signal_to_requeue_s"] is None:
+            assert a["cause"] == "time_limit" and a["last_batch"] <= a["resumed_at_batch"], a
     assert r["batches_lost"] == 0 or unsaved, r["batches_lost"]
     assert r["total_wallclock_s"] > sum(a["train_s"] for a in r["attempts"])
     assert 0 < r["goodput"] < 1 and r["slurm_job_ids"] == [job_id]
