@@ -389,7 +389,9 @@ def simulate(
             d = _decide(history, a, facts, s, earlier, spare_nodes if path.agents else [])
             if kind == "rank error":
                 earlier.append(facts["failures"][0])
-            r.oracle_s += best.detect_s[kind] + min(best.restart_s, cold_s) + restart
+            # the smallest cost either design could recover this failure at, a spare always there
+            found = min(best.detect_s[kind], path.detect_s[kind])
+            r.oracle_s += found + min(best.restart_s, path.restart_s, cold_s) + restart
             r.count(d.action)
             if d.action in ("restart", "swap"):
                 r.spend("restart in place" if d.action == "restart" else "swap for a spare", path.restart_s + restart)
@@ -516,7 +518,7 @@ def report(sc: Scale, ours: Summary, before: Summary, agents: Path_, today: Path
     for p in (agents, today):
         det = ", ".join(f"{k} {v:g} s" for k, v in p.detect_s.items() if k != "rank error")
         lines.append(f"  {p.name}: restart in place {p.restart_s:g} s + {sc.restart_s:g} s; found: {det} ({p.source})")
-    for label, sm in (("agents + spares", ours), ("today's design", before)):
+    for label, sm in ((f"agents + {sc.spares} spare(s)", ours), ("today's design", before)):
         done = [r for r in sm.runs if r.completed]
         ends: dict[str, int] = {}
         for r in sm.runs:
