@@ -268,6 +268,21 @@ ROWS = [
         state="failed",
     ),
     row(
+        "4: an ECC error at the batch where another node had one: two faulty GPUs, not the user's code",
+        [att(0, "failure", suspects=("n1",), ckpt=30, at=NOW - 2 * H)],
+        {},
+        {
+            "returncode": 1,
+            "failures": (fail(node="n2", message=ECC, batch=40),),
+            "earlier": (fail(node="n1", message=ECC, batch=40),),
+        },
+        S,
+        "restart",
+        "failure",
+        suspects=("n2",),
+        state="failed",
+    ),
+    row(
         "a rank killed by a signal, bystanders terminated: the killed one's node",
         [],
         {},
