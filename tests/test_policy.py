@@ -84,10 +84,14 @@ S3_SLOWDOWN = (
 PEER_GONE = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:7231"
 
 
-def row(name, history, current, stop, settings, action, cause, *, suspects=(), exclude=(), state=None, delay=0.0):
+def row(
+    name, history, current, stop, settings, action, cause, *, suspects=(), exclude=(), state=None, delay=0.0, swap=()
+):
     """One row of the table: what the decision must be, all of it (action, cause, the nodes
-    blamed, the nodes left out, the attempt's recorded state, the wait before a restart)."""
-    return pytest.param(history, current, stop, settings, (action, cause, suspects, exclude, state, delay), id=name)
+    blamed, the nodes left out, the attempt's recorded state, the wait before a restart, the
+    nodes a swap replaces by spares)."""
+    expected = (action, cause, suspects, exclude, state, delay, swap)
+    return pytest.param(history, current, stop, settings, expected, id=name)
 
 
 ECC_ON_N1 = {"returncode": 1, "failures": (fail(node="n1", message=ECC, batch=40),)}
@@ -555,6 +559,115 @@ ROWS = [
         exclude=("n3",),
         state="stopped",
     ),
+    # -- spares (resources.spare_nodes): a left-out node is replaced in the same job ---------------
+    row(
+        "spare: a dead node is swapped for a warm spare in the same job, no requeue",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent for 3.1 s; its probe went unanswered"),), "spares": ("n3",)},
+        S,
+        "swap",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+        swap=("n2",),
+    ),
+    row(
+        "spare: a node Slurm reports failed is swapped for a spare",
+        [],
+        {},
+        {"returncode": 1, "failed_nodes": ("n2",), "spares": ("n3",)},
+        S,
+        "swap",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+        swap=("n2",),
+    ),
+    row(
+        "spare: a GPU error on the same node a second time: the node is swapped for the spare",
+        [att(0, "failure", suspects=("n1",), at=NOW - H)],
+        {},
+        {**ECC_ON_N1, "spares": ("n3",), "earlier": (fail(node="n1", message=ECC, batch=20),)},
+        S,
+        "swap",
+        "failure",
+        suspects=("n1",),
+        exclude=("n1",),
+        state="failed",
+        swap=("n1",),
+    ),
+    row(
+        "spare: a first GPU error restarts in place on the same nodes; the spare stays a spare",
+        [],
+        {},
+        {**ECC_ON_N1, "spares": ("n3",)},
+        S,
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
+    ),
+    row(
+        "spare: no spare left: requeued by hpc_llm with the dead node excluded",
+        [att(0, "node_failure", suspects=("n3",), at=NOW - H)],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent"),), "spares": ("n3",)},
+        S,
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2", "n3"),
+        state="failed",
+    ),
+    row(
+        "spare: two dead nodes and one spare: requeued with both excluded",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n1", "silent"), ("n2", "silent")), "spares": ("n3",)},
+        S,
+        "requeue",
+        "node_failure",
+        suspects=("n1", "n2"),
+        exclude=("n1", "n2"),
+        state="failed",
+    ),
+    row(
+        "spare: a time limit is a requeue, spares or not",
+        [],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "time_limit", "spares": ("n3",)},
+        S,
+        "requeue",
+        "time_limit",
+        state="stopped",
+    ),
+    row(
+        "spare: fault.restart_in_place=false requeues, spares or not",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent"),), "spares": ("n3",)},
+        Settings(nodes=2, restart_in_place=False),
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "spare: a swap spends the failure budget like any failure",
+        [att(i, "failure") for i in range(5)],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent"),), "spares": ("n3",)},
+        Settings(nodes=2, max_failures_per_day=None),
+        "fail",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
 ]
 
 
@@ -562,13 +675,14 @@ ROWS = [
 def test_decision_table(history, current, stop, settings, expected):
     """Every row checks the whole decision: action, cause, the nodes blamed and the nodes left
     out (a row that blamed a bystander, or left a healthy node out, fails), the state recorded."""
-    action, cause, suspects, exclude, state, delay = expected
+    action, cause, suspects, exclude, state, delay, swap = expected
     stop = dict(stop)
     earlier = stop.pop("earlier", ())
     d = decide(history, cur(history, **current), Stop(now=NOW, **stop), settings, earlier)
     assert (d.action, d.cause) == (action, cause), d.reason
     assert (d.suspects, d.exclude) == (suspects, exclude), d.reason
     assert d.state == state and d.delay_s == delay, d
+    assert d.swap_out == swap, d
 
 
 def test_budgets_are_counted_per_cause():

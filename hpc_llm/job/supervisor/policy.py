@@ -31,6 +31,12 @@ Rules a run of weeks needs:
   reported after it went (they lost a peer); it alone is blamed and left out.
 * **A storage stall blames nobody**: a checkpoint save or upload that stalls is
   retried in place like a transient storage error.
+* **A spare takes a left-out node's place in the same job**: when the nodes this
+  stop leaves out (a dead node, a node's second blame point) can all be replaced
+  by warm spares of the allocation (``resources.spare_nodes``), the action is
+  ``swap``: a restart in this allocation without them, no requeue. Without
+  enough spares it is a requeue with them excluded, by hpc_llm (Slurm does not
+  requeue a ``--no-kill`` job on a node's death).
 """
 
 from __future__ import annotations
@@ -117,11 +123,14 @@ class Stop:
     task_errors: tuple[TaskError, ...] = ()
     failed_nodes: tuple[str, ...] = ()
     on_slurm: bool = True
+    #: warm agents of this allocation outside the generation's layout (resources.spare_nodes):
+    #: the nodes a swap may put in the place of the nodes it leaves out
+    spares: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Decision:
-    #: done | restart | requeue | fail | slurm_requeues
+    #: done | restart | swap | requeue | fail | slurm_requeues
     action: str
     cause: str
     reason: str
@@ -135,6 +144,8 @@ class Decision:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: seconds to wait before a restart in place (backoff after transient storage errors)
     delay_s: float = 0.0
+    #: on a swap: the nodes of this generation left out, each replaced by a spare (sorted)
+    swap_out: tuple[str, ...] = ()
 
 
 # -- history --------------------------------------------------------------------
@@ -348,8 +359,14 @@ def decide(
         return replace(d, delay_s=min(TRANSIENT_BACKOFF_MAX_S, TRANSIENT_BACKOFF_S * 2**in_a_row))
     suspects = tuple(sorted(set(nodes)))
     exclude = excluded_by_history([*history, _with(current, cause, suspects, stop.now)], stop.now, s)
-    new_exclusion = bool(set(suspects) & exclude)
-    restart = s.restart_in_place and not new_exclusion and cause != "startup"
+    out = tuple(sorted(set(suspects) & exclude))
+    restart = s.restart_in_place and not out and cause != "startup"
+    usable = [n for n in stop.spares if n not in exclude]
+    if s.restart_in_place and out and len(usable) >= len(out):
+        # every node this stop leaves out has a warm spare to take its place: same job, no queue
+        reason = f"{reason}; leaving out {', '.join(out)} for spare(s) {', '.join(usable[: len(out)])}"
+        d = _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=True)
+        return replace(d, action="swap", swap_out=out) if d.action == "restart" else d
     return _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=restart)
 
 
