@@ -142,6 +142,8 @@ class Supervisor:
         self._agents_since: float | None = None
         #: the nodes the ranks run on, in node-rank order
         self.layout: list[str] = []
+        #: nodes of this allocation a swap left out (their places taken by spares): never used again here
+        self.left_out: set[str] = set()
         #: fleet events read while waiting for something else, for the generation's loop
         self._held: list[dict[str, Any]] = []
 
@@ -292,9 +294,15 @@ class Supervisor:
             step.kill()
 
     def _warm_nodes(self) -> list[str]:
+        """The warm agents' nodes this allocation may train on, in the allocation's node order."""
         assert self.fleet is not None
         view = self.fleet.view()
-        return sorted((n for n, a in view.items() if a.state == "warm"), key=lambda n: view[n].node_id)
+        warm = (n for n, a in view.items() if a.state == "warm" and n not in self.left_out)
+        return sorted(warm, key=lambda n: view[n].node_id)
+
+    def _spares(self) -> tuple[str, ...]:
+        """Warm agents outside the generation's layout (resources.spare_nodes): a swap's candidates."""
+        return tuple(n for n in self._warm_nodes() if n not in self.layout)
 
     def _start_generation(self) -> Generation:
         """Generation ``self.step`` on the warm agents: node ranks by the allocation's node order."""
@@ -367,8 +375,18 @@ class Supervisor:
             self._held = []
             now = time.monotonic()
             if gen is None:
+                detected = end.detected_at
                 for ev in events:
                     self._before_start(ev, end)
+                if (end.dead_nodes or end.agent_errors) and len(self._warm_nodes()) >= p.nodes:
+                    # a spare lost (or a node lost between generations) while enough warm agents
+                    # are left: no stop, the generation starts on the others
+                    lost = {**end.dead_nodes, **end.agent_errors}
+                    log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", lost)
+                    self.left_out |= set(lost)
+                    end.dead_nodes.clear()
+                    end.agent_errors.clear()
+                    end.detected_at = detected
                 if end.dead_nodes or end.agent_errors:
                     break
                 if len(self._warm_nodes()) >= p.nodes:
@@ -549,6 +567,8 @@ class Supervisor:
         facts = self._facts(end)
         earlier = [f for f in failures.read_all(self.run_dir) if f not in facts.failures]
         history = [x for x in attempts.items if x is not a]
+        if len(self.job.nodes) > len(a.nodes):
+            a.alloc_nodes = len(self.job.nodes)  # spares included: allocated node-seconds (goodput)
         decision = policy.decide(history, a, facts, self.settings, earlier)
         return self._act(attempts, a, decision)
 
@@ -603,6 +623,7 @@ class Supervisor:
             dead_nodes=tuple(sorted(end.dead_nodes.items())),
             agent_errors=tuple(sorted(end.agent_errors.items())),
             on_slurm=self.job.ref is not None,
+            spares=self._spares(),
         )
 
     @property
@@ -614,6 +635,10 @@ class Supervisor:
     def _act(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
         """Record the decision, then carry it out (records first: a requeue SIGTERMs this job)."""
         if d.action == "done":
+            if a.alloc_nodes > len(a.nodes):
+                # rank 0 wrote the completed record; the spares' node-seconds go in beside it
+                attempts.save()
+                update_results(self.run_dir, attempts, _read_status(self.run_dir) or "completed", {})
             self._end_for_good()
             return 0
         if d.action == "slurm_requeues":
@@ -640,7 +665,26 @@ class Supervisor:
             if d.delay_s:
                 time.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next step
             return None
+        if d.action == "swap":
+            self._swap(attempts, a, d)
+            return None
         return self._requeue(attempts, a, d)
+
+    def _swap(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
+        """The next generation runs without ``d.swap_out``: spares take their node ranks (the
+        layout is the warm nodes in allocation order), in this allocation, with no requeue. A
+        left-out node's agent, if it still answers, is told to end; the node stays in the job
+        (draining it needs operator rights) and is recorded with the evidence (suspects, error)."""
+        assert self.fleet is not None
+        a.action, a.left_out = "swap", list(d.swap_out)
+        attempts.save()
+        self.left_out |= set(d.swap_out)
+        view = self.fleet.view()
+        for node in d.swap_out:
+            if node in view and view[node].alive:
+                self.fleet.send(node, {"t": "end"})
+        update_results(self.run_dir, attempts, "restarting", {"error": d.reason})
+        log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
 
     def _forward_at(self, received: float, cause: str) -> float:
         """When to pass a stop signal on: a preemption at once; the time-limit signal once the
