@@ -265,6 +265,9 @@ class Supervisor:
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
+        if self.job.ref and self.policy.recover and len(self.job.nodes) > self.policy.nodes:
+            # spares: a --no-kill job outlives its batch host; the agents requeue it then
+            env[wire.REQUEUE_ON_LOSS] = "1"
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
 
@@ -308,7 +311,7 @@ class Supervisor:
         """Generation ``self.step`` on the warm agents: node ranks by the allocation's node order."""
         assert self.fleet is not None
         view = self.fleet.view()
-        self.layout = self._warm_nodes()[: self.policy.nodes]
+        self.layout = next_layout(self.layout, self._warm_nodes(), self.policy.nodes)
         master = self.layout[0]
         self.fleet.send(master, {"t": "port", "gen": self.step})
         port = None
@@ -829,6 +832,17 @@ class Supervisor:
             log.warning("hpc_llm supervisor: %s", warning)
             return sorted(users), warning
         return wanted, None
+
+
+def next_layout(layout: list[str], warm: list[str], nodes: int) -> list[str]:
+    """The next generation's nodes in node-rank order: each node of ``layout`` still warm keeps
+    its node rank, and a spare (the first warm node outside it, in allocation order) takes the
+    rank of each one gone; the first generation takes the first ``nodes`` warm ones. A restart in
+    place then stays on its nodes, whichever agent warmed first."""
+    spares = [n for n in warm if n not in layout]
+    if len(layout) != nodes:
+        return warm[:nodes]
+    return [n if n in warm else spares.pop(0) for n in layout]
 
 
 def slurm_port(job_id: str | None, restart: int, gen: int) -> int:
