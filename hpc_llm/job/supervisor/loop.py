@@ -308,7 +308,8 @@ class Supervisor:
         return tuple(n for n in self._warm_nodes() if n not in self.layout)
 
     def _start_generation(self) -> Generation:
-        """Generation ``self.step`` on the warm agents: node ranks by the allocation's node order."""
+        """Generation ``self.step`` on the warm agents: node ranks kept from the last generation,
+        a spare in the place of a node gone (:func:`next_layout`)."""
         assert self.fleet is not None
         view = self.fleet.view()
         self.layout = next_layout(self.layout, self._warm_nodes(), self.policy.nodes)
@@ -674,8 +675,8 @@ class Supervisor:
         return self._requeue(attempts, a, d)
 
     def _swap(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
-        """The next generation runs without ``d.swap_out``: spares take their node ranks (the
-        layout is the warm nodes in allocation order), in this allocation, with no requeue. A
+        """The next generation runs without ``d.swap_out``: spares take their node ranks
+        (:func:`next_layout`), in this allocation, with no requeue. A
         left-out node's agent, if it still answers, is told to end; the node stays in the job
         (draining it needs operator rights) and is recorded with the evidence (suspects, error)."""
         assert self.fleet is not None
