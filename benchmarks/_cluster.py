@@ -12,7 +12,7 @@ from typing import Any
 
 @contextmanager
 def dev_cluster(
-    name: str, nodes: int, ctld_port: int, slurmd_timeout_s: int = 10
+    name: str, nodes: int, ctld_port: int, slurmd_timeout_s: int = 10, slurm: str | None = None
 ) -> Iterator[tuple[Any, dict[str, str]]]:
     """(cluster, environment for its commands); $SLURM_CONF's cluster only when its
     SlurmdTimeout is the one asked for."""
@@ -22,11 +22,15 @@ def dev_cluster(
     if env.get("SLURM_CONF"):
         cluster = devcluster.load(Path(env["SLURM_CONF"]).parent.parent)
         assert cluster is not None, f"no dev cluster at $SLURM_CONF={env['SLURM_CONF']}"
-        if cluster.slurmd_timeout_s == slurmd_timeout_s:
+        if cluster.slurmd_timeout_s == slurmd_timeout_s and slurm in (None, cluster.slurm):
             yield cluster, env
             return
     started = devcluster.up(
-        root=Path.home() / ".hpc_llm" / name, nodes=nodes, ctld_port=ctld_port, slurmd_timeout_s=slurmd_timeout_s
+        root=Path.home() / ".hpc_llm" / name,
+        nodes=nodes,
+        ctld_port=ctld_port,
+        slurmd_timeout_s=slurmd_timeout_s,
+        **({"slurm": slurm} if slurm else {}),
     )
     env.update(started.env())
     try:

@@ -24,6 +24,11 @@ job sees, Slurm does not see in time. Without a spare node a dead node means a
 requeue, which waits for Slurm to release the node (minutes): those runs are
 measured to the job's decision, then cancelled.
 
+``--spares``: ``node`` and ``frozen`` with ``resources.spare_nodes=1`` (2 training nodes
+and a spare, ``--no-kill``) on a Slurm 24.11 cluster with SlurmdTimeout=300: the spare takes
+the node's rank in the same job, so those runs are measured to training again and to the end
+(issue #30's targets: a node killed -> training again <= 10 s, frozen <= 15 s).
+
 ``--baseline DIR``: a checkout of an older hpc_llm (e.g. ``git worktree add
 /tmp/before b91bb50``); each kind runs once more with it (PYTHONPATH=DIR), as
 "today's path" beside the agents. ``--throughput N``: N alternated pairs of
@@ -36,7 +41,7 @@ root and slurm-wlm, and the test plugins on PYTHONPATH (tests/plugins/hpc-llm-pa
 ``pip install --target DIR tests/plugins/hpc-llm-pace``, then ``--site DIR``).
 
     .venv/bin/python benchmarks/faults.py --site DIR [--only kill,node,frozen] [--repeats 5]
-        [--baseline DIR] [--throughput 2] [--json faults.json]
+        [--baseline DIR] [--throughput 2] [--spares] [--json faults.json]
 """
 
 from __future__ import annotations
@@ -254,12 +259,19 @@ def decided(run_dir: Path, env: dict[str, str], job_id: str) -> dict[str, Any]:
     return {"status": "decided, then cancelled (Slurm holds a requeue until the node is DOWN)"}
 
 
-def measure(kind: str, env: dict[str, str], cluster: Any, path: str = "agents") -> dict[str, Any]:
+#: with a spare: 2 training nodes and one warm spare in the same job (resources.spare_nodes)
+SPARE = ["resources.spare_nodes=1"]
+
+
+def measure(kind: str, env: dict[str, str], cluster: Any, path: str = "agents", spares: bool = False) -> dict[str, Any]:
     what, args, inject, slow = SCENARIOS[kind]
+    if spares:
+        what, args = f"{what}, with a spare", [*args, *SPARE]
     job_id, run_dir = submit([*RUN, *HANG[path], *args], env)
     t_fault = inject(run_dir, job_id, env, cluster)
     try:
-        r = decided(run_dir, env, job_id) if slow else done(run_dir)
+        # with a spare the job trains on without Slurm: measured to the end
+        r = decided(run_dir, env, job_id) if slow and not spares else done(run_dir)
     finally:
         while AFTER:
             AFTER.pop()()
@@ -324,6 +336,7 @@ def main() -> None:
     ap.add_argument("--site", required=True, help="a pip --target dir holding tests/plugins/hpc-llm-pace")
     ap.add_argument("--baseline", default=None, help="a checkout of the previous design, run once per kind beside")
     ap.add_argument("--throughput", type=int, default=0, help="alternated pairs of fault-free 2,000-batch runs")
+    ap.add_argument("--spares", action="store_true", help="node/frozen with a spare node, on Slurm 24.11")
     ap.add_argument("--json", default=None, help="write every figure to this file")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -346,10 +359,16 @@ def main() -> None:
             continue
         # the slow cluster loses a node to each "node" run: one each, and two to train on
         nodes = 3 + (args.repeats + 1 if "node" in chosen else 0)
-        with dev_cluster(name, nodes=nodes, ctld_port=port, slurmd_timeout_s=300 if slow else 10) as (cluster, env):
+        # spares need Slurm >= 23.02.6: the slow cluster runs 24.11 then
+        slurm = "24.11" if slow and args.spares else None
+        with dev_cluster(name, nodes=nodes, ctld_port=port, slurmd_timeout_s=300 if slow else 10, slurm=slurm) as (
+            cluster,
+            env,
+        ):
             ours, base = envs(env)
             for kind in chosen:
-                measured = [measure(kind, ours, cluster) for _ in range(args.repeats)]
+                spares = args.spares and slow
+                measured = [measure(kind, ours, cluster, spares=spares) for _ in range(args.repeats)]
                 every["runs"][kind] = measured
                 rows[kind] = median_row(measured)
                 if args.baseline:
@@ -357,7 +376,10 @@ def main() -> None:
                     every["baseline"][kind] = before[kind]
             if args.throughput and not slow:
                 every["throughput"] = throughput(ours, base, args.throughput)
-    print("mpt_tiny, 2 nodes x 1 rank on the dev cluster (CPU, gloo; 10 batches/s; checkpoint every 20 batches)")
+    print(
+        "mpt_tiny, 2 nodes x 1 rank on the dev cluster (CPU, gloo; 10 batches/s; checkpoint every 20 batches)"
+        + ("; node/frozen with 1 spare node on Slurm 24.11" if args.spares else "")
+    )
     table(rows, before)
     if "throughput" in every:
         t = every["throughput"]

@@ -346,11 +346,12 @@ def _start_cluster_24(config: pytest.Config):
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     """Under xdist the controlling process starts the 24.11 cluster, as it does the session's
     22.05 one, once a worker's collection shows a selected test marked slurm24 (every test of
-    test_slurm24.py, and only those, carry the mark); the workers find it in the shared dir."""
+    test_slurm24.py and test_spares.py, and only those, carry the mark); the workers find it in the
+    shared dir."""
     config = node.config
     if getattr(config, "_hpc_llm_cluster_24", None) is not None or getattr(config, "_hpc_llm_24_asked", False):
         return
-    if any(i.split("::", 1)[0].endswith("test_slurm24.py") for i in ids):
+    if any(i.split("::", 1)[0].endswith(("test_slurm24.py", "test_spares.py")) for i in ids):
         config._hpc_llm_24_asked = True
         if _slurm24_installed():
             _start_cluster_24(config)

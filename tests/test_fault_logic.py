@@ -530,3 +530,15 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     end = generation_signalled(sup)
     assert order[:2] == ["forward", "ask"], order
     assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0
+
+
+def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place():
+    """Spares (resources.spare_nodes): a restart in place stays on its nodes whatever agent
+    warmed first; a node gone (left out, dead) has its node rank taken by the first spare in
+    allocation order; the first generation takes the first warm nodes."""
+    from hpc_llm.job.supervisor.loop import next_layout
+
+    assert next_layout([], ["n1", "n2", "n3"], 2) == ["n1", "n2"]
+    assert next_layout(["n2", "n3"], ["n1", "n2", "n3"], 2) == ["n2", "n3"]  # not n1, n2
+    assert next_layout(["n1", "n2", "n3"], ["n1", "n3", "n4", "n5"], 3) == ["n1", "n4", "n3"]
+    assert next_layout(["n2", "n3"], ["n1", "n3"], 2) == ["n1", "n3"]

@@ -158,3 +158,19 @@ def test_a_gpu_passthrough_beside_the_request_is_refused_before_anything_exists(
         assert "resources.gpu_type" in line and line.endswith(f"remove {key}"), line
         assert proc.stdout == "", explain(proc)
     assert not runs_dir.exists() and not (tmp_path / "outputs").exists()
+
+
+def test_spare_nodes_render_n_plus_s_nodes_and_no_kill(app_env):
+    """resources.spare_nodes=1 beside 2 training nodes: the job and the agent step ask for 3
+    nodes, both with --no-kill; the supervisor still trains on 2. Without spares neither flag."""
+    proc = run_cli(["render", *CASES["sbatch_local_2nodes.sh"], *FIXED, "resources.spare_nodes=1"], app_env)
+    assert proc.returncode == 0, explain(proc)
+    assert "#SBATCH --nodes=3\n" in proc.stdout and "#SBATCH --no-kill\n" in proc.stdout
+    assert "srun --unbuffered --export=ALL --nodes=3 --ntasks=3 --ntasks-per-node=1 --no-kill " in proc.stdout
+    assert " --nodes 2 " in proc.stdout  # the supervisor's training nodes
+    plain = run_cli(["render", *CASES["sbatch_local_2nodes.sh"], *FIXED], app_env)
+    assert "--no-kill" not in plain.stdout and "#SBATCH --nodes=2\n" in plain.stdout
+    bad = run_cli(["render", *CASES["sbatch_local_2nodes.sh"], *FIXED, "resources.spare_nodes=-1"], app_env)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "hpc_llm: error: resources.spare_nodes=-1: must be >= 0 (0: no spares, the default)"
+    ], explain(bad)

@@ -32,6 +32,10 @@ class ResourcesConfig:
     mem_per_node: Optional[str] = None
     # Wall-clock limit (Slurm --time): [D-]HH:MM:SS, MM:SS or minutes.
     time: str = "01:00:00"
+    # Spare nodes (issue #30): the job asks for nodes + spare_nodes with --no-kill, trains on
+    # `nodes` and keeps the spares warm; a dead or blamed node's place is taken by a spare in the
+    # same job, without a requeue. Needs Slurm >= 23.02.6 (docs/design.md, "Spare nodes").
+    spare_nodes: int = 0
 
 
 @dataclass

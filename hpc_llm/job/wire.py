@@ -46,6 +46,10 @@ SUPERVISOR = "HPC_LLM_SUPERVISOR"
 TOKEN = "HPC_LLM_AGENT_TOKEN"
 #: seconds a ping renews the live generation's lease for (hpc_llm.job.rank.fence)
 LEASE_S = "HPC_LLM_LEASE_S"
+#: set when the job has spare nodes (sbatch --no-kill): an agent that loses the supervisor without
+#: an ``end`` (the batch host died; Slurm keeps a --no-kill job RUNNING without its batch script)
+#: requeues the job
+REQUEUE_ON_LOSS = "HPC_LLM_REQUEUE_ON_LOSS"
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -112,6 +112,7 @@ class SlurmLauncher(BaseLauncher):
         checks.placement(
             self.partitions(), self.opts.partition or cluster.get("partition"), res, self.opts.resources_key
         )
+        checks.spare_nodes(res, self.opts.resources_key)
 
     # -- Hydra Launcher API ------------------------------------------------
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -205,7 +205,7 @@ class Attempt:
     ended_at: float | None = None
     #: why it ended (hpc_llm.job.supervisor.policy's causes, FINAL_CAUSES) and what was done about it
     cause: str | None = None
-    #: restart (in the allocation) | requeue | fail | none
+    #: restart (in the allocation) | swap (restart with spares for left-out nodes) | requeue | fail | none
     action: str | None = None
     #: when the supervisor first saw the stop coming (a rank's failure, a dead node, a hang, a
     #: signal), when it decided what to do, and when every rank of the attempt was gone
@@ -225,6 +225,10 @@ class Attempt:
     checkpoint_save_s: float | None = None
     signal_to_requeue_s: float | None = None
     requeued: bool = False
+    #: nodes Slurm allocated, spares included (0: as many as ``nodes``): allocated node-seconds
+    alloc_nodes: int = 0
+    #: nodes this stop left out of the allocation, each replaced by a spare (action "swap")
+    left_out: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -249,6 +253,8 @@ ATTEMPT_SUMMARY = (
     "action",
     "error",
     "suspects",
+    "left_out",
+    "alloc_nodes",
     "signal",
     "resumed_at_batch",
     "last_batch",
@@ -298,6 +304,7 @@ class Attempts:
         allocations: dict[tuple[str | None, int], list[float]] = {}
         productive_node_s = 0.0
         nodes_of: dict[tuple[str | None, int], int] = {}
+        training_of: dict[tuple[str | None, int], int] = {}
         for i, a in enumerate(items):
             row = {k: v for k, v in asdict(a).items() if k in ATTEMPT_SUMMARY}
             prev = items[i - 1] if i else None
@@ -313,7 +320,9 @@ class Attempts:
             span = allocations.setdefault(a.allocation, [begin, end])
             span[0], span[1] = min(span[0], begin), max(span[1], end)
             n = max(1, len(a.nodes))
-            nodes_of[a.allocation] = max(nodes_of.get(a.allocation, 1), n)
+            # spares are allocated too: they count against goodput (resources.spare_nodes)
+            nodes_of[a.allocation] = max(nodes_of.get(a.allocation, 1), n, a.alloc_nodes)
+            training_of[a.allocation] = max(training_of.get(a.allocation, 1), n)
             trained = max(0, a.last_batch - a.resumed_at_batch)
             kept = (
                 trained
@@ -323,6 +332,9 @@ class Attempts:
             if trained:
                 productive_node_s += a.train_s * kept / trained * n
         allocated_node_s = sum((end - begin) * nodes_of[key] for key, (begin, end) in allocations.items())
+        spare_node_s = sum(
+            (end - begin) * max(0, nodes_of[key] - training_of[key]) for key, (begin, end) in allocations.items()
+        )
         causes: dict[str, int] = {}
         for a in items[:-1] if items and items[-1].state == "running" else items:
             if a.cause and a.cause != "completed":
@@ -344,6 +356,8 @@ class Attempts:
                 else None
             ),
             "allocated_node_s": round(allocated_node_s, 3),
+            "spare_node_s": round(spare_node_s, 3),
+            "left_out_nodes": sorted({n for a in items for n in a.left_out}),
             "productive_node_s": round(productive_node_s, 3),
             "goodput": round(productive_node_s / allocated_node_s, 4) if allocated_node_s > 0 else None,
         }

@@ -38,8 +38,10 @@ def placement(parts: dict[str, query.Partition], partition: str | None, res: Any
         )
     else:
         part = parts[partition]
-    if res.nodes > part.nodes:
-        raise ConfigError(f"{key}.nodes={res.nodes} is more than partition '{part.name}' has ({part.nodes} nodes)")
+    spares = int(getattr(res, "spare_nodes", 0) or 0)
+    if res.nodes + spares > part.nodes:
+        asked = f"{key}.nodes={res.nodes}" + (f" + {key}.spare_nodes={spares}" if spares else "")
+        raise ConfigError(f"{asked} is more than partition '{part.name}' has ({part.nodes} nodes)")
     cpus = res.tasks_per_node * res.cpus_per_task
     if part.cpus_per_node and cpus > part.cpus_per_node:
         raise ConfigError(
@@ -47,6 +49,41 @@ def placement(parts: dict[str, query.Partition], partition: str | None, res: Any
             f"= {cpus} CPUs per node, but nodes of partition '{part.name}' have {part.cpus_per_node}"
         )
     return part
+
+
+#: the Slurm release spares need: 23.02.3 fixed later steps unable to use the resources left after a
+#: --no-kill node loss, 23.02.6 the extern step killed on every node (which breaks
+#: job_container/tmpfs, used by the dev cluster); Slurm's NEWS
+SPARES_SINCE = (23, 2, 6)
+
+
+def parse_release(text: str | None) -> tuple[int, int, int] | None:
+    """``24.11.5`` / ``22.05.8`` (scontrol show config's SLURM_VERSION) -> (24, 11, 5)."""
+    parts = (text or "").strip().split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:3]):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
+
+
+def spares_refused(res: Any, key: str, version: str | None) -> str | None:
+    """Why ``<key>.spare_nodes`` cannot be used on a Slurm of ``version`` (None: it can, or none asked)."""
+    spares = int(getattr(res, "spare_nodes", 0) or 0)
+    release = parse_release(version)
+    if not spares or (release is not None and release >= SPARES_SINCE):
+        return None
+    since = "{}.{:02d}.{}".format(*SPARES_SINCE)
+    return (
+        f"{key}.spare_nodes={spares} needs Slurm >= {since} (fixes to --no-kill), but this cluster runs "
+        f"Slurm {version or '(unknown)'}; allowed here: {key}.spare_nodes=0"
+    )
+
+
+def spare_nodes(res: Any, key: str) -> None:
+    """Refuse spares on a Slurm too old for them (asks slurmctld only when spares are asked for)."""
+    if int(getattr(res, "spare_nodes", 0) or 0):
+        why = spares_refused(res, key, query.show_config().get(query.VERSION_KEY))
+        if why:
+            raise ConfigError(why)
 
 
 class SchedulerVerdicts:

@@ -35,6 +35,13 @@ class JobResources:
     time_s: int = 3600
     #: a GRES type (h100): --gpus-per-node=h100:8; None: any GPU
     gpu_type: str | None = None
+    #: nodes kept warm beside the training nodes, in the same allocation (--no-kill)
+    spare_nodes: int = 0
+
+    @property
+    def alloc_nodes(self) -> int:
+        """The nodes the job asks Slurm for: the training nodes and the spares."""
+        return self.nodes + self.spare_nodes
 
     @property
     def gpus_flag(self) -> str | int | None:
@@ -57,7 +64,12 @@ def job_resources(cfg: DictConfig, opts: DictConfig) -> JobResources:
         mem_per_node=r.get("mem_per_node"),
         time_s=parse_time_limit(time_text),
         gpu_type=check_gpu_type(r.get("gpu_type"), gpus),
+        spare_nodes=int(r.get("spare_nodes", 0) or 0),
     )
+    if res.spare_nodes < 0:
+        raise ConfigError(
+            f"{opts.resources_key}.spare_nodes={res.spare_nodes}: must be >= 0 (0: no spares, the default)"
+        )
     check_gpu_passthrough(cfg, opts, res)
     return res
 
@@ -248,7 +260,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         passthrough = sorted({*passthrough, *(container.env_passthrough or [])})
     flags: dict[str, Any] = {
         "job_name": f"hpc_llm-{name}",
-        "nodes": res.nodes,
+        "nodes": res.alloc_nodes,
         "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "time": slurm_time(res.time_s),
@@ -264,6 +276,9 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         "exclusive": bool(opts.exclusive if opts.exclusive is not None else cluster.get("exclusive", False)),
         "export": export_list(passthrough),
     }
+    if res.spare_nodes:
+        # a dead node leaves the job instead of ending it: a spare takes its place (docs/design.md)
+        flags["no_kill"] = True
     if res.gpus_flag is not None:
         flags["gpus_per_node"] = res.gpus_flag
     for key, value in sorted((cluster.get("sbatch") or {}).items()):
@@ -282,9 +297,12 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         # without this the agents would lose what the batch script exported (MASTER_ADDR, ...)
         "--export=ALL",
         # one agent per node, with every CPU the node's ranks have: the agent forks them
-        f"--nodes={res.nodes}",
-        f"--ntasks={res.nodes}",
+        f"--nodes={res.alloc_nodes}",
+        f"--ntasks={res.alloc_nodes}",
         "--ntasks-per-node=1",
+        # with spares, a dead node must not end the agent step on every node (Slurm kills a step
+        # with a task on a dead node everywhere unless it has --no-kill)
+        *(["--no-kill"] if res.spare_nodes else []),
         f"--cpus-per-task={res.cpus_per_task * res.tasks_per_node}",
         # an agent that ends (its node died) must not take the others with it: the supervisor decides
         "--kill-on-bad-exit=0",

@@ -49,6 +49,9 @@ log = logging.getLogger("hpc_llm.agent")
 CONNECT_S = 60.0
 #: a generation's ranks that do not die of SIGKILL within this long are reported stopped anyway
 KILL_WAIT_S = 30.0
+#: an orphaned agent waits this long x its node index before it requeues the job: the first one
+#: alive asks, the others find the job requeued already
+ORPHAN_STAGGER_S = 2.0
 
 
 class Agent:
@@ -63,6 +66,11 @@ class Agent:
         self.node = heartbeat.node_name()
         self.node_id = job.node_id
         self.job_id = job.job_id
+        self.job_ref = job.ref
+        self.restart = job.restart
+        self.requeue_on_loss = bool(os.environ.get(wire.REQUEUE_ON_LOSS))
+        #: the supervisor's connection was lost without an ``end``
+        self.orphaned = False
         self.payload: Any = None
         self.board: heartbeat.Board | None = None
         self.ranks: dict[int, RankProc] = {}  # pid -> rank
@@ -150,6 +158,8 @@ class Agent:
                 if self.conn.closed:
                     self._supervisor_lost()
         self._cleanup()
+        if self.orphaned and self.requeue_on_loss:
+            self._requeue_orphaned()
         return 0
 
     def _ready(self, key: selectors.SelectorKey) -> None:
@@ -344,6 +354,7 @@ class Agent:
             self.sel.unregister(self.conn)
         self.conn = None
         self.live = None
+        self.orphaned = True
         if self.board is not None:
             self.board.set_fence(heartbeat.NO_GENERATION, 0.0)
         for p in self.ranks.values():
@@ -351,6 +362,31 @@ class Agent:
                 p.killed = True
                 forker.kill_group(p.pid)
         self.done = True
+
+    def _requeue_orphaned(self) -> None:
+        """The supervisor is gone without an ``end`` and the job has spares (--no-kill): its batch
+        host died, and Slurm keeps the job RUNNING with no batch script (docs/design.md, "Spare
+        nodes"). Requeue it, once: the agents ask in node order, each only while the job still
+        runs this allocation. Not when this node itself was frozen (its loop stalled: the
+        supervisor left it out), nor while the supervisor still answers on its address."""
+        from hpc_llm.job.supervisor import slurm_job
+
+        if self.stalled or not self.job_id or not self.job_ref:
+            return
+        with contextlib.suppress(OSError):
+            wire.connect(self.supervisor, timeout_s=2.0).close()
+            log.warning("hpc_llm agent on %s: the supervisor dropped this agent but answers: not requeueing", self.node)
+            return
+        time.sleep(ORPHAN_STAGGER_S * self.node_id)
+        info = slurm_job.scontrol_show_job(self.job_id)
+        if info.get("JobState") != "RUNNING" or info.get("Restarts", "0") != str(self.restart):
+            log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
+            return
+        err = slurm_job.requeue_job(self.job_ref)
+        if err:
+            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
+        else:
+            log.warning("hpc_llm agent on %s: the supervisor is gone (its batch host died?): job requeued", self.node)
 
     def _beat(self) -> None:
         self._seq += 1

@@ -142,6 +142,8 @@ class Supervisor:
         self._agents_since: float | None = None
         #: the nodes the ranks run on, in node-rank order
         self.layout: list[str] = []
+        #: nodes of this allocation a swap left out (their places taken by spares): never used again here
+        self.left_out: set[str] = set()
         #: fleet events read while waiting for something else, for the generation's loop
         self._held: list[dict[str, Any]] = []
 
@@ -263,6 +265,9 @@ class Supervisor:
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
+        if self.job.ref and self.policy.recover and len(self.job.nodes) > self.policy.nodes:
+            # spares: a --no-kill job outlives its batch host; the agents requeue it then
+            env[wire.REQUEUE_ON_LOSS] = "1"
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
 
@@ -292,15 +297,22 @@ class Supervisor:
             step.kill()
 
     def _warm_nodes(self) -> list[str]:
+        """The warm agents' nodes this allocation may train on, in the allocation's node order."""
         assert self.fleet is not None
         view = self.fleet.view()
-        return sorted((n for n, a in view.items() if a.state == "warm"), key=lambda n: view[n].node_id)
+        warm = (n for n, a in view.items() if a.state == "warm" and n not in self.left_out)
+        return sorted(warm, key=lambda n: view[n].node_id)
+
+    def _spares(self) -> tuple[str, ...]:
+        """Warm agents outside the generation's layout (resources.spare_nodes): a swap's candidates."""
+        return tuple(n for n in self._warm_nodes() if n not in self.layout)
 
     def _start_generation(self) -> Generation:
-        """Generation ``self.step`` on the warm agents: node ranks by the allocation's node order."""
+        """Generation ``self.step`` on the warm agents: node ranks kept from the last generation,
+        a spare in the place of a node gone (:func:`next_layout`)."""
         assert self.fleet is not None
         view = self.fleet.view()
-        self.layout = self._warm_nodes()[: self.policy.nodes]
+        self.layout = next_layout(self.layout, self._warm_nodes(), self.policy.nodes)
         master = self.layout[0]
         self.fleet.send(master, {"t": "port", "gen": self.step})
         port = None
@@ -367,8 +379,18 @@ class Supervisor:
             self._held = []
             now = time.monotonic()
             if gen is None:
+                detected = end.detected_at
                 for ev in events:
                     self._before_start(ev, end)
+                if (end.dead_nodes or end.agent_errors) and len(self._warm_nodes()) >= p.nodes:
+                    # a spare lost (or a node lost between generations) while enough warm agents
+                    # are left: no stop, the generation starts on the others
+                    lost = {**end.dead_nodes, **end.agent_errors}
+                    log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", lost)
+                    self.left_out |= set(lost)
+                    end.dead_nodes.clear()
+                    end.agent_errors.clear()
+                    end.detected_at = detected
                 if end.dead_nodes or end.agent_errors:
                     break
                 if len(self._warm_nodes()) >= p.nodes:
@@ -549,6 +571,8 @@ class Supervisor:
         facts = self._facts(end)
         earlier = [f for f in failures.read_all(self.run_dir) if f not in facts.failures]
         history = [x for x in attempts.items if x is not a]
+        if len(self.job.nodes) > len(a.nodes):
+            a.alloc_nodes = len(self.job.nodes)  # spares included: allocated node-seconds (goodput)
         decision = policy.decide(history, a, facts, self.settings, earlier)
         return self._act(attempts, a, decision)
 
@@ -603,6 +627,7 @@ class Supervisor:
             dead_nodes=tuple(sorted(end.dead_nodes.items())),
             agent_errors=tuple(sorted(end.agent_errors.items())),
             on_slurm=self.job.ref is not None,
+            spares=self._spares(),
         )
 
     @property
@@ -614,6 +639,10 @@ class Supervisor:
     def _act(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
         """Record the decision, then carry it out (records first: a requeue SIGTERMs this job)."""
         if d.action == "done":
+            if a.alloc_nodes > len(a.nodes):
+                # rank 0 wrote the completed record; the spares' node-seconds go in beside it
+                attempts.save()
+                update_results(self.run_dir, attempts, _read_status(self.run_dir) or "completed", {})
             self._end_for_good()
             return 0
         if d.action == "slurm_requeues":
@@ -640,7 +669,26 @@ class Supervisor:
             if d.delay_s:
                 time.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next step
             return None
+        if d.action == "swap":
+            self._swap(attempts, a, d)
+            return None
         return self._requeue(attempts, a, d)
+
+    def _swap(self, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
+        """The next generation runs without ``d.swap_out``: spares take their node ranks
+        (:func:`next_layout`), in this allocation, with no requeue. A
+        left-out node's agent, if it still answers, is told to end; the node stays in the job
+        (draining it needs operator rights) and is recorded with the evidence (suspects, error)."""
+        assert self.fleet is not None
+        a.action, a.left_out = "swap", list(d.swap_out)
+        attempts.save()
+        self.left_out |= set(d.swap_out)
+        view = self.fleet.view()
+        for node in d.swap_out:
+            if node in view and view[node].alive:
+                self.fleet.send(node, {"t": "end"})
+        update_results(self.run_dir, attempts, "restarting", {"error": d.reason})
+        log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
 
     def _forward_at(self, received: float, cause: str) -> float:
         """When to pass a stop signal on: a preemption at once; the time-limit signal once the
@@ -785,6 +833,17 @@ class Supervisor:
             log.warning("hpc_llm supervisor: %s", warning)
             return sorted(users), warning
         return wanted, None
+
+
+def next_layout(layout: list[str], warm: list[str], nodes: int) -> list[str]:
+    """The next generation's nodes in node-rank order: each node of ``layout`` still warm keeps
+    its node rank, and a spare (the first warm node outside it, in allocation order) takes the
+    rank of each one gone; the first generation takes the first ``nodes`` warm ones. A restart in
+    place then stays on its nodes, whichever agent warmed first."""
+    spares = [n for n in warm if n not in layout]
+    if len(layout) != nodes:
+        return warm[:nodes]
+    return [n if n in warm else spares.pop(0) for n in layout]
 
 
 def slurm_port(job_id: str | None, restart: int, gen: int) -> int:

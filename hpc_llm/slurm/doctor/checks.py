@@ -31,6 +31,7 @@ from hpc_llm.slurm.doctor.checks_scheduler import (
     check_nodes,
     check_partition,
     check_slurm,
+    check_spares,
     check_test_only,
     check_time_limit,
 )
@@ -40,6 +41,7 @@ from hpc_llm.slurm.doctor.row import FAIL, Row
 CHECKS = (
     check_slurm,
     check_partition,
+    check_spares,
     check_test_only,
     check_time_limit,
     check_nodes,

@@ -60,6 +60,25 @@ def check_partition(facts: Facts, needs: Needs, part: str | None) -> Row:
     )
 
 
+def check_spares(facts: Facts, needs: Needs, part: str | None) -> Row | None:
+    """Spare nodes (resources.spare_nodes) need Slurm >= 23.02.6; no row when none are asked for."""
+    from hpc_llm.slurm import checks as submit_checks
+
+    if not needs.spare_nodes:
+        return None
+    version = facts.config.get(query.VERSION_KEY)
+    value = f"{needs.spare_nodes} beside {needs.nodes} training node(s), --no-kill"
+    why = submit_checks.spares_refused(needs, needs.resources_key, version)
+    if why:
+        return Row("spare nodes", value, FAIL, f"{why}: nothing can be submitted")
+    return Row(
+        "spare nodes",
+        value,
+        OK,
+        f"Slurm {version}: a dead or left-out node's rank goes to a warm spare in the same job, no requeue",
+    )
+
+
 def check_test_only(facts: Facts, needs: Needs, part: str | None) -> Row:
     if facts.test_only is None:
         return Row(

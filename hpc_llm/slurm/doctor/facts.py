@@ -25,6 +25,8 @@ class Needs:
     #: resources.gpu_type: a GRES type the nodes must have (None: any GPU)
     gpu_type: str | None = None
     time_s: int = 3600
+    #: resources.spare_nodes: warm nodes beside the training nodes (--no-kill)
+    spare_nodes: int = 0
     #: the config node of the resources (for messages)
     resources_key: str = "resources"
     #: the batch script asks --requeue

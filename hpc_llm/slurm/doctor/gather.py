@@ -94,6 +94,7 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
         gpus_per_node=res.gpus_per_node,
         gpu_type=getattr(res, "gpu_type", None),
         time_s=res.time_s,
+        spare_nodes=res.spare_nodes,
         resources_key=str(opts.resources_key),
         requeue=bool(spec.flags.get("requeue")),
         signal=spec.flags.get("signal"),

@@ -1,0 +1,221 @@
+"""Spare nodes inside the allocation (``resources.spare_nodes``, issue #30), end to end.
+
+On the 24.11 dev cluster (3 nodes): 2 training nodes and 1 spare, the job asks for 3 with
+``--no-kill``. A node killed, a node frozen (the ``slow_cluster``, SlurmdTimeout=300) and a node
+whose GPU fails every generation are each swapped for the spare in the same job: the run
+completes with the uninterrupted run's loss in ONE Slurm job record, never requeued. With no
+spare left the job is requeued by hpc_llm with the node excluded. On 22.05 (older than 23.02.6)
+``resources.spare_nodes`` is refused in one line before anything is submitted.
+
+Marked slurm24 (and slurm): a session that selects one of these tests starts the 24.11 cluster
+(tests/conftest.py). A test that kills a node does it on a cluster of its own; every test that
+kills or freezes a node runs on whole nodes (exclusive) and brings the node back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import test_sweeps
+from tests.conftest import explain, run_app, with_site
+from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, submit, wait_for
+from tests.test_faults import PACE, SHORT, node_state, rank_at, reference, same_loss, scontrol_job, slurm_attempts
+from tests.test_faults import slow_cluster as slow_cluster  # noqa: F401 - the fixture, shared with test_faults
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm24]
+
+#: 2 training nodes and a spare, on whole nodes: a node killed here is this run's alone
+SPARE = [*SHORT, *PACE, "resources.spare_nodes=1", "hydra.launcher.exclusive=true", "fault.hang_floor_s=5"]
+
+
+def decided(run_dir: Path, i: int = 0) -> dict:
+    """Attempt ``i`` once the supervisor has decided what its stop means."""
+    return wait_for(
+        lambda: len(attempts(run_dir)) > i and attempts(run_dir)[i].get("decided_at") and attempts(run_dir)[i],
+        90,
+        f"attempt {i} to be decided",
+    )
+
+
+def one_job_record(job_id: str, env: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The job's accounting: one allocation that completed, never requeued."""
+    wait_for(lambda: not in_queue(job_id, env), 90, "the job to leave the queue")
+    rows = slurm_attempts(job_id, env)
+    # one job, never requeued: 24.11 books the node taken out of a --no-kill job as a resize (sacct
+    # -D: "RESIZING n[1-3]", then "COMPLETED n[1,3]"), no REQUEUED or NODE_FAIL row
+    assert [state for state, _ in rows if state != "RESIZING"] == ["COMPLETED"], rows
+    # every node of the job let go of it cleanly (none drained for "Kill task failed")
+    nodes = sorted({n for _, ns in rows for n in ns})
+    assert not [n for n in nodes if "drain" in node_state(n, env)], [(n, node_state(n, env)) for n in nodes]
+    return rows
+
+
+def swapped(r: dict, job_id: str, victim: str) -> None:
+    """The run completed in the job it started in, on the two other nodes, the spare's
+    node-seconds counted as allocated."""
+    assert r["slurm_job_ids"] == [job_id] and {a["restart"] for a in r["attempts"]} == {0}, r["attempts"]
+    done = r["attempts"][-1]
+    assert victim not in done["nodes"] and len(done["nodes"]) == 2, done
+    assert r["left_out_nodes"] == [victim]
+    assert r["spare_node_s"] > 0 and r["allocated_node_s"] > r["productive_node_s"]
+
+
+def test_spare_nodes_are_refused_on_slurm_22_05_before_anything_is_submitted(slurm_env, runs_dir, tmp_path):
+    proc = run_app([*SHORT, "resources.spare_nodes=1"], slurm_env, cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0, explain(proc)
+    [line] = proc.stderr.strip().splitlines()
+    assert "resources.spare_nodes=1 needs Slurm >= 23.02.6" in line and "Slurm 22.05." in line, line
+    assert "allowed here: resources.spare_nodes=0" in line
+    assert not list(runs_dir.rglob("sbatch.sh")) and test_sweeps.queued(slurm_env, tmp_path) == set()
+
+
+@pytest.fixture
+def own_cluster_24(dev_cluster_24, pytestconfig):
+    """A 3-node 24.11 dev cluster with accounting, of the test's own: a node killed there is no
+    other test's (tests/test_faults.py, ``own_cluster``: a killed and revived node of a shared
+    22.05 cluster refused other tests' submits and left GPUs booked for good)."""
+    from hpc_llm.slurm import devcluster
+    from tests.conftest import _free_port_block, shared_dir
+
+    root = shared_dir(pytestconfig) / f"devcluster-24-own-{os.getpid()}"
+    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm="24.11")
+    yield cluster
+    devcluster.down(root)
+
+
+def test_a_killed_node_is_swapped_for_the_spare_in_the_same_job(
+    slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
+):
+    """The node of rank 1 dies (slurmd, slurmstepds, tasks killed). The agent step was started
+    with --no-kill and the job with --no-kill: Slurm takes the node out of the job and keeps it
+    RUNNING; the agents on the other nodes live on. The supervisor finds the node dead in
+    seconds and starts the next generation with the spare in its place."""
+    from hpc_llm.slurm import devcluster
+
+    ref = reference(SHORT, slurm24_env, pytestconfig)  # on the shared cluster (the loss is the same)
+    env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    job_id, run_dir = submit(SPARE, env, tmp_path)
+    victim = rank_at(run_dir, 1, 8)["node"]
+    devcluster.kill_node(own_cluster_24, victim)
+    killed_at = time.time()
+    try:
+        first = decided(run_dir)
+        r = finished(run_dir, 420)
+    finally:
+        wait_for(lambda: "down" in node_state(victim, env), 120, f"Slurm to call {victim} down")
+        devcluster.revive_node(own_cluster_24, victim)
+    same_loss(r, ref)
+    assert (first["cause"], first["action"], first["suspects"], first["left_out"]) == (
+        "node_failure",
+        "swap",
+        [victim],
+        [victim],
+    ), first
+    assert first["detected_at"] - killed_at < 8, (killed_at, first)
+    swapped(r, job_id, victim)
+    one_job_record(job_id, env)
+
+
+def test_a_frozen_node_is_swapped_for_the_spare_in_the_same_job(  # noqa: F811 - slow_cluster, the fixture
+    slow_cluster, app_env, test_site, tmp_path, pytestconfig
+):
+    """SIGSTOP of a node (Slurm calls it down only after SlurmdTimeout=300): the job finds it
+    dead in seconds and trains on with the spare; when it comes back its old ranks end."""
+    from hpc_llm.slurm import devcluster
+
+    env = with_site(dict(app_env, **slow_cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    ref = reference(SHORT, dict(app_env, **slow_cluster.env()), pytestconfig)
+    job_id, run_dir = submit(SPARE, env, tmp_path)
+    victim = rank_at(run_dir, 1, 8)
+    frozen = devcluster.freeze_node(slow_cluster, victim["node"])
+    frozen_at = time.time()
+    try:
+        first = decided(run_dir)
+        assert (first["cause"], first["action"], first["left_out"]) == ("node_failure", "swap", [victim["node"]])
+        assert first["detected_at"] - frozen_at < 8, (frozen_at, first)
+        # training again on the spare while the node is still frozen (and "up" for Slurm)
+        wait_for(lambda: beat(run_dir, 1).get("node") not in (None, victim["node"]), 90, "rank 1 on the spare")
+        assert "down" not in node_state(victim["node"], env)
+    finally:
+        devcluster.thaw_node(frozen)
+    wait_for(lambda: not Path(f"/proc/{victim['pid']}").exists(), 60, "the old rank on the thawed node to end")
+    r = finished(run_dir, 420)
+    same_loss(r, ref)
+    swapped(r, job_id, victim["node"])
+
+
+def test_a_node_whose_gpu_fails_every_generation_is_swapped_for_the_spare(
+    slurm24_env, test_site, tmp_path, pytestconfig
+):
+    """A rank on one node raises a CUDA ECC error 7 batches into every generation: restarted in
+    place once (one blame point), then the node is left out and the spare takes its node rank."""
+    env = with_site(dict(slurm24_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    bad_node_file = tmp_path / "bad_node"
+    ref = reference(SHORT, slurm24_env, pytestconfig)
+    args = [*SPARE, "eval.evaluators=[crash]", f"+eval.options.crash.node_file={bad_node_file}"]
+    job_id, run_dir = submit(args, env, tmp_path)
+    nodes = wait_for(lambda: job_nodes(job_id, env), 600, "the job to start")
+    bad = nodes[1]  # node rank 1 (node rank 0 is the batch host)
+    bad_node_file.write_text(bad)
+    r = finished(run_dir, 420)
+    same_loss(r, ref)
+    first, second, *_rest = r["attempts"]
+    assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [bad]), first
+    assert "ECC" in first["error"]
+    assert (second["cause"], second["action"], second["left_out"]) == ("failure", "swap", [bad]), second
+    swapped(r, job_id, bad)
+    one_job_record(job_id, env)
+
+
+def agent_pid(job_id: str, node: str) -> int:
+    """The pid of job ``job_id``'s agent on ``node`` (every dev-cluster node is this host)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = dict(e.split(b"=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        # the agent itself: not the supervisor or srun, whose command lines end with the agent's
+        ours = env.get(b"SLURMD_NODENAME") == node.encode() and env.get(b"SLURM_JOB_ID") == job_id.encode()
+        if ours and cmd[2:4] == [b"-m", b"hpc_llm.job.agent"]:
+            return int(proc.name)
+    raise AssertionError(f"no agent of job {job_id} on {node}")
+
+
+def test_with_no_spare_left_the_job_is_requeued_by_hpc_llm_with_the_node_excluded(
+    slurm24_env, test_site, tmp_path, pytestconfig
+):
+    """One training node and one spare. The spare's agent dies first (training goes on: a spare
+    is no part of the generation); then the training node's GPU fails twice: no warm spare is
+    left, so hpc_llm requeues the job itself, without that node, and it completes."""
+    base = [*ALONE, "train.max_duration=300ba"]
+    ref = reference(base, slurm24_env, pytestconfig)
+    env = with_site(dict(slurm24_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    bad_node_file = tmp_path / "bad_node"
+    args = [
+        *base,
+        *PACE,
+        "checkpoint.interval=5ba",
+        "resources.spare_nodes=1",
+        "eval.evaluators=[crash]",
+        f"+eval.options.crash.node_file={bad_node_file}",
+        "+eval.options.crash.after=100",
+    ]
+    job_id, run_dir = submit(args, env, tmp_path)
+    trainer = rank_at(run_dir, 0, 5)["node"]
+    bad_node_file.write_text(trainer)  # read at batch 100 of each generation (paced: 10 s from the start)
+    [spare] = [n for n in job_nodes(job_id, env) if n != trainer]
+    os.kill(agent_pid(job_id, spare), signal.SIGKILL)
+    first, second = decided(run_dir, 0), decided(run_dir, 1)
+    assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [trainer]), first
+    assert (second["cause"], second["action"], second["suspects"]) == ("failure", "requeue", [trainer]), second
+    r = finished(run_dir, 600)
+    same_loss(r, ref)
+    done = r["attempts"][-1]
+    assert done["job_id"] == job_id and done["restart"] >= 1 and trainer not in done["nodes"], done
+    assert scontrol_job(job_id, env)["ExcNodeList"] == trainer
