@@ -91,8 +91,12 @@ def wait(pred: Any, timeout: float, what: str) -> Any:
 
 
 def submit(args: list[str], env: dict[str, str]) -> tuple[str, Path]:
+    # from the runs dir: `python -m` puts its working directory first on sys.path, and run from
+    # a checkout that is the checkout's hpc_llm, whatever PYTHONPATH names (--baseline)
+    cwd = Path(env["HPC_LLM_RUNS"])
+    cwd.mkdir(parents=True, exist_ok=True)
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_llm", *args], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "hpc_llm", *args], env=env, cwd=cwd, capture_output=True, text=True, check=True
     ).stdout
     line = next(ln for ln in out.splitlines() if "submitted Slurm job" in ln)
     return line.split("submitted Slurm job ")[1].split(",")[0], Path(line.split("run dir ")[1].split()[0])
