@@ -222,8 +222,11 @@ class SlurmLauncher(BaseLauncher):
             # set_config made a copy of the hydra node: the job's JobReturn gets that one
             self._hydra_cfgs[id(cfg)] = (cfg, HydraConfig.instance().cfg)
         else:
-            # its copy of the hydra node (a deep copy, ~30 ms) is made if the JobReturn's is read
+            # its copy of the hydra node (a deep copy, ~30 ms) is made if the JobReturn's is read;
+            # till the next job, ${hydra:...} (in what is rendered for this one) resolves against
+            # this job's own hydra node, as against set_config's copy of it
             OmegaConf.set_readonly(cfg.hydra, True)
+            HydraConfig.instance().cfg = cfg  # type: ignore[assignment]
         RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
         if cfg.hydra.output_subdir is not None:
             # what Hydra's run_job saves (the config without its hydra node, the hydra node,
