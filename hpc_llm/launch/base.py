@@ -13,7 +13,6 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_g
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
-from rich.console import Console
 
 from hpc_llm.config import foundry_yaml
 from hpc_llm.config.store import require_schema
@@ -133,6 +132,8 @@ class BaseLauncher(Launcher):
         """The summary table of a finished job (from its results.json), if it wrote one."""
         results = read_results(run_dir)
         if results is not None:
+            from rich.console import Console  # only here: a submit that shows no summary never imports rich
+
             Console(width=max(100, Console().width)).print(console.summary(results, title=title))
         return results
 
