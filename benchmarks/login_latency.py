@@ -16,7 +16,9 @@ With ``--submitit`` it also puts the same 100-point sweep through hydra-submitit
 (``hydra/launcher=submitit_slurm``, pip-installed into a temporary directory: it is not one
 of hpc_llm's dependencies) and hpc_llm's own launcher, alternated in one run, both with the
 check before the queue off (``precheck.enabled=false``; goal: hpc_llm <= 0.5x submitit's
-time to the queue), and hpc_llm's once more with the check on.
+time to the queue, both timed from the start of the process until the sweep's 100 tasks are
+in squeue; hpc_llm's time until its process ended is printed beside), and hpc_llm's once
+more with the check on.
 
     .venv/bin/python benchmarks/login_latency.py [--repeats 5] [--submitit]
 """
@@ -96,9 +98,17 @@ def queued(env: dict[str, str]) -> int:
 def until_queued(cmd: list[str], env: dict[str, str], points: int = 100, timeout_s: float = 300) -> float:
     """Seconds from starting ``cmd`` until ``points`` more jobs are in the queue. hydra-submitit-launcher
     then waits for the jobs' results (they are held: --begin=now+3600), so it is stopped there."""
+    return until_queued_and_done(cmd, env, points, timeout_s, stop=True)[0]
+
+
+def until_queued_and_done(
+    cmd: list[str], env: dict[str, str], points: int = 100, timeout_s: float = 300, stop: bool = False
+) -> tuple[float, float, str]:
+    """(seconds until ``points`` more jobs are in the queue, seconds until ``cmd`` ended, its stdout);
+    ``stop``: stopped once they are queued (the second figure is then the first)."""
     before = queued(env)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         while queued(env) - before < points:
             if proc.poll() is not None:
@@ -106,7 +116,13 @@ def until_queued(cmd: list[str], env: dict[str, str], points: int = 100, timeout
             if time.perf_counter() - t0 > timeout_s:
                 raise SystemExit(f"{points} jobs not queued after {timeout_s} s")
             time.sleep(0.05)
-        return time.perf_counter() - t0
+        to_queue = time.perf_counter() - t0
+        if stop:
+            return to_queue, to_queue, ""
+        out, err = proc.communicate(timeout=timeout_s)
+        if proc.returncode:
+            raise SystemExit(f"{cmd[:4]} failed: {err[-2000:]}")
+        return to_queue, time.perf_counter() - t0, out
     finally:
         proc.kill()
         proc.wait()
@@ -125,15 +141,17 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
         "precheck.enabled=false",
     ]
     ours = [*LR_SWEEP, "precheck.enabled=false"]
-    sub_walls, our_walls, checked = [], [], []
+    sub_walls, our_walls, our_ends, checked = [], [], [], []
     for i in range(repeats):
         root = runs / f"submitit-{i}"
         sub_walls.append(until_queued([sys.executable, "-m", "hpc_llm", *theirs], dict(senv, HPC_LLM_RUNS=str(root))))
         submitted += submitit_ids(root)
         subprocess.run(["scancel", *submitted], env=env, capture_output=True)
-        wall, proc = timed([sys.executable, "-m", "hpc_llm", *ours], senv)
-        our_walls.append(wall)
-        submitted += job_ids(proc.stdout)
+        # timed as theirs is, to the queue; and to its end (the ledger, what it prints, Hydra's own end)
+        to_queue, to_end, out = until_queued_and_done([sys.executable, "-m", "hpc_llm", *ours], senv)
+        our_walls.append(to_queue)
+        our_ends.append(to_end)
+        submitted += job_ids(out)
         subprocess.run(["scancel", *submitted], env=env, capture_output=True)
     wall, proc = timed([sys.executable, "-m", "hpc_llm", *LR_SWEEP, "precheck.enabled=true"], senv)
     checked.append(wall)
@@ -142,7 +160,9 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
     print(
         f"100-point lr sweep to the queue (start to 100 tasks in squeue; squeue polled every 50 ms), check off: "
         f"hpc_llm {our:.2f} s, hydra-submitit-launcher {sub:.2f} s "
-        f"(median of {repeats}, alternated) -> {our / sub:.2f}x (goal <= 0.5x)",
+        f"(median of {repeats}, alternated) -> {our / sub:.2f}x (goal <= 0.5x); hpc_llm's process ended after "
+        f"{statistics.median(our_ends):.2f} s ({statistics.median(our_ends) / sub:.2f}x); load average "
+        f"{os.getloadavg()[0]:.1f}",
         flush=True,
     )
     print(f"the same with the check before the queue on: {checked[0]:.2f} s ({checked[0] - our:+.2f} s)", flush=True)

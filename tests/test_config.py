@@ -93,3 +93,46 @@ def test_hsdp_degree_arithmetic():
 def test_gpu_profile_needs_one_rank_per_gpu():
     with pytest.raises(ConfigError, match="must equal resources.gpus_per_node"):
         make_plan(compose(["cluster.device=gpu", "resources.gpus_per_node=8", "resources.tasks_per_node=2"]))
+
+
+def test_each_point_of_a_sweep_gets_its_own_train_config():
+    """build_train_config reuses the previous point's OmegaConf object to resolve the next
+    point's interpolations (hpc_llm.config.train_config.resolve_interpolations): every point
+    still gets its own values, and what a fresh resolution gives."""
+    from hpc_llm.config import train_config
+
+    points = [
+        ["train.optimizer.lr=1e-4", "train.max_seq_len=64"],
+        ["train.optimizer.lr=2e-4", "train.max_seq_len=128"],  # model.max_seq_len is ${..max_seq_len}
+        ["train.optimizer.lr=2e-4", "train.max_seq_len=64"],
+        ["train.optimizer.lr=3e-4", "train.max_seq_len=64", "+train.variables.note=plain"],  # a key more
+        ["train.optimizer.lr=4e-4", "train.max_seq_len=64", "+train.variables.note=${max_seq_len}"],
+        ["train.optimizer.lr=5e-4", "train.max_seq_len=32", "+train.variables.note=plain"],
+    ]
+    built = []
+    for overrides in points:
+        cfg = compose(["+experiment=mpt_tiny", *overrides])
+        built.append((cfg, build_train_config(cfg, resolve_job(cfg, "/r/0"), run_name="t")))
+    for (cfg, train), overrides in zip(built, points, strict=True):
+        assert train["optimizer"]["lr"] == cfg.train.optimizer.lr
+        assert train["model"]["max_seq_len"] == train["max_seq_len"] == cfg.train.max_seq_len
+        train_config._last = None  # a fresh OmegaConf object: what every point got before the reuse
+        assert build_train_config(cfg, resolve_job(cfg, "/r/0"), run_name="t") == train, overrides
+    assert built[4][1]["variables"]["note"] == 64 and built[5][1]["variables"]["note"] == "plain"
+
+
+def test_resolve_interpolations_matches_omegaconf():
+    """Each dict, resolved after the one before it, is what OmegaConf makes of it alone."""
+    from hpc_llm.config import train_config
+
+    seq = [
+        {"a": 1, "b": "${a}", "c": {"d": [1, "${...a}"], "e": "x"}, "f": "\\${a}"},
+        {"a": 2, "b": "${a}", "c": {"d": [1, "${...a}"], "e": "y"}, "f": "\\${a}"},
+        {"a": 3, "b": 7, "c": {"d": [1, "${...a}"], "e": "${c.d}"}, "f": "\\${a}"},  # b plain, e a container
+        {"a": 4, "b": "${c.e}", "c": {"d": [1, "${...a}"], "e": "${c.d}"}, "f": "z"},
+        {"a": 4, "b": "${c.e}", "c": {"d": [1, "${...a}", 5], "e": "${c.d}"}, "f": "z"},  # a list grew
+        {"a": 5.0, "b": True, "c": {"d": [None, "${...a}", 5], "e": "${c.d}"}, "f": "z"},  # other types
+    ]
+    for merged in seq:
+        expected = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
+        assert train_config.resolve_interpolations(merged) == expected, merged

@@ -451,3 +451,22 @@ def test_a_registry_refuses_what_is_not_its_kind(fake_site):
 def test_the_manager_never_walks_the_stack():
     source = (ROOT / "hpc_llm" / "plugins" / "manager.py").read_text()
     assert not re.search(r"_getframe|currentframe|inspect\.stack|f_back", source)
+
+
+def test_typed_options_are_each_sections_own():
+    """Component._typed_options merges the same options once (hpc_llm.plugins.base._TYPED): other
+    options still get their own result, a bad one is refused every time, and what a caller does
+    to its copy reaches nobody else."""
+    from omegaconf import OmegaConf
+
+    from hpc_llm.plugins.manager import get_plugins
+
+    data = get_plugins(()).get("data", "tiny_corpus")
+    a = data.options(OmegaConf.create({"options": {"cache_dir": "/a"}}))
+    b = data.options(OmegaConf.create({"options": {"cache_dir": "/b"}}))
+    assert (a.cache_dir, b.cache_dir, data.options(OmegaConf.create({})).cache_dir) == ("/a", "/b", None)
+    a.cache_dir = "/changed"
+    assert data.options(OmegaConf.create({"options": {"cache_dir": "/a"}})).cache_dir == "/a"
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="data.options.cache_dirr: not an option"):
+            data.options(OmegaConf.create({"options": {"cache_dirr": "/a"}}))

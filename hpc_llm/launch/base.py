@@ -13,7 +13,6 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_g
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
-from rich.console import Console
 
 from hpc_llm.config import foundry_yaml
 from hpc_llm.config.store import require_schema
@@ -33,11 +32,25 @@ def copy_config(cfg: DictConfig) -> DictConfig:
 
 
 class LazyJobReturn(JobReturn):
-    """A JobReturn whose ``cfg`` is made by ``make_cfg`` when first read."""
+    """A JobReturn whose ``cfg`` is made by ``make_cfg`` when first read (and its ``hydra_cfg``
+    by ``make_hydra_cfg``, when one is set and no ``hydra_cfg`` was given)."""
 
     def __init__(self, make_cfg: Callable[[], DictConfig]) -> None:
         self._make_cfg: Callable[[], DictConfig] | None = make_cfg
+        self.make_hydra_cfg: Callable[[], DictConfig] | None = None
         super().__init__()
+
+    @property
+    def hydra_cfg(self) -> Any:
+        if self.__dict__.get("_hydra_cfg") is None and self.make_hydra_cfg is not None:
+            self.__dict__["_hydra_cfg"], self.make_hydra_cfg = self.make_hydra_cfg(), None
+        return self.__dict__.get("_hydra_cfg")
+
+    @hydra_cfg.setter
+    def hydra_cfg(self, value: Any) -> None:
+        self.__dict__["_hydra_cfg"] = value
+        if value is not None:
+            self.make_hydra_cfg = None
 
     @property
     def cfg(self) -> Any:
@@ -50,6 +63,16 @@ class LazyJobReturn(JobReturn):
         self.__dict__["_cfg"] = value
         if value is not None:
             self._make_cfg = None
+
+
+def hydra_node_copy(cfg: DictConfig) -> DictConfig:
+    """What Hydra's ``HydraConfig.set_config(cfg)`` keeps (and a JobReturn's ``hydra_cfg`` is): a
+    copy of the hydra node alone, interpolating into the job's config; without setting the
+    process-wide HydraConfig to it. The same steps as set_config's (hydra/core/hydra_config.py)."""
+    OmegaConf.set_readonly(cfg.hydra, True)
+    made = OmegaConf.masked_copy(cfg, "hydra")
+    made.hydra._set_parent(cfg)
+    return made
 
 
 class JobFailed(Failed):
@@ -109,6 +132,8 @@ class BaseLauncher(Launcher):
         """The summary table of a finished job (from its results.json), if it wrote one."""
         results = read_results(run_dir)
         if results is not None:
+            from rich.console import Console  # only here: a submit that shows no summary never imports rich
+
             Console(width=max(100, Console().width)).print(console.summary(results, title=title))
         return results
 

@@ -34,7 +34,7 @@ from omegaconf._utils import OmegaConfDumper
 
 from hpc_llm.config import stores
 from hpc_llm.errors import ConfigError, warn_once
-from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, shown
+from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, hydra_node_copy, shown
 from hpc_llm.launch.handover import RankEntry
 from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
@@ -122,7 +122,7 @@ class SlurmLauncher(BaseLauncher):
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
             cfg = self.job_config(overrides, idx)
-            run_dir = self._prepare_run_dir(cfg)
+            run_dir = self._prepare_run_dir(cfg, last=offset == len(job_overrides) - 1)
             provenance.write(run_dir, *self.provenance)
             spec = build_spec(cfg, self.opts, run_dir, code_dir=code_dir)
             script = render(spec)
@@ -210,14 +210,24 @@ class SlurmLauncher(BaseLauncher):
         raise ConfigError(f"Slurm refused job {rejected.point.num} [{shown(point)}]: {rejected.reason}; {what}")
 
     # -- helpers -------------------------------------------------------------
-    def _prepare_run_dir(self, cfg: DictConfig) -> str:
+    def _prepare_run_dir(self, cfg: DictConfig, last: bool = True) -> str:
         """What Hydra's run_job does on the way in: output dir, .hydra/ configs."""
         run_dir = job_run_dir(cfg)
         with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
             cfg.hydra.runtime.output_dir = run_dir
-        HydraConfig.instance().set_config(cfg)
-        # set_config made a copy of the hydra node: the job's JobReturn gets that one
-        self._hydra_cfgs[id(cfg)] = (cfg, HydraConfig.instance().cfg)
+        if self._shared is None or last:
+            # Hydra's run_job sets HydraConfig to each job in turn: the payload's singleton state
+            # (pickled once, with the first job) and the state this process is left in are
+            # those of the same jobs as there; the other jobs only get the read-only flag it sets
+            HydraConfig.instance().set_config(cfg)
+            # set_config made a copy of the hydra node: the job's JobReturn gets that one
+            self._hydra_cfgs[id(cfg)] = (cfg, HydraConfig.instance().cfg)
+        else:
+            # its copy of the hydra node (a deep copy, ~30 ms) is made if the JobReturn's is read;
+            # till the next job, ${hydra:...} (in what is rendered for this one) resolves against
+            # this job's own hydra node, as against set_config's copy of it
+            OmegaConf.set_readonly(cfg.hydra, True)
+            HydraConfig.instance().cfg = cfg  # type: ignore[assignment]
         RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
         if cfg.hydra.output_subdir is not None:
             # what Hydra's run_job saves (the config without its hydra node, the hydra node,
@@ -254,7 +264,10 @@ class SlurmLauncher(BaseLauncher):
         # returns 100 JobReturns that Hydra itself never reads)
         ret = LazyJobReturn(lambda: self._task_cfg(cfg))
         made = self._hydra_cfgs.get(id(cfg))
-        ret.hydra_cfg = made[1] if made is not None else OmegaConf.masked_copy(cfg, "hydra")
+        if made is not None:
+            ret.hydra_cfg = made[1]
+        else:
+            ret.make_hydra_cfg = lambda: hydra_node_copy(cfg)
         ret.overrides = list(cfg.hydra.overrides.task)
         ret.working_dir = run_dir if cfg.hydra.job.chdir else os.getcwd()
         ret.task_name = str(cfg.hydra.job.name)

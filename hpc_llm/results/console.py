@@ -16,15 +16,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Column, Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from hpc_llm.results.format import duration, table
 from hpc_llm.rundir.record import read_progress
+
+if TYPE_CHECKING:  # pragma: no cover
+    # rich is imported where it is used: every submit imports this module, few show anything
+    # with rich (~0.1 s of a submit's start)
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 LOG_LEVEL_ENV = "HPC_LLM_LOG_LEVEL"
 
@@ -36,6 +38,8 @@ def verbose() -> bool:
 
 def progress_line(label: str, progress: dict[str, Any], started: float, state: str | None = None) -> Text:
     """``job 0 [train] batch 12/40  loss 5.21  1,234 tok/s  ETA 0m18s``."""
+    from rich.text import Text
+
     if not progress:
         return Text(f"{label}: {state or 'starting'} ({duration(time.time() - started)})", style="dim")
     batch, total = progress.get("batch") or 0, progress.get("total_batches")
@@ -64,6 +68,11 @@ def live_progress(
     Without a terminal (a pipe, a log file, CI) a live display shows nothing; with
     ``plain_every_s`` the lines are printed there instead: every run's at the start, then the
     runs whose state or batch changed, looked at every ``plain_every_s`` seconds and at the end."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+    from rich.text import Text
+
     console = console or Console(stderr=True)
     started = time.time()
 
@@ -143,6 +152,8 @@ def _fmt(value: Any, spec: str = "") -> str:
 def summary(results: dict[str, Any], title: str | None = None) -> Table:
     """The end of a run in a few rows: loss, held-out metrics, throughput, where things are.
     Every value is literal text (an error, a path, a sample may hold brackets)."""
+    from rich.table import Column
+
     ev = results.get("eval") or {}
     error = results.get("error")
     first, last = results.get("train_loss_first"), results.get("train_loss")
