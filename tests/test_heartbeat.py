@@ -193,53 +193,85 @@ def test_a_process_a_rank_spawns_sees_the_fence_through_the_board_file(tmp_path)
     assert "agent has ended" in (child_says() or "")
 
 
+def _fleet_of_agents(port: int, agents: int, periods: int, report: int, hold: int) -> None:
+    """The agents' side, in a process of its own (as on a cluster): connect, say hello, beat every
+    second for ``periods`` periods while reading the pings; write the longest period it took to
+    ``report``; keep the connections until ``hold`` closes."""
+    socks = []
+    for n in range(agents):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(
+            wire.encode({"t": "hello", "token": "tok", "node": node(n), "node_id": n, "pid": n, "probe_port": 1})
+            + wire.encode({"t": "warm"})
+        )
+        socks.append(s)
+    stop = threading.Event()
+
+    def drain() -> None:  # the agents read the pings (a full buffer would stall the fleet)
+        for s in socks:
+            s.setblocking(False)
+        while not stop.is_set():
+            for s in socks:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    s.recv(65536)
+            time.sleep(0.05)
+
+    threading.Thread(target=drain, daemon=True).start()
+    longest = 0.0
+    for period in range(periods):
+        t0 = time.monotonic()
+        for n, s in enumerate(socks):
+            ranks = [
+                {"rank": n * 8 + r, "seq": period + 1, "batch": period, "phase": "train", "pid": r, "gen": 0}
+                for r in range(8)
+            ]
+            with contextlib.suppress(BlockingIOError):
+                s.setblocking(True)
+                s.sendall(wire.encode({"t": "beat", "seq": period + 1, "ranks": ranks}))
+                s.setblocking(False)
+        took = time.monotonic() - t0
+        longest = max(longest, took)
+        time.sleep(max(0.0, 1.0 - took))
+    os.write(report, f"{longest:.3f}".encode())
+    os.read(hold, 1)  # until the test has looked
+    stop.set()
+
+
 def test_a_fleet_of_2048_agents_beating_every_second_raises_no_false_suspicion(tmp_path):
     """Llama 3's scale, one connection per node: 2,048 agents say hello and beat every second
     for 5 s (8 ranks each); the supervisor's I/O thread keeps every one live (no suspect, no
-    probe), has every rank's latest beat, and pings each agent every period."""
-    agents = 2048
+    probe), has every rank's latest beat, and pings each agent every period. The agents run in a
+    process of their own, as on a cluster (in the test's process they took the fleet's GIL: a
+    false suspicion at a load of 12 on 2 cores); if that process itself cannot send a period's
+    beats within the 3 s node timeout, the machine cannot simulate the fleet and the test says so."""
+    agents, periods = 2048, 5
     fleet = Fleet("tok", beat_s=1.0, node_timeout_s=3.0, probe_timeout_s=1.5, lease_s=4.5, host="127.0.0.1")
     fleet.start()
-    socks = []
+    report_r, report_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(report_r)
+            os.close(hold_w)
+            _fleet_of_agents(fleet.port, agents, periods, report_w, hold_r)
+        finally:
+            os._exit(0)
+    os.close(report_w)
+    os.close(hold_r)
     try:
-        for n in range(agents):
-            s = socket.create_connection(("127.0.0.1", fleet.port))
-            s.sendall(
-                wire.encode({"t": "hello", "token": "tok", "node": node(n), "node_id": n, "pid": n, "probe_port": 1})
-                + wire.encode({"t": "warm"})
-            )
-            socks.append(s)
-        stop = threading.Event()
-
-        def drain() -> None:  # the agents' side reads the pings (a full buffer would stall the fleet)
-            for s in socks:
-                s.setblocking(False)
-            while not stop.is_set():
-                for s in socks:
-                    with contextlib.suppress(BlockingIOError, OSError):
-                        s.recv(65536)
-                time.sleep(0.05)
-
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-        for period in range(5):
-            t0 = time.monotonic()
-            for n, s in enumerate(socks):
-                ranks = [
-                    {"rank": n * 8 + r, "seq": period + 1, "batch": period, "phase": "train", "pid": r, "gen": 0}
-                    for r in range(8)
-                ]
-                s.sendall(wire.encode({"t": "beat", "seq": period + 1, "ranks": ranks}))
-            time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+        longest = float(os.read(report_r, 64).decode() or "nan")
         time.sleep(0.5)
         events = fleet.events()
-        stop.set()
+        if not longest < 2.0:
+            pytest.skip(f"this machine could not send 2,048 agents' beats in time (a period took {longest:.1f} s)")
         assert not [e for e in events if e["t"] in ("suspect", "dead")], [e for e in events if e["t"] != "hello"][:5]
         assert sum(e["t"] == "hello" for e in events) == agents
         beats = fleet.beats()
-        assert len(beats) == agents * 8 and {b.seq for b in beats.values()} == {5}
+        assert len(beats) == agents * 8 and {b.seq for b in beats.values()} == {periods}
         assert all(a.state == "warm" and a.last_ping > 0 for a in fleet.view().values())
     finally:
+        os.close(hold_w)
+        os.waitpid(pid, 0)
         fleet.close()
-        for s in socks:
-            s.close()
+        os.close(report_r)
