@@ -321,3 +321,20 @@ def test_a_fenced_rank_never_reaches_composers_checkpoint_save(on_a_board):
     on_a_board.set_fence(5, time.monotonic() + 10)
     with pytest.raises(AttributeError):
         checkpoint.save_checkpoint(state=None, filename="x.pt")  # allowed through: Composer's own error
+
+
+def test_a_generation_meets_on_a_port_outside_the_ephemeral_range():
+    """A port from bind(0) is one any outgoing connection may take as its source port before the
+    rank's store binds it, and a same-host rank retrying its connection can connect to itself
+    (seen: a start-up stuck with both ranks in "build"). The agent's port is below the kernel's
+    ephemeral range and free when handed out."""
+    import socket
+
+    from hpc_llm.job.agent.loop import _ephemeral_ports, free_port
+
+    lo, hi = _ephemeral_ports()
+    for _ in range(20):
+        port = free_port()
+        assert not lo <= port <= hi, (port, lo, hi)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", port))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -37,6 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hpc_llm.config.plan import PORT_BASE, PORT_SPAN
 from hpc_llm.job import heartbeat, wire
 from hpc_llm.job.agent import forker, warm
 from hpc_llm.job.agent.forker import RankProc
@@ -460,10 +462,41 @@ def rank_env(msg: dict[str, Any], rank: int, local_rank: int, node_rank: int) ->
 
 
 def free_port() -> int:
-    """A port free on this node now, for the generation's rendezvous (torch's TCPStore binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free on this node now, for the generation's rendezvous (torch's TCPStore binds it),
+    outside the kernel's ephemeral range.
+
+    A port from ``bind(0)`` is an ephemeral one: any outgoing connection on the node may take it
+    as its source port before rank 0's store binds it, and a rank on the same host that retries
+    its connection to it before the store listens can be handed it as its own source port and
+    connect to itself (TCP self-connect: connect() succeeds, no store answers). Seen under load
+    on the dev cluster, where every node is one host: a generation stuck in start-up with both
+    ranks in "build", and "Gloo connectFullMesh failed". The ports of the srun path
+    (``config.plan.PORT_BASE`` + ``PORT_SPAN``, below 32768) are used instead, from a random start
+    (two jobs on one node), the first that binds."""
+    lo, hi = _ephemeral_ports()
+    start = random.randrange(PORT_SPAN)
+    for i in range(PORT_SPAN):
+        port = PORT_BASE + (start + i) % PORT_SPAN
+        if lo <= port <= hi:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every one taken: any free port
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux's default 32768-60999)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def main(argv: list[str] | None = None) -> None:
