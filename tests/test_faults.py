@@ -14,6 +14,7 @@ preempted run ``--exclusive``, so tests running beside them are not touched.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -156,22 +157,31 @@ def node_state(node: str, env: dict[str, str]) -> str:
     return out.stdout.strip()
 
 
-@pytest.fixture
-def own_cluster(pytestconfig, tmp_path):
-    """A 3-node 22.05 dev cluster with accounting, of the test's own: a test that kills a node
-    kills none of the shared cluster. On the shared one a killed node made another test's 2-node
-    submit refused while it was DOWN, and its revival left the GPUs of the two other nodes booked
-    for good (slurmctld: "gres/gpu: job 31 dealloc of node n1 bad node_offset 0 count is 0"; 22.05):
+@contextlib.contextmanager
+def cluster_of_its_own(pytestconfig, slurm: str = "22.05"):
+    """A 3-node dev cluster with accounting, of one test's own: a test that kills a node kills
+    none of a shared cluster. On the shared one a killed node made another test's 2-node submit
+    refused while it was DOWN, and its revival left the GPUs of the two other nodes booked for
+    good (slurmctld: "gres/gpu: job 31 dealloc of node n1 bad node_offset 0 count is 0"; 22.05):
     every later job asking for GPUs waited forever."""
     from hpc_llm.slurm import devcluster
-    from tests.conftest import _free_port_block, _slurm_tests_wanted
+    from tests.conftest import _free_port_block
+
+    root = shared_dir(pytestconfig) / f"devcluster-own-{slurm}-{os.getpid()}"
+    try:
+        yield devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm=slurm)
+    finally:
+        devcluster.down(root)
+
+
+@pytest.fixture
+def own_cluster(pytestconfig):
+    from tests.conftest import _slurm_tests_wanted
 
     if not _slurm_tests_wanted(pytestconfig):
         pytest.skip("needs Debian slurm-wlm and root")
-    root = shared_dir(pytestconfig) / f"devcluster-own-{os.getpid()}"
-    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16))
-    yield cluster
-    devcluster.down(root)
+    with cluster_of_its_own(pytestconfig) as cluster:
+        yield cluster
 
 
 def test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_others(

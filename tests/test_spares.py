@@ -24,7 +24,17 @@ import pytest
 from tests import test_sweeps
 from tests.conftest import explain, run_app, with_site
 from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, submit, wait_for
-from tests.test_faults import PACE, SHORT, node_state, rank_at, reference, same_loss, scontrol_job, slurm_attempts
+from tests.test_faults import (
+    PACE,
+    SHORT,
+    cluster_of_its_own,
+    node_state,
+    rank_at,
+    reference,
+    same_loss,
+    scontrol_job,
+    slurm_attempts,
+)
 from tests.test_faults import slow_cluster as slow_cluster  # noqa: F401 - the fixture, shared with test_faults
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slurm24]
@@ -76,16 +86,9 @@ def test_spare_nodes_are_refused_on_slurm_22_05_before_anything_is_submitted(slu
 
 @pytest.fixture
 def own_cluster_24(dev_cluster_24, pytestconfig):
-    """A 3-node 24.11 dev cluster with accounting, of the test's own: a node killed there is no
-    other test's (tests/test_faults.py, ``own_cluster``: a killed and revived node of a shared
-    22.05 cluster refused other tests' submits and left GPUs booked for good)."""
-    from hpc_llm.slurm import devcluster
-    from tests.conftest import _free_port_block, shared_dir
-
-    root = shared_dir(pytestconfig) / f"devcluster-24-own-{os.getpid()}"
-    cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm="24.11")
-    yield cluster
-    devcluster.down(root)
+    """A 24.11 cluster of the test's own (``test_faults.cluster_of_its_own``)."""
+    with cluster_of_its_own(pytestconfig, "24.11") as cluster:
+        yield cluster
 
 
 def test_a_killed_node_is_swapped_for_the_spare_in_the_same_job(

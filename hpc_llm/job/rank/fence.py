@@ -59,7 +59,7 @@ def state(wait_s: float = RENEWAL_WAIT_S) -> str | None:
     still live is waited on for ``wait_s`` (the agent renews it on the next ping)."""
     found = heartbeat.board() or heartbeat.spawned_board()
     if found is None:
-        if os.environ.get(heartbeat.BOARD_ENV) and heartbeat.board() is None:
+        if os.environ.get(heartbeat.BOARD_ENV):
             return "the node's agent has ended (its board file is gone)"
         return None
     board, _slot, gen = found
