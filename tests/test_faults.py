@@ -184,6 +184,14 @@ def own_cluster(pytestconfig):
         yield cluster
 
 
+@pytest.fixture
+def own_cluster_24(dev_cluster_24, pytestconfig):
+    """A 24.11 cluster of the test's own; ``dev_cluster_24`` first, for its skip or failure
+    where 24.11 is not installed."""
+    with cluster_of_its_own(pytestconfig, "24.11") as cluster:
+        yield cluster
+
+
 def test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_others(
     slurm_env, app_env, own_cluster, test_site, tmp_path, pytestconfig
 ):

@@ -19,6 +19,7 @@ import pytest
 from tests import test_accounting, test_faults, test_sweeps
 from tests.conftest import explain, results_of, run_app, run_cli
 from tests.jobs import ALONE, in_queue, wait_for
+from tests.test_faults import own_cluster_24 as own_cluster_24  # noqa: F401 - the fixture, shared with test_faults
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slurm24]
 
@@ -81,10 +82,13 @@ def test_a_preempted_run_resumes_exactly_in_one_preempted_attempt(slurm24_env, t
     assert "PREEMPTED" in shown.stdout and "COMPLETED" in shown.stdout and "preemption" in shown.stdout, explain(shown)
 
 
-def test_a_dead_node_is_found_by_the_job_and_left_out(slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig):
-    """The job finds the dead node itself and requeues without it, as on 22.05."""
+def test_a_dead_node_is_found_by_the_job_and_left_out(  # noqa: F811 - own_cluster_24, the fixture
+    slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
+):
+    """The job finds the dead node itself and requeues without it, as on 22.05 (on a 24.11
+    cluster of its own: it kills a node)."""
     test_faults.test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_others(
-        slurm24_env, dev_cluster_24, test_site, tmp_path, pytestconfig
+        slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
     )
 
 

@@ -5,8 +5,10 @@ callback) that fails deterministically: ``eval.evaluators=[crash]`` adds a
 Composer callback that raises ``RuntimeError`` at the end of batch
 ``eval.options.crash.at_batch`` on rank ``eval.options.crash.rank``. With
 ``eval.options.crash.node_file``, it stands for a bad GPU instead: every rank
-on the node named in that file (read when it is due) raises a CUDA ECC error
-``after`` batches into every attempt, wherever the attempt resumed. It is a
+on the node named in that file raises a CUDA ECC error ``after`` batches into
+every attempt, wherever the attempt resumed. When the error is due, training
+waits for the file (the test writes it once it knows the job's nodes): with no
+wait, a file written late under load meant no error at all. It is a
 real third-party package, installed with pip and found through its entry
 point, so the code under test needs no fault-injection hook. ``post_s`` makes
 its post-train step take that long on the first attempt that reaches it (a
@@ -17,6 +19,7 @@ run there.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -43,9 +46,14 @@ def _callback_class() -> type:
         def batch_end(self, state: Any, logger: Any) -> None:
             batch = int(state.timestamp.batch)
             if self.node_file is not None:
-                path = Path(self.node_file)
-                bad = path.read_text().strip() if path.exists() else None
-                if batch == self.resumed + self.after and bad == os.environ.get("SLURMD_NODENAME"):
+                if batch != self.resumed + self.after:
+                    return
+                path, deadline = Path(self.node_file), time.monotonic() + 600
+                while not path.exists():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"test plugin: {path} was never written")
+                    time.sleep(0.2)
+                if path.read_text().strip() == os.environ.get("SLURMD_NODENAME"):
                     raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
                 return
             if batch == self.at_batch and dist.get_global_rank() == self.rank:
