@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hpc_llm.job import failures, heartbeat
-from hpc_llm.job.supervisor import hang_watch, policy
+from hpc_llm.job.supervisor import hang_watch, policy, slurm_job
 from hpc_llm.job.supervisor import loop as supervisor
 from hpc_llm.rundir.record import Attempt, Attempts
 
@@ -542,3 +542,22 @@ def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place
     assert next_layout(["n2", "n3"], ["n1", "n2", "n3"], 2) == ["n2", "n3"]  # not n1, n2
     assert next_layout(["n1", "n2", "n3"], ["n1", "n3", "n4", "n5"], 3) == ["n1", "n4", "n3"]
     assert next_layout(["n2", "n3"], ["n1", "n3"], 2) == ["n1", "n3"]
+
+
+@pytest.mark.parametrize(
+    ("state", "gone"),
+    [
+        ("ALLOCATED", False),
+        ("MIXED+DRAIN", False),  # draining for maintenance: alive
+        ("IDLE+COMPLETING", False),
+        ("ALLOCATED+NOT_RESPONDING", True),  # a ping missed: DOWN follows after SlurmdTimeout
+        ("DOWN+NOT_RESPONDING", True),
+        ("DOWN+DRAIN", True),
+        ("down*", True),  # sinfo's spelling
+        ("alloc*", True),
+    ],
+)
+def test_a_node_is_gone_for_slurm_when_down_or_not_responding(state, gone):
+    """How an agent whose supervisor stopped answering (its batch host frozen, or cut off from
+    this node alone) asks Slurm for its verdict before it requeues the job."""
+    assert slurm_job.state_gone(state) is gone

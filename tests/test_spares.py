@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -219,3 +220,65 @@ def test_with_no_spare_left_the_job_is_requeued_by_hpc_llm_with_the_node_exclude
     done = r["attempts"][-1]
     assert done["job_id"] == job_id and done["restart"] >= 1 and trainer not in done["nodes"], done
     assert scontrol_job(job_id, env)["ExcNodeList"] == trainer
+
+
+def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(  # noqa: F811 - own_cluster_24
+    slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
+):
+    """The batch host dies, and the supervisor with it. The job has --no-kill (it has a spare):
+    Slurm takes the node out and keeps the job RUNNING with no batch script, and requeues
+    nothing. The agent left finds its supervisor gone, checks it does not answer and that the
+    job is still this allocation, and requeues it with the dead host excluded; the next
+    allocation books the lost attempt on that node and resumes from the last checkpoint."""
+    from hpc_llm.slurm import devcluster
+
+    base = [*ALONE, "train.max_duration=300ba"]
+    ref = reference(base, slurm24_env, pytestconfig)
+    env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    args = [*base, *PACE, "checkpoint.interval=5ba", "resources.spare_nodes=1", "hydra.launcher.exclusive=true"]
+    job_id, run_dir = submit(args, env, tmp_path)
+    rank_at(run_dir, 0, 20)
+    host = scontrol_job(job_id, env)["BatchHost"]
+    devcluster.kill_node(own_cluster_24, host)
+    killed_at = time.time()
+    try:
+        r = finished(run_dir, 600)
+    finally:
+        wait_for(lambda: "down" in node_state(host, env), 120, f"Slurm to call {host} down")
+        devcluster.revive_node(own_cluster_24, host)
+    same_loss(r, ref)
+    lost, *_rest, done = r["attempts"]
+    assert (lost["state"], lost["cause"], lost["suspects"]) == ("lost", "node_failure", [host]), lost
+    booked = attempts(run_dir)[0]  # the full record (results.json lists a summary of each attempt)
+    assert booked["detected_at"] - killed_at < 10 and booked["decided_at"] - killed_at < 30, (killed_at, booked)
+    assert done["job_id"] == job_id and done["restart"] >= 1 and host not in done["nodes"], done
+    assert done["resumed_at_batch"] >= 15, done
+    assert host in scontrol_job(job_id, env)["ExcNodeList"]
+
+
+def test_a_node_drained_for_maintenance_is_swapped_for_the_spare_with_nothing_lost(
+    slurm24_env, test_site, tmp_path, pytestconfig
+):
+    """An operator drains the node of rank 1 (`scontrol update State=DRAIN`: planned maintenance).
+    Slurm lets the job run on it; the supervisor sees the drain, stops the generation with a save
+    and starts the next one with the spare in its place: no batch lost, nobody blamed, no requeue."""
+    env = with_site(dict(slurm24_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    # 30 s of paced training: the supervisor asks Slurm about drains every 10 s
+    longer = [a for a in SHORT if not a.startswith("train.max_duration=")] + ["train.max_duration=300ba"]
+    ref = reference(longer, slurm24_env, pytestconfig)
+    job_id, run_dir = submit([*SPARE, "train.max_duration=300ba"], env, tmp_path)  # the last value wins
+    node = rank_at(run_dir, 1, 8)["node"]
+    drain = ["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=hpc_llm test: maintenance"]
+    subprocess.run(drain, env=env, check=True, capture_output=True)
+    try:
+        first = decided(run_dir)
+        r = finished(run_dir, 420)
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, capture_output=True)
+    same_loss(r, ref)
+    what = (first["state"], first["cause"], first["action"], first["suspects"], first["left_out"])
+    assert what == ("stopped", "drain", "swap", [], [node]), first
+    second = r["attempts"][1]
+    assert second["resumed_at_batch"] == first["stopped_at_batch"] > 0 and r["batches_lost"] == 0, r["attempts"]
+    swapped(r, job_id, node)
+    one_job_record(job_id, env)

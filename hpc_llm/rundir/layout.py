@@ -132,6 +132,11 @@ class RunDir:
         return self.private / "provenance.json"
 
     @property
+    def supervisor_lost(self) -> Path:
+        """What an agent saw when it requeued a job whose supervisor (batch host) was gone."""
+        return self.private / "supervisor_lost.json"
+
+    @property
     def git_diff(self) -> Path:
         return self.private / "git.diff"
 

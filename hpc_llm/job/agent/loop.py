@@ -24,6 +24,7 @@ Environment (set by the supervisor for the agent step): ``HPC_LLM_SUPERVISOR``
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -54,6 +55,13 @@ KILL_WAIT_S = 30.0
 #: an orphaned agent waits this long x its node index before it requeues the job: the first one
 #: alive asks, the others find the job requeued already
 ORPHAN_STAGGER_S = 2.0
+#: a supervisor silent this many ping periods (and at least SILENT_LEASES leases) is gone: a
+#: dead or frozen host closes no connection
+SILENT_PINGS = 10
+SILENT_LEASES = 3
+#: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
+#: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
+VERDICT_SLACK_S = 60.0
 
 
 class Agent:
@@ -71,8 +79,12 @@ class Agent:
         self.job_ref = job.ref
         self.restart = job.restart
         self.requeue_on_loss = bool(os.environ.get(wire.REQUEUE_ON_LOSS))
-        #: the supervisor's connection was lost without an ``end``
+        #: the supervisor's connection was lost without an ``end`` (``silent``: it stayed open, unused)
         self.orphaned = False
+        self.silent = False
+        self.heard = time.monotonic()  # the supervisor's last message
+        self.silent_s = max(SILENT_PINGS * beat_s, SILENT_LEASES * lease_s)
+        self.lost_at = 0.0  # when the supervisor was found gone (wall clock)
         self.payload: Any = None
         self.board: heartbeat.Board | None = None
         self.ranks: dict[int, RankProc] = {}  # pid -> rank
@@ -113,6 +125,7 @@ class Agent:
         self.payload, took = warm.warm(self.payload_path)
         log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, warm.describe(self.payload))
         self.conn.send({"t": "warm", "import_s": round(took, 3)})
+        self.heard = time.monotonic()
         return self._loop()
 
     def _connect(self) -> wire.Conn:
@@ -159,6 +172,9 @@ class Agent:
                 self.conn.flush()
                 if self.conn.closed:
                     self._supervisor_lost()
+            if self.conn is not None and now - self.heard > self.silent_s:
+                self.silent = True
+                self._supervisor_lost()
         self._cleanup()
         if self.orphaned and self.requeue_on_loss:
             self._requeue_orphaned()
@@ -167,6 +183,7 @@ class Agent:
     def _ready(self, key: selectors.SelectorKey) -> None:
         what = key.data
         if what == "supervisor" and self.conn is not None:
+            self.heard = time.monotonic()
             for msg in self.conn.receive():
                 self._command(msg)
             if self.conn.closed:
@@ -351,7 +368,9 @@ class Agent:
     def _supervisor_lost(self) -> None:
         if self.conn is None:
             return
-        log.error("hpc_llm agent on %s: the supervisor's connection is gone: ending the ranks", self.node)
+        how = "silent for %.0f s" % (time.monotonic() - self.heard) if self.silent else "gone"
+        log.error("hpc_llm agent on %s: the supervisor's connection is %s: ending the ranks", self.node, how)
+        self.lost_at = time.time()
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(self.conn)
         self.conn = None
@@ -368,27 +387,77 @@ class Agent:
     def _requeue_orphaned(self) -> None:
         """The supervisor is gone without an ``end`` and the job has spares (--no-kill): its batch
         host died, and Slurm keeps the job RUNNING with no batch script (docs/design.md, "Spare
-        nodes"). Requeue it, once: the agents ask in node order, each only while the job still
-        runs this allocation. Not when this node itself was frozen (its loop stalled: the
-        supervisor left it out), nor while the supervisor still answers on its address."""
+        nodes"). Requeue it, once, with that host excluded, and leave what was seen for the next
+        allocation's supervisor to book. The agents ask in node order, each only while the job
+        still runs this allocation. Not when this node itself was frozen (its loop stalled: the
+        supervisor left it out), nor while the supervisor still accepts connections after it
+        closed ours (it dropped this agent). A host that neither answers nor refuses (frozen,
+        powered off, or cut off from this node alone) is judged by Slurm: requeue only once
+        slurmctld finds it not responding too."""
         from hpc_llm.job.supervisor import slurm_job
 
         if self.stalled or not self.job_id or not self.job_ref:
             return
-        with contextlib.suppress(OSError):
+        try:
             wire.connect(self.supervisor, timeout_s=2.0).close()
-            log.warning("hpc_llm agent on %s: the supervisor dropped this agent but answers: not requeueing", self.node)
-            return
+            refused = False
+        except ConnectionRefusedError:
+            refused = True  # the host is up, the supervisor's process is not
+        except OSError:
+            refused = False  # no answer at all
+        else:
+            if not self.silent:
+                log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
+                return
         time.sleep(ORPHAN_STAGGER_S * self.node_id)
         info = slurm_job.scontrol_show_job(self.job_id)
-        if info.get("JobState") != "RUNNING" or info.get("Restarts", "0") != str(self.restart):
+        host = info.get("BatchHost") or "?"
+        how = "refused connections" if refused else None
+        if not refused:
+            timeout = float(slurm_job.slurm_config().get("SlurmdTimeout", "300").split()[0] or 300)
+            deadline = time.monotonic() + timeout + VERDICT_SLACK_S
+            log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", self.node, host)
+            while not slurm_job.node_gone(host):
+                info = slurm_job.scontrol_show_job(self.job_id)
+                if time.monotonic() > deadline or not self._still_ours(info):
+                    log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", self.node, host)
+                    return
+                time.sleep(2.0)
+            how = "not responding to slurmctld"
+            info = slurm_job.scontrol_show_job(self.job_id)
+        if not self._still_ours(info):
             log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
             return
         err = slurm_job.requeue_job(self.job_ref)
         if err:
             log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
-        else:
-            log.warning("hpc_llm agent on %s: the supervisor is gone (its batch host died?): job requeued", self.node)
+            return
+        requeued_at = time.time()
+        excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
+        err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
+        seen = {
+            "job_id": self.job_id,
+            "restart": self.restart,
+            "node": host,
+            "how": how,
+            "by": self.node,
+            "detected_at": self.lost_at,
+            "requeued_at": requeued_at,
+            "exclude_error": err,
+        }
+        with contextlib.suppress(OSError):
+            RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
+        log.warning(
+            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s",
+            self.node,
+            host,
+            how,
+            f" (could not exclude {host}: {err})" if err else f", {host} excluded",
+        )
+
+    def _still_ours(self, info: dict[str, str]) -> bool:
+        """The job still runs the allocation this agent belongs to."""
+        return info.get("JobState") == "RUNNING" and info.get("Restarts", "0") == str(self.restart)
 
     def _beat(self) -> None:
         self._seq += 1

@@ -53,6 +53,8 @@ class GenerationEnd:
     startup: str | None = None
     #: nodes whose agent was confirmed dead (silent, then its probe unanswered): node -> why
     dead_nodes: dict[str, str] = field(default_factory=dict)
+    #: nodes of the generation Slurm showed draining, for which the supervisor stopped it (stop_cause "drain")
+    draining: tuple[str, ...] = ()
     #: agents that ended of their own error (a bug, not the node) or stalled: node -> why
     agent_errors: dict[str, str] = field(default_factory=dict)
     #: the highest batch any rank's heartbeat reported, and seconds from its first to its last batch

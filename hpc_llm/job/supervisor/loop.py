@@ -37,6 +37,7 @@ on the batch host.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import secrets
@@ -57,6 +58,7 @@ from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
 from hpc_llm.job.supervisor.step import Step
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
@@ -73,6 +75,9 @@ TERM_AT_END_S = 5.0
 LEAD_MARGIN_S = 30.0
 #: seconds between re-reads of the job's end time while a generation runs
 END_REFRESH_S = 60.0
+#: how often a generation with a warm spare asks Slurm whether a node of it is being drained (one
+#: sinfo for the generation's nodes)
+DRAIN_POLL_S = 10.0
 #: seconds between tries to learn from slurmctld why a stop signal came, while it does not answer
 ASK_AGAIN_S = 10.0
 #: seconds the agents get to report a killed generation's ranks gone before they count as lost
@@ -142,6 +147,7 @@ class Supervisor:
         self._agents_since: float | None = None
         #: the nodes the ranks run on, in node-rank order
         self.layout: list[str] = []
+        self._drain_noted: set[str] = set()
         #: nodes of this allocation a swap left out (their places taken by spares): never used again here
         self.left_out: set[str] = set()
         #: fleet events read while waiting for something else, for the generation's loop
@@ -233,8 +239,29 @@ class Supervisor:
         gone = [n for n in a.nodes if n not in self.job.nodes]
         if a.cause == "node_failure" and gone:
             a.suspects = gone
+        seen = self._seen_by_agents(a)
+        if seen:
+            # an agent found this attempt's supervisor gone and requeued the job (--no-kill: Slurm
+            # does not): the batch host, and no one else, is to blame
+            a.cause, a.suspects = "node_failure", [str(seen["node"])]
+            a.detected_at, a.decided_at = seen.get("detected_at") or a.decided_at, seen["requeued_at"]
+            a.error = (
+                f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
+                f"requeued the job{'' if not seen.get('exclude_error') else ' but could not exclude the host'}"
+            )
         attempts.save()
         log.warning("hpc_llm supervisor: previous attempt %s", a.error)
+
+    def _seen_by_agents(self, a: Attempt) -> dict[str, Any] | None:
+        """What an agent recorded when it requeued attempt ``a``'s job (agent.loop), then removed."""
+        path = RunDir(self.run_dir).supervisor_lost
+        try:
+            seen = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        path.unlink(missing_ok=True)
+        ok = isinstance(seen, dict) and (seen.get("job_id"), seen.get("restart")) == (a.job_id, a.restart)
+        return seen if ok and seen.get("node") and seen.get("requeued_at") else None
 
     def _already_completed(self) -> int | None:
         """A run that already completed has nothing to do. Budgets are the policy's, counted
@@ -303,6 +330,23 @@ class Supervisor:
         warm = (n for n, a in view.items() if a.state == "warm" and n not in self.left_out)
         return sorted(warm, key=lambda n: view[n].node_id)
 
+    def _drain_to_swap(self, gen: Generation) -> tuple[str, ...]:
+        """Nodes of ``gen`` an operator drains, when warm spares can take all their places (the
+        generation then stops with a save and the next one runs without them); else nothing: the
+        drain waits for the job to end, as Slurm's does."""
+        if not self.job.job_id or not self.policy.stop_signal or not self._spares():
+            return ()
+        draining = [n for n in slurm_job.draining(list(gen.layout)) or () if n not in self.left_out]
+        if not draining:
+            return ()
+        if len(draining) > len(self._spares()):
+            if set(draining) != self._drain_noted:
+                self._drain_noted = set(draining)
+                log.warning("hpc_llm supervisor: %s draining; too few spares to swap", ",".join(draining))
+            return ()
+        log.warning("hpc_llm supervisor: %s draining: saving, then swapping in spares", ",".join(draining))
+        return tuple(sorted(draining))
+
     def _spares(self) -> tuple[str, ...]:
         """Warm agents outside the generation's layout (resources.spare_nodes): a swap's candidates."""
         return tuple(n for n in self._warm_nodes() if n not in self.layout)
@@ -370,7 +414,7 @@ class Supervisor:
         )
         gen_started = 0.0
         killed_at: float | None = None
-        refreshed = time.monotonic()
+        refreshed = drain_polled = time.monotonic()
         pending: tuple[str, float] | None = None
         ask_at: float | None = None  # when to ask slurmctld why the pending signal came
         forward_at = 0.0
@@ -448,6 +492,18 @@ class Supervisor:
                 self.job.end = slurm_job.slurm_time(self._job_info().get("EndTime")) or self.job.end
                 if pending is not None and end.stop is None and end.stop_cause == "time_limit":
                     forward_at = self._forward_at(pending[1], "time_limit")
+            if (
+                pending is None
+                and gen is not None
+                and gen.all_started
+                and not gen.killing
+                and time.monotonic() - drain_polled >= DRAIN_POLL_S
+            ):
+                drain_polled = time.monotonic()
+                end.draining = self._drain_to_swap(gen)
+                if end.draining:
+                    pending = (f"SIG{self.policy.stop_signal}", time.time())
+                    end.stop_cause, end.stop_cause_asked, forward_at = policy.DRAIN, True, pending[1]
             if pending is None and self._time_is_up():
                 log.warning("hpc_llm supervisor: no time-limit signal from Slurm, %.0f s left: stopping", self.lead_s)
                 pending = (f"SIG{self.policy.stop_signal}", time.time())
@@ -628,6 +684,7 @@ class Supervisor:
             agent_errors=tuple(sorted(end.agent_errors.items())),
             on_slurm=self.job.ref is not None,
             spares=self._spares(),
+            draining=end.draining if end.stop_cause == policy.DRAIN else (),
         )
 
     @property

@@ -37,6 +37,10 @@ Rules a run of weeks needs:
   ``swap``: a restart in this allocation without them, no requeue. Without
   enough spares it is a requeue with them excluded, by hpc_llm (Slurm does not
   requeue a ``--no-kill`` job on a node's death).
+* **A drain is a swap, not a stop**: a node an operator drains (planned
+  maintenance) while the run trains on it, with a warm spare to take its place,
+  is saved from and left out in the same job: no blame, no budget, no requeue.
+  A drain stop the ranks could not save from is judged as any other stop.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ TRANSIENT_BACKOFF_S = 30.0
 TRANSIENT_BACKOFF_MAX_S = 900.0
 #: causes of a stop the run asked for or Slurm imposed: not failures
 STOP_CAUSES = frozenset({"time_limit", "preemption", "signal"})
+#: a stop the supervisor asked for itself: a node of the generation is being drained
+DRAIN = "drain"
 DAY_S = 86400.0
 #: causes whose blamed nodes are left out at once (Slurm or a health check said the node is bad)
 AT_ONCE = frozenset({"node_failure", "preflight"})
@@ -130,6 +136,8 @@ class Stop:
     #: warm agents of this allocation outside the generation's layout (resources.spare_nodes):
     #: the nodes a swap may put in the place of the nodes it leaves out
     spares: tuple[str, ...] = ()
+    #: nodes of the generation Slurm shows draining (stop_cause "drain": the supervisor stopped for them)
+    draining: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -320,6 +328,16 @@ def decide(
         last_words = f"srun: error: {first.node}: task {first.tasks}: {first.what}" if first else None
         reason = current.error or last_words or f"the training step exited with {stop.returncode}"
         return Decision("fail", current.cause or "failure", reason, _ended(current))
+
+    if stop.stop_cause == DRAIN and current.state == "stopped" and stop.draining:
+        drained = tuple(sorted(stop.draining))
+        takers = stop.spares[: len(drained)]
+        what = f"{', '.join(drained)} {'is' if len(drained) == 1 else 'are'} being drained (planned maintenance)"
+        if len(takers) == len(drained):
+            reason = f"{what}: the step saved; leaving {', '.join(drained)} out for spare(s) {', '.join(takers)}"
+            return Decision("swap", DRAIN, reason, "stopped", swap_out=drained)
+        # the spares went between the stop and now: resume here, the drain waits for the job
+        return Decision("restart", DRAIN, f"{what}, with no spare left: the step saved; resuming here", "stopped")
 
     stopped = _imposed_stop(current, stop, s)
     if stopped is not None:

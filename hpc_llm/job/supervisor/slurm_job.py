@@ -252,6 +252,50 @@ def requeue_job(ref: str) -> str | None:
     return said or f"exit {out.returncode}"
 
 
+def node_gone(name: str) -> bool | None:
+    """Whether Slurm has found node ``name`` dead: DOWN, or NOT_RESPONDING (a ping missed;
+    DOWN follows after SlurmdTimeout). None when scontrol cannot tell."""
+    try:
+        out = _run(["scontrol", "show", "node", "-o", name], timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return state_gone(parse_show_job_o(out.stdout).get("State", ""))
+
+
+def state_gone(state: str) -> bool:
+    """``scontrol show node``'s State (``IDLE+NOT_RESPONDING``, ``DOWN+DRAIN+NOT_RESPONDING``;
+    sinfo's ``down*`` too) says the node is dead or missed slurmctld's pings."""
+    flags = set(state.upper().replace("*", "+NOT_RESPONDING").split("+"))
+    return bool({"DOWN", "NOT_RESPONDING"} & flags)
+
+
+#: sinfo's short states of a node being drained: allocated (draining) or already idle (drained)
+_DRAINING = ("drng", "drain")
+
+
+def draining(nodes: list[str]) -> list[str] | None:
+    """The nodes of ``nodes`` an operator is draining (planned maintenance), or None when sinfo
+    cannot tell. One call for the whole list (slurmctld answers from its node table)."""
+    try:
+        out = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_draining(out.stdout) if out.returncode == 0 else None
+
+
+def parse_draining(out: str) -> list[str]:
+    """``sinfo -h -N -o "%N %t"`` lines: the nodes whose state is draining or drained (a trailing
+    ``*``, ``~``, ``#``... flag kept off: a drained node not responding is still drained)."""
+    found = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].rstrip("*~#!%$@^-") in _DRAINING:
+            found.add(parts[0])
+    return sorted(found)
+
+
 def exclude(ref: str, nodes: list[str]) -> str | None:
     try:
         out = _run(["scontrol", "update", f"JobId={ref}", f"ExcNodeList={','.join(nodes)}"])
