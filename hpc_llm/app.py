@@ -64,6 +64,7 @@ COMMAND_ENV = "HPC_LLM_COMMAND"
 def main(argv: list[str] | None = None) -> None:
     import hydra
 
+    from hpc_llm.config import interpolation_cache
     from hpc_llm.config.hydra_errors import one_line_errors
     from hpc_llm.config.overrides import adding_keys
     from hpc_llm.config.store import register_configs
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         # fails to compose; asking for multirun explicitly keeps the real error.
         sys.argv.insert(1, "--multirun")
     register_configs()
+    interpolation_cache.install()  # a sweep reads the same interpolations in every point
     hydra_main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     with one_line_errors():
         hydra_main()
