@@ -10,6 +10,7 @@ callable on each; only then does it hand over to BasicSweeper.
 from __future__ import annotations
 
 import os
+import pickle
 import weakref
 from typing import Any
 
@@ -78,20 +79,25 @@ class ValidatingSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         jobs: dict[tuple[str, ...], DictConfig] = {}
-        composed: dict[tuple[Any, ...], DictConfig] = {}
+        #: by shape: the first point's config, pickled once (each point of the shape is a copy)
+        composed: dict[tuple[Any, ...], bytes | DictConfig] = {}
+        # a sweep's points repeat the same override strings (all but the swept values): each
+        # is parsed once (Hydra's ANTLR grammar, ~1 ms a string), its Override shared
+        # (nothing writes to one: Hydra and _with_values only read them)
+        parsed_once: dict[str, Override] = {}
         for batch in self.split_arguments(overrides, None):
             for job_overrides in batch:
-                parsed = parser.parse_overrides(list(job_overrides))
+                parsed = [_parsed(parser, line, parsed_once) for line in job_overrides]
                 shape, values = _shape(parsed, loader)
                 if shape is not None and shape in composed:
                     cfg = _with_values(composed[shape], parsed, values)
                 else:
                     cfg = loader.load_sweep_config(self.config, list(job_overrides))
-                    if shape is not None:
-                        composed[shape] = cfg
                 foundry_yaml.apply(cfg)  # yaml=PATH: the yaml is the job's train config
                 with open_dict(cfg):
                     cfg.hydra.job.num = len(jobs)
+                if shape is not None and shape not in composed:
+                    composed[shape] = _pickled(cfg)
                 jobs[tuple(job_overrides)] = cfg
         return jobs
 
@@ -197,10 +203,25 @@ def _plain_value(o: Override, repository: Any) -> bool:
     )
 
 
-def _with_values(first: DictConfig, parsed: list[Override], values: list[Override]) -> DictConfig:
-    """``first`` (a composed point of the same shape) with this point's plain ``values``, and
-    the hydra.overrides / override_dirname Hydra records for it."""
-    cfg = copy_config(first)
+def _parsed(parser: OverridesParser, line: str, seen: dict[str, Override]) -> Override:
+    if line not in seen:
+        seen[line] = parser.parse_overrides([line])[0]
+    return seen[line]
+
+
+def _pickled(cfg: DictConfig) -> bytes | DictConfig:
+    """``cfg`` as the pickle :func:`copy_config` would make of it, to copy it from (once per
+    shape instead of once a point); ``cfg`` itself where it does not pickle."""
+    try:
+        return pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cfg
+
+
+def _with_values(first: bytes | DictConfig, parsed: list[Override], values: list[Override]) -> DictConfig:
+    """``first`` (a composed point of the same shape, or its pickle) with this point's plain
+    ``values``, and the hydra.overrides / override_dirname Hydra records for it."""
+    cfg = pickle.loads(first) if isinstance(first, bytes) else copy_config(first)
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     task = [o for o in parsed if not o.is_hydra_override()]
     job = cfg.hydra.job
