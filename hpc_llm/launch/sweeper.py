@@ -9,6 +9,7 @@ callable on each; only then does it hand over to BasicSweeper.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import weakref
@@ -17,7 +18,7 @@ from typing import Any
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.utils import get_method
 from omegaconf import DictConfig, open_dict, read_write
 
@@ -200,6 +201,9 @@ def _plain_value(o: Override, repository: Any) -> bool:
         and o.package is None
         and not o.is_sweep_override()
         and not repository.group_exists(o.key_or_group)
+        # Hydra merges a mapping into what is there: into the first point's mapping, its keys
+        # would stay in the others' (a list is replaced, but goes the same way for simplicity)
+        and not isinstance(o.value(), (dict, list))
     )
 
 
@@ -222,7 +226,11 @@ def _with_values(first: bytes | DictConfig, parsed: list[Override], values: list
     """``first`` (a composed point of the same shape, or its pickle) with this point's plain
     ``values``, and the hydra.overrides / override_dirname Hydra records for it."""
     cfg = pickle.loads(first) if isinstance(first, bytes) else copy_config(first)
-    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    # +key=value adds a key the first point added too: as ++ (what Hydra's + does where the key
+    # is absent, which it is in this point's own composition; else the first point was refused)
+    ConfigLoaderImpl._apply_overrides_to_config(
+        [dataclasses.replace(o, type=OverrideType.FORCE_ADD) if o.is_add() else o for o in values], cfg
+    )
     task = [o for o in parsed if not o.is_hydra_override()]
     job = cfg.hydra.job
     with read_write(cfg.hydra), open_dict(cfg.hydra):
