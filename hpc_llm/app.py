@@ -8,6 +8,7 @@ into one line on stderr (exit 2) instead of a traceback.
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import sys
@@ -113,6 +114,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv.insert(1, "--multirun")
     register_configs()
     interpolation_cache.install()  # a sweep reads the same interpolations in every point
+    # This process lives seconds and keeps what it builds until it ends (a sweep's configs,
+    # ~1,000 objects each): with Python's default thresholds (700, 10, 10) the cyclic collector
+    # ran ~500 times in a 100-point submit, 4 of them over every object, ~0.2 s of CPU; these
+    # still collect the young cycles (a point's discarded copies), 70 times less often.
+    gc.set_threshold(50_000, 20, 100)
     hydra_main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     with one_line_errors():
         hydra_main()
