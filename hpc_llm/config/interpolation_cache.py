@@ -17,17 +17,16 @@ to 2.3 (pyproject.toml); ``install`` leaves OmegaConf as it is if either name is
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
+
+from omegaconf import grammar_parser
 
 _MODULES = ("omegaconf.base", "omegaconf._utils")
 
 
 def install() -> None:
     """Memoise OmegaConf's interpolation parser in this process (idempotent)."""
-    import importlib
-
-    from omegaconf import grammar_parser
-
     modules = [importlib.import_module(name) for name in _MODULES]
     if not all(getattr(m, "parse", None) in (grammar_parser.parse, _memoised) for m in modules):
         return  # not the OmegaConf this was written against
@@ -37,6 +36,4 @@ def install() -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _memoised(value: str, parser_rule: str = "configValue", lexer_mode: str = "DEFAULT_MODE") -> Any:
-    from omegaconf import grammar_parser
-
     return grammar_parser.parse(value, parser_rule, lexer_mode)
