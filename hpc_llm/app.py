@@ -8,6 +8,7 @@ into one line on stderr (exit 2) instead of a traceback.
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import sys
@@ -64,6 +65,7 @@ COMMAND_ENV = "HPC_LLM_COMMAND"
 def main(argv: list[str] | None = None) -> None:
     import hydra
 
+    from hpc_llm.config import interpolation_cache
     from hpc_llm.config.hydra_errors import one_line_errors
     from hpc_llm.config.overrides import adding_keys
     from hpc_llm.config.store import register_configs
@@ -111,6 +113,12 @@ def main(argv: list[str] | None = None) -> None:
         # fails to compose; asking for multirun explicitly keeps the real error.
         sys.argv.insert(1, "--multirun")
     register_configs()
+    interpolation_cache.install()  # a sweep reads the same interpolations in every point
+    # This process lives seconds and keeps what it builds until it ends (a sweep's configs,
+    # ~1,000 objects each): with Python's default thresholds (700, 10, 10) the cyclic collector
+    # ran ~500 times in a 100-point submit, 4 of them over every object, ~0.2 s of CPU; these
+    # still collect the young cycles (a point's discarded copies), 70 times less often.
+    gc.set_threshold(50_000, 20, 100)
     hydra_main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)
     with one_line_errors():
         hydra_main()

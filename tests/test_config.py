@@ -136,3 +136,83 @@ def test_resolve_interpolations_matches_omegaconf():
     for merged in seq:
         expected = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
         assert train_config.resolve_interpolations(merged) == expected, merged
+
+
+def test_hydra_files_of_a_sweep_are_what_pyyaml_writes_for_each_point(tmp_path):
+    """The .hydra/ files (hpc_llm.launch.hydra_files) reuse the previous point's YAML nodes for a
+    section whose data did not change: every point's files are still the whole dump of its own
+    config (OmegaConf's representer on libyaml's emitter, which folds long lines as libyaml
+    does), value types included (1, 1.0, true and "1" are equal in Python, not in YAML), and
+    read back as the config."""
+    import yaml
+
+    from hpc_llm.launch.hydra_files import _OPTIONS, HydraFiles, _YamlDumper
+
+    points = [
+        ["train.optimizer.lr=1e-4"],
+        ["train.optimizer.lr=2e-4"],
+        ["train.optimizer.lr=2e-4", "+train.variables.x=1"],
+        ["train.optimizer.lr=2e-4", "+train.variables.x=1.0"],
+        ["train.optimizer.lr=2e-4", "+train.variables.x=true"],
+        ["train.optimizer.lr=2e-4", "+train.variables.x='1'"],
+        ["train.optimizer.lr=2e-4", "+train.variables.x=${max_seq_len}"],
+        ["train.optimizer.lr=-0.0"],
+        ["train.optimizer.lr=0.0", "resources.nodes=2"],
+    ]
+    files = HydraFiles()
+    for i, overrides in enumerate(points):
+        cfg = compose(["+experiment=mpt_tiny", *overrides])
+        files.write(OmegaConf.to_container(cfg, resolve=False, enum_to_str=True), tmp_path / str(i))
+        content = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+        assert isinstance(content, dict)
+        hydra = content.pop("hydra")
+        for name, data in (("config", content), ("hydra", {"hydra": hydra}), ("overrides", hydra["overrides"]["task"])):
+            text = (tmp_path / str(i) / f".{name}.yaml"[1:]).read_text()
+            assert text == yaml.dump(data, Dumper=_YamlDumper, **_OPTIONS), (name, overrides)
+            assert OmegaConf.create(yaml.safe_load(text)) == OmegaConf.create(data)
+        assert OmegaConf.load(tmp_path / str(i) / "config.yaml").train.optimizer.lr == cfg.train.optimizer.lr
+
+
+def test_a_job_payload_pickles_its_config_by_value_where_the_job_could_not_import_it():
+    """write_payload's config pickle is cloudpickle's bytes: from the C pickler where the two
+    agree, from cloudpickle where plain pickle would name a class of the app's __main__."""
+    import dataclasses
+    import pickle
+    import sys
+
+    import cloudpickle
+
+    from hpc_llm.rundir.payload import _dumps
+
+    cfg = compose(["+experiment=mpt_tiny"])
+    assert _dumps(cfg) == cloudpickle.dumps(cfg)
+    main = sys.modules["__main__"]
+    Conf = dataclasses.make_dataclass("Conf", [("lr", float, 0.1)])
+    Conf.__module__ = "__main__"
+    main.Conf = Conf  # type: ignore[attr-defined]
+    try:
+        structured = OmegaConf.structured(Conf)
+        assert b"__main__" in pickle.dumps(structured)  # what the job could not import
+        assert _dumps(structured) == cloudpickle.dumps(structured)
+        del main.Conf  # type: ignore[attr-defined]
+        assert cloudpickle.loads(_dumps(structured)).lr == 0.1  # by value: no __main__.Conf needed
+    finally:
+        main.__dict__.pop("Conf", None)
+
+
+def test_memoised_interpolation_parser_resolves_as_omegaconf_does():
+    """hpc_llm.config.interpolation_cache: one parse tree per string, shared by every node that
+    holds it; each node still resolves against its own config, and a bad one still raises."""
+    from omegaconf.errors import GrammarParseError
+
+    from hpc_llm.config import interpolation_cache
+
+    interpolation_cache.install()
+    a = OmegaConf.create({"x": 1, "y": "${x}", "z": "a-${x}-${y}"})
+    b = OmegaConf.create({"x": 2, "y": "${x}", "z": "a-${x}-${y}"})
+    assert (a.y, a.z, b.y, b.z) == (1, "a-1-1", 2, "a-2-2")
+    a.x = 3
+    assert (a.z, b.z) == ("a-3-3", "a-2-2")
+    for _ in range(2):  # not cached as a success
+        with pytest.raises(GrammarParseError):
+            _ = OmegaConf.create({"bad": "${x"}).bad

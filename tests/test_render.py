@@ -174,3 +174,77 @@ def test_spare_nodes_render_n_plus_s_nodes_and_no_kill(app_env):
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "hpc_llm: error: resources.spare_nodes=-1: must be >= 0 (0: no spares, the default)"
     ], explain(bad)
+
+
+def test_every_point_of_a_sweep_is_its_own_full_composition(app_env, runs_dir: Path, tmp_path: Path):
+    """The sweeper composes one point per shape and gives the others its config with their own
+    values (hpc_llm.launch.sweeper); a group choice (parallelism=) is another shape, composed
+    anew. Each point's payload config and .hydra/ files are what composing that point alone
+    gives, value types included (1 and true are equal in Python)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from hpc_llm.config.compose import compose
+    from hpc_llm.rundir.payload import read_payload
+    from tests.conftest import run_app
+
+    sweep = ["train.optimizer.lr=1e-4,2e-4", "parallelism=ddp,fsdp", "+train.variables.x=1,true"]
+    proc = run_app(["+experiment=mpt_tiny", *sweep, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
+    assert proc.returncode == 0, explain(proc)
+    payloads = sorted(runs_dir.rglob("job.pkl"))
+    assert len(payloads) == 8
+    seen = set()
+    for path in payloads:
+        run_dir = path.parent.parent
+        overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+        seen.add(tuple(o for o in overrides if not o.startswith("+experiment")))
+        config = read_payload(path).config
+        alone = compose(overrides)
+        mine, theirs = (OmegaConf.to_container(c, resolve=False) for c in (config, alone))
+        assert isinstance(mine, dict) and isinstance(theirs, dict)
+        for c in (mine, theirs):
+            c.pop("hydra")
+        assert _typed(mine) == _typed(theirs), overrides  # types too: 1 is not true
+        assert _typed(yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())) == _typed(mine)
+        assert list(config.hydra.overrides.task) == overrides
+    assert len(seen) == 8  # every point once
+
+
+def test_a_mapping_swept_as_a_value_is_each_points_own(app_env, runs_dir: Path, tmp_path: Path):
+    """Hydra merges a mapping value into what is there: the sweeper composes each such point
+    anew, so the first point's keys do not stay in the second's."""
+    import yaml
+
+    from hpc_llm.rundir.payload import read_payload
+    from tests.conftest import run_app
+
+    sweep = ["+experiment=mpt_tiny", "++train.variables.d={a:1},{b:2}"]
+    proc = run_app([*sweep, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
+    assert proc.returncode == 0, explain(proc)
+    got = sorted(str(dict(read_payload(p).config.train.variables.d)) for p in runs_dir.rglob("job.pkl"))
+    assert got == ["{'a': 1}", "{'b': 2}"]
+    assert all("d" in yaml.safe_load(p.read_text())["train"]["variables"] for p in runs_dir.rglob("config.yaml"))
+
+
+def _typed(data: object) -> object:
+    """``data`` with every value's type beside it (1 == True == 1.0 in Python)."""
+    if isinstance(data, dict):
+        return {k: _typed(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_typed(v) for v in data]
+    return (type(data).__name__, data)
+
+
+def test_a_bad_value_in_a_later_point_of_a_shape_refuses_the_sweep(app_env, runs_dir: Path, tmp_path: Path):
+    """The second point of a shape is the first's config with its own values (no composition of
+    its own): its bad value is still refused in one line naming the key, before anything exists."""
+    from tests.conftest import run_app
+
+    proc = run_app(
+        ["+experiment=mpt_tiny", "fault.max_failures=3,-1", "hydra/launcher=slurm", "hydra.launcher.dry_run=true"],
+        app_env,
+    )
+    assert proc.returncode == 2, explain(proc)
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpc_llm: error:")]
+    assert len(said) == 1 and "fault.max_failures=-1" in said[0] and "an integer >= 0" in said[0], proc.stderr
+    assert not list(runs_dir.rglob("*")), list(runs_dir.rglob("*"))

@@ -7,6 +7,7 @@ the hpc_llm sweeper), and again inside the job. Pure: no training stack.
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,8 +98,24 @@ KNOWN_TOKENIZER_SIZES = {
 def tokenizer_size(name: str) -> int | None:
     """Tokens in a tokenizer (regular + added), from its tokenizer.json; None if unknown here."""
     path = Path(str(name)).expanduser() / "tokenizer.json"
-    if not path.is_file():
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
         return KNOWN_TOKENIZER_SIZES.get(str(name))
+    # every point of a sweep asks (~4 ms a parse of the tiny corpus's): the answer is kept
+    # for the file as it is (a rewritten file has another mtime or size)
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    if key not in _TOKENIZER_SIZES:
+        _TOKENIZER_SIZES[key] = _count_tokens(path)
+    return _TOKENIZER_SIZES[key]
+
+
+_TOKENIZER_SIZES: dict[tuple[str, int, int, int], int | None] = {}
+
+
+def _count_tokens(path: Path) -> int | None:
     data = json.loads(path.read_text(encoding="utf-8"))
     ids = list((data.get("model") or {}).get("vocab", {}).values())
     ids += [t.get("id", -1) for t in data.get("added_tokens") or []]

@@ -26,16 +26,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-from omegaconf._utils import OmegaConfDumper
 
 from hpc_llm.config import stores
 from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, hydra_node_copy, shown
 from hpc_llm.launch.handover import RankEntry
+from hpc_llm.launch.hydra_files import HydraFiles
 from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
 from hpc_llm.results.failure import first_failure
@@ -63,6 +62,7 @@ class SlurmLauncher(BaseLauncher):
         #: each job's config without the hydra node, by id of the job config (kept alive with it)
         self._task_cfgs: dict[int, tuple[DictConfig, DictConfig]] = {}
         self._hydra_cfgs: dict[int, tuple[DictConfig, Any]] = {}
+        self._hydra_files = HydraFiles()
 
     # -- checks, before anything is created (called by the sweeper) ----------
     def partitions(self) -> dict[str, query.Partition]:
@@ -232,13 +232,9 @@ class SlurmLauncher(BaseLauncher):
         if cfg.hydra.output_subdir is not None:
             # what Hydra's run_job saves (the config without its hydra node, the hydra node,
             # the overrides), from one conversion of the config instead of a copy per file
-            out = Path(run_dir) / str(cfg.hydra.output_subdir)
             content = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
             assert isinstance(content, dict)
-            hydra_node = content.pop("hydra")
-            _save_yaml(content, "config.yaml", out)
-            _save_yaml({"hydra": hydra_node}, "hydra.yaml", out)
-            _save_yaml(hydra_node["overrides"]["task"], "overrides.yaml", out)  # Hydra saves a list here too
+            self._hydra_files.write(content, Path(run_dir) / str(cfg.hydra.output_subdir))
         # the ranks run Hydra's run_job (job logging, env_set, callbacks), as in any Hydra launcher
         if self._shared is None:  # once per sweep
             self._shared = shared_part(self.task_function, self.hydra_context)
@@ -334,18 +330,3 @@ class SlurmLauncher(BaseLauncher):
                 f"job {cfg.hydra.job.num} (Slurm job {job_id}) ended without a result; logs: {RunDir(run_dir).logs}"
             )
         return self._job_return(cfg, run_dir, err, JobStatus.FAILED)
-
-
-class _YamlDumper(yaml.CDumper):
-    """OmegaConf's YAML dumper on libyaml's emitter: hydra's own ``_save_config`` writes the
-    .hydra/ files with the pure-Python one, ~15 ms a file; a 100-point sweep writes 300."""
-
-
-_YamlDumper.add_representer(str, OmegaConfDumper.str_representer)  # type: ignore[arg-type]
-
-
-def _save_yaml(container: Any, filename: str, output_dir: Path) -> None:
-    """What hydra.core.utils._save_config writes (``container``: the config as plain data), faster."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    text = yaml.dump(container, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=_YamlDumper)
-    (output_dir / filename).write_text(text, encoding="utf-8")

@@ -13,6 +13,7 @@ writes it, :mod:`hpc_llm.job.rank.entry` reads it; nothing here imports the job 
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,23 @@ def write_payload(run_dir: Path | str, config: Any, shared: bytes) -> Path:
     structured configs may live in its ``__main__``); clears the return value of an earlier launch."""
     rd = RunDir(run_dir)
     rd.private.mkdir(parents=True, exist_ok=True)
-    rd.payload.write_bytes(shared + cloudpickle.dumps(config))
+    rd.payload.write_bytes(shared + _dumps(config))
     rd.return_value.unlink(missing_ok=True)
     return rd.payload
+
+
+def _dumps(config: Any) -> bytes:
+    """``cloudpickle.dumps(config)``, from the C pickler where that gives the same thing: half the
+    time (~2 ms a job). cloudpickle differs from pickle only for what cannot be imported by name
+    in the job: a class of the app's ``__main__`` (pickled by value), which plain pickle would
+    name and the job could not find; its pickle then contains the bytes ``__main__`` (the module
+    name every by-name reference carries), and what plain pickle refuses raises. Both go to
+    cloudpickle (a config value "__main__" only costs the slower path)."""
+    try:
+        data = pickle.dumps(config, protocol=cloudpickle.DEFAULT_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cloudpickle.dumps(config)
+    return cloudpickle.dumps(config) if b"__main__" in data else data
 
 
 def read_payload(path: Path | str) -> Payload:
