@@ -134,18 +134,24 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 def _free_port_block(n: int) -> int:
     """A port p with p..p+n-1 all free on this host (slurmctld + one slurmd per node, then the S3
-    server's five), and p+10000..p+n-1+10000 too (the S3 server's gRPC ports)."""
+    server's five), and p+10000..p+n-1+10000 too (the S3 server's gRPC ports). Below the kernel's
+    ephemeral range: blocks drawn from 30000-55000 all failed once beside the 2,048-agent fleet
+    test, whose thousands of connections left their source ports in TIME_WAIT ("no free port
+    block" after 200 draws). SO_REUSEADDR as slurmctld, slurmd and the S3 server bind."""
     import random
     import socket
 
+    from hpc_llm.job.agent.loop import _ephemeral_ports
     from hpc_llm.slurm.s3_server import GRPC_OFFSET
 
+    top = min(_ephemeral_ports()[0], 65536) - GRPC_OFFSET - n
     for _ in range(200):
-        base = random.randrange(30000, 45000)
+        base = random.randrange(10000, max(top, 10001))
         try:
             socks = []
             for p in [*range(base, base + n), *range(base + GRPC_OFFSET, base + n + GRPC_OFFSET)]:
                 s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind(("127.0.0.1", p))
                 socks.append(s)
         except OSError:
