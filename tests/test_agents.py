@@ -232,6 +232,27 @@ def test_a_frozen_node_is_found_by_the_job_and_its_old_ranks_write_nothing_after
     j.wait()
 
 
+def test_a_supervisor_frozen_past_its_agents_patience_blames_no_node(job):
+    """SIGSTOP of the supervisor (its host frozen) for longer than its agents wait for a ping
+    (10 pings of 0.2 s, 3 leases of 1.5 s: 4.5 s here). The agents give up on it and end their
+    ranks; thawed, the supervisor finds every node gone. That is its own stall, not the nodes'
+    deaths: nobody is blamed (before, every node was a node failure, excluded for a day), and
+    the run restarts with new agents and completes."""
+    j = job(agent_tasks.train, nodes=2, per_node=1, batches=150, batch_s=0.05)
+    j.at(0, 1, 10)
+    j.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "silent for" in j.text(), 30, "the agents to give up on the supervisor")
+        time.sleep(1.0)
+    finally:
+        j.proc.send_signal(signal.SIGCONT)
+    assert j.wait() == 0, j.text()
+    first, *_rest, done = j.attempts()
+    assert (first["cause"], first["action"], first["suspects"]) == ("hang", "restart", []), first
+    assert "supervisor's own loop stalled" in first["error"], first["error"]
+    assert done["state"] == "completed" and j.batch(done["step"], 1) == 150
+
+
 def test_a_stalled_rank_is_a_hang_after_k_times_the_median_step(job):
     """The ranks' training threads stop at batch 20 for a minute while their heartbeats go on (a
     stuck collective looks like this): no batch for 10 x the median step (0.05 s here; the

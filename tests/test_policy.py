@@ -672,6 +672,21 @@ ROWS = [
         state="failed",
     ),
     row(
+        "the supervisor's own stall outlasted its agents: every node looks dead, none is blamed",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n1", "its connection dropped"), ("n2", "its connection dropped")),
+            "self_stall": "the supervisor's own loop stalled for 20.0 s",
+            "spares": ("n3",),
+        },
+        S,
+        "restart",
+        "hang",
+        state="failed",
+    ),
+    row(
         "drain: a node being drained saved from and swapped for the spare: no blame, no requeue",
         [],
         {"state": "stopped", "stopped": 40},

@@ -50,6 +50,17 @@ LEASE_S = "HPC_LLM_LEASE_S"
 #: an ``end`` (the batch host died; Slurm keeps a --no-kill job RUNNING without its batch script)
 #: requeues the job
 REQUEUE_ON_LOSS = "HPC_LLM_REQUEUE_ON_LOSS"
+#: an agent takes its supervisor as gone after this many ping periods without a message, and
+#: at least this many leases (a dead or frozen host closes no connection)
+SILENT_PINGS = 10
+SILENT_LEASES = 3
+
+
+def supervisor_silent_s(beat_s: float, lease_s: float) -> float:
+    """How long an agent waits for its supervisor's next message before it gives up on it. A
+    supervisor whose own loop stalled longer than this finds every agent gone, by no fault of
+    theirs (supervisor.fleet)."""
+    return max(SILENT_PINGS * beat_s, SILENT_LEASES * lease_s)
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -55,13 +55,10 @@ KILL_WAIT_S = 30.0
 #: an orphaned agent waits this long x its node index before it requeues the job: the first one
 #: alive asks, the others find the job requeued already
 ORPHAN_STAGGER_S = 2.0
-#: a supervisor silent this many ping periods (and at least SILENT_LEASES leases) is gone: a
-#: dead or frozen host closes no connection
-SILENT_PINGS = 10
-SILENT_LEASES = 3
 #: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
 #: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
 VERDICT_SLACK_S = 60.0
+VERDICT_POLL_S = 2.0
 
 
 class Agent:
@@ -83,7 +80,7 @@ class Agent:
         self.orphaned = False
         self.silent = False
         self.heard = time.monotonic()  # the supervisor's last message
-        self.silent_s = max(SILENT_PINGS * beat_s, SILENT_LEASES * lease_s)
+        self.silent_s = wire.supervisor_silent_s(beat_s, lease_s)
         self.lost_at = 0.0  # when the supervisor was found gone (wall clock)
         self.payload: Any = None
         self.board: heartbeat.Board | None = None
@@ -410,21 +407,24 @@ class Agent:
                 log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
                 return
         time.sleep(ORPHAN_STAGGER_S * self.node_id)
-        info = slurm_job.scontrol_show_job(self.job_id)
+        info = self._job_info()
         host = info.get("BatchHost") or "?"
         how = "refused connections" if refused else None
         if not refused:
-            timeout = float(slurm_job.slurm_config().get("SlurmdTimeout", "300").split()[0] or 300)
+            words = (slurm_job.slurm_config().get("SlurmdTimeout") or "").split()
+            timeout = float(words[0]) if words and words[0].isdigit() else 300.0
             deadline = time.monotonic() + timeout + VERDICT_SLACK_S
             log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", self.node, host)
-            while not slurm_job.node_gone(host):
-                info = slurm_job.scontrol_show_job(self.job_id)
-                if time.monotonic() > deadline or not self._still_ours(info):
+            # staggered like the first ask: at scale, not every agent polls slurmctld at once
+            while host == "?" or not slurm_job.node_gone(host):
+                time.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (self.node_id % 8))
+                info = self._job_info()
+                host = info.get("BatchHost") or host
+                if time.monotonic() > deadline or (info and not self._still_ours(info)):
                     log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", self.node, host)
                     return
-                time.sleep(2.0)
             how = "not responding to slurmctld"
-            info = slurm_job.scontrol_show_job(self.job_id)
+            info = self._job_info()
         if not self._still_ours(info):
             log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
             return
@@ -454,6 +454,18 @@ class Agent:
             how,
             f" (could not exclude {host}: {err})" if err else f", {host} excluded",
         )
+
+    def _job_info(self) -> dict[str, str]:
+        """``scontrol show job``, asked up to 5 times: one slow answer from slurmctld must not
+        leave a job with no supervisor RUNNING until its time limit ({} when it never answers)."""
+        from hpc_llm.job.supervisor import slurm_job
+
+        for i in range(5):
+            info = slurm_job.scontrol_show_job(self.job_id or "")
+            if info:
+                return info
+            time.sleep(2.0 * (i + 1))
+        return {}
 
     def _still_ours(self, info: dict[str, str]) -> bool:
         """The job still runs the allocation this agent belongs to."""

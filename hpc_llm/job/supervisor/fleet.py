@@ -92,6 +92,8 @@ class Fleet:
         self.node_timeout_s = node_timeout_s
         self.probe_timeout_s = probe_timeout_s
         self.lease_s = lease_s
+        self.longest_stall = 0.0
+        self.last_turn = time.monotonic()
         self.listener = wire.listener(host)
         self.port = int(self.listener.getsockname()[1])
         self.agents: dict[str, AgentView] = {}
@@ -115,6 +117,14 @@ class Fleet:
             for a in self.agents.values():
                 a.conn.close()
             self.listener.close()
+
+    def take_stall(self) -> float:
+        """The longest stall of the I/O loop since the last call (seconds), then forget it. The
+        stall still running counts: thawed, the main loop may decide before this loop turns."""
+        with self._lock:
+            out = max(self.longest_stall, time.monotonic() - self.last_turn)
+            self.longest_stall = 0.0
+        return out
 
     def events(self, timeout: float = 0.0) -> list[dict[str, Any]]:
         """What happened since the last call (waits up to ``timeout`` for the first)."""
@@ -155,8 +165,12 @@ class Fleet:
 
     # -- the I/O thread ------------------------------------------------------------------
     def _serve(self) -> None:
-        next_ping = time.monotonic()
+        next_ping = self.last_turn = time.monotonic()
         while not self._stop.is_set():
+            # the longest this loop went without a turn: a frozen process (its host frozen) that
+            # sent no ping for longer than the agents wait for one (Supervisor._facts)
+            self.longest_stall = max(self.longest_stall, time.monotonic() - self.last_turn)
+            self.last_turn = time.monotonic()
             for key, mask in self._sel.select(timeout=0.1):
                 kind, ref = key.data
                 with self._lock:

@@ -334,12 +334,19 @@ class Supervisor:
         """Nodes of ``gen`` an operator drains, when warm spares can take all their places (the
         generation then stops with a save and the next one runs without them); else nothing: the
         drain waits for the job to end, as Slurm's does."""
-        if not self.job.job_id or not self.policy.stop_signal or not self._spares():
+        spares = self._spares()
+        if not self.job.job_id or not self.policy.stop_signal or not spares:
             return ()
-        draining = [n for n in slurm_job.draining(list(gen.layout)) or () if n not in self.left_out]
+        found = set(slurm_job.draining([*gen.layout, *spares]) or ())
+        if drained_spares := found & set(spares):
+            # a spare being drained takes no node's place: it would only be drained from again
+            log.warning("hpc_llm supervisor: spare(s) %s draining: not swapped in", ",".join(sorted(drained_spares)))
+            self.left_out |= drained_spares
+            spares = self._spares()
+        draining = [n for n in gen.layout if n in found and n not in self.left_out]
         if not draining:
             return ()
-        if len(draining) > len(self._spares()):
+        if len(draining) > len(spares):
             if set(draining) != self._drain_noted:
                 self._drain_noted = set(draining)
                 log.warning("hpc_llm supervisor: %s draining; too few spares to swap", ",".join(draining))
@@ -499,8 +506,8 @@ class Supervisor:
                 and not gen.killing
                 and time.monotonic() - drain_polled >= DRAIN_POLL_S
             ):
-                drain_polled = time.monotonic()
                 end.draining = self._drain_to_swap(gen)
+                drain_polled = time.monotonic()  # after the call: a slow sinfo is not asked back to back
                 if end.draining:
                     pending = (f"SIG{self.policy.stop_signal}", time.time())
                     end.stop_cause, end.stop_cause_asked, forward_at = policy.DRAIN, True, pending[1]
@@ -666,6 +673,9 @@ class Supervisor:
             requeueing = slurm_job.requeued_by_slurm(self.job.job_id, self.job.restart)
         tag = f"{self.job.job_id or 'local'}.{self.job.restart}.{self.step}"
         _srun_tasks, failed_nodes = failures.parse_srun_errors(end.srun_errors)
+        # srun's error lines pile up over the agent step's life: a node swapped out earlier is no
+        # cause of this stop (it would have blamed a node already gone, and requeued for it)
+        failed_nodes = [n for n in failed_nodes if n not in self.left_out]
         return policy.Stop(
             returncode=end.returncode,
             now=time.time(),
@@ -676,6 +686,7 @@ class Supervisor:
             slurm_requeueing=requeueing,
             hang=end.hang,
             storage_stall=end.storage_stall,
+            self_stall=self._self_stall(),
             startup=end.startup,
             failures=tuple(failures.read(self.run_dir, tag)),
             task_errors=tuple(end.task_errors),
@@ -686,6 +697,16 @@ class Supervisor:
             spares=self._spares(),
             draining=end.draining if end.stop_cause == policy.DRAIN else (),
         )
+
+    def _self_stall(self) -> str | None:
+        """This process went without a ping for longer than its agents wait for one (its host
+        frozen, or starved): they have ended their ranks, and every node would look dead."""
+        gap = self.fleet.take_stall() if self.fleet is not None else 0.0
+        if gap <= wire.supervisor_silent_s(self.policy.heartbeat_s, self.policy.lease_s):
+            return None
+        why = f"the supervisor's own loop stalled for {gap:.1f} s (its host frozen?), longer than its agents wait"
+        log.error("hpc_llm supervisor: %s", why)
+        return why
 
     @property
     def settings(self) -> policy.Settings:

@@ -123,6 +123,8 @@ class Stop:
     hang: tuple[str, tuple[str, ...]] | None = None
     #: a checkpoint save or upload that stalled (the supervisor's reason): the store's, not a node's
     storage_stall: str | None = None
+    #: the supervisor itself stalled (its host frozen) past the agents' patience: they ended
+    self_stall: str | None = None
     #: nodes whose agent was confirmed dead (silent, then its probe unanswered), with why
     dead_nodes: tuple[tuple[str, str], ...] = ()
     #: agents that ended of their own error (a bug, not the node), with why
@@ -347,7 +349,11 @@ def decide(
         return Decision("fail", current.cause, current.error or "the run failed", "failed")
 
     nodes: tuple[str, ...]
-    if stop.dead_nodes:
+    if stop.self_stall is not None:
+        # the agents ended because the supervisor went quiet, not because their nodes died: every
+        # node would look dead; none is to blame. Restarted with new agents, in this allocation
+        cause, reason, nodes = "hang", f"{stop.self_stall}: its agents gave up on it; nobody blamed", ()
+    elif stop.dead_nodes:
         # whatever the other ranks reported after it went, they lost a peer: the node is the cause
         dead = ", ".join(f"{n} ({why})" for n, why in stop.dead_nodes)
         cause, reason, nodes = (

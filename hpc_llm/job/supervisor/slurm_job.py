@@ -279,7 +279,8 @@ def draining(nodes: list[str]) -> list[str] | None:
     """The nodes of ``nodes`` an operator is draining (planned maintenance), or None when sinfo
     cannot tell. One call for the whole list (slurmctld answers from its node table)."""
     try:
-        out = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], timeout=20)
+        # a short timeout: the supervisor's loop waits on it (a preemption's signal too)
+        out = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return parse_draining(out.stdout) if out.returncode == 0 else None
