@@ -31,7 +31,8 @@ the node's rank in the same job, so those runs are measured to training again an
 
 ``--baseline DIR``: a checkout of an older hpc_llm (e.g. ``git worktree add
 /tmp/before b91bb50``); each kind runs once more with it (PYTHONPATH=DIR), as
-"today's path" beside the agents. ``--throughput N``: N alternated pairs of
+"today's path" beside the agents. ``--throughput N [--together]``: N alternated pairs (or
+pairs run at once, a node each) of
 fault-free runs of 2,000 batches, the agents against the baseline: tokens/s
 ratio (target >= 0.99). ``--json FILE`` writes every figure.
 
@@ -305,7 +306,7 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def throughput(env: dict[str, str], base_env: dict[str, str], pairs: int) -> dict[str, Any]:
+def throughput(env: dict[str, str], base_env: dict[str, str], pairs: int, together: bool = False) -> dict[str, Any]:
     """Fault-free runs of 2,000 batches, the agents and the baseline alternated: tokens/s over
     the whole run (``tokens_done / train_s``; Composer's ``throughput/tokens_per_sec`` is its
     speed monitor's last window of 100 batches, five checkpoint saves and whatever the machine
@@ -314,9 +315,17 @@ def throughput(env: dict[str, str], base_env: dict[str, str], pairs: int) -> dic
     tps: dict[str, list[float]] = {"agents": [], "baseline": []}
     window: dict[str, list[float]] = {"agents": [], "baseline": []}
     args = [a for a in RUN if "hpc_llm_test_pace" not in a] + [*ALONE, "train.max_duration=2000ba"]
-    for _ in range(pairs):
-        for name, e in (("agents", env), ("baseline", base_env)):
-            _job, run_dir = submit([*args, *HANG[name]], e)
+    for i in range(pairs):
+        order = [("agents", env), ("baseline", base_env)][:: 1 if i % 2 == 0 else -1]
+        # --together: the pair's two runs at once, each on a node of its own: both meet the
+        # machine's load at the same moments (on a shared machine, load moves more between two
+        # runs in turn than between two at once)
+        runs = []
+        for name, e in order:
+            runs.append((name, submit([*args, *HANG[name]], e)[1]))
+            if not together:
+                done(runs[-1][1], 3600)
+        for name, run_dir in runs:
             r = done(run_dir, 3600)
             tps[name].append(round(float(r["tokens_done"]) / float(r["train_s"]), 1))
             window[name].append(float(r["tokens_per_sec"]))
@@ -326,6 +335,7 @@ def throughput(env: dict[str, str], base_env: dict[str, str], pairs: int) -> dic
         "last_window_tokens_per_sec": window,
         "pair_ratios": [round(x, 4) for x in ratios],
         "ratio": round(statistics.median(ratios), 4),
+        "together": together,
     }
 
 
@@ -351,6 +361,7 @@ def main() -> None:
     ap.add_argument("--site", required=True, help="a pip --target dir holding tests/plugins/hpc-llm-pace")
     ap.add_argument("--baseline", default=None, help="a checkout of the previous design, run once per kind beside")
     ap.add_argument("--throughput", type=int, default=0, help="alternated pairs of fault-free 2,000-batch runs")
+    ap.add_argument("--together", action="store_true", help="--throughput: a pair's two runs at once, a node each")
     ap.add_argument("--spares", action="store_true", help="node/frozen with a spare node, on Slurm 24.11")
     ap.add_argument("--json", default=None, help="write every figure to this file")
     args = ap.parse_args()
@@ -390,7 +401,7 @@ def main() -> None:
                     before[kind] = measure(kind, base, cluster, "baseline")
                     every["baseline"][kind] = before[kind]
             if args.throughput and not slow:
-                every["throughput"] = throughput(ours, base, args.throughput)
+                every["throughput"] = throughput(ours, base, args.throughput, args.together)
     print(
         "mpt_tiny, 2 nodes x 1 rank on the dev cluster (CPU, gloo; 10 batches/s; checkpoint every 20 batches)"
         + ("; node/frozen with 1 spare node on Slurm 24.11" if args.spares else "")
