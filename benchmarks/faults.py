@@ -268,11 +268,38 @@ def decided(run_dir: Path, env: dict[str, str], job_id: str) -> dict[str, Any]:
 SPARE = ["resources.spare_nodes=1"]
 
 
+class NotStarted(Exception):
+    """A run whose job (or spare's agent) never started: not a measurement of recovery."""
+
+
+#: the dev cluster's Slurm 24.11 sometimes launches a step on a node before the job's container
+#: is there (job_container/tmpfs): "container_p_join: open failed for .../<job>/.ns"
+CONTAINER_RACE = "container_p_join"
+
+
+def all_agents_warm(run_dir: Path, job_id: str, env: dict[str, str], agents: int) -> None:
+    """Every agent of the allocation warm (a spare's too), before the fault is injected; raises
+    NotStarted (the job cancelled) when a step never entered the job's container."""
+    logs = run_dir / "logs"
+    end = time.monotonic() + 600
+    while time.monotonic() < end:
+        texts = [p.read_text(errors="replace") for p in logs.glob("*") if p.is_file()] if logs.exists() else []
+        if any(CONTAINER_RACE in t for t in texts):
+            subprocess.run(["scancel", job_id], env=env, capture_output=True)
+            raise NotStarted(f"job {job_id}: a step never entered the job's container ({CONTAINER_RACE})")
+        if sum("hpc_llm agent on" in t and "warm in" in t for t in texts) >= agents:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {agents} warm agents of job {job_id}")
+
+
 def measure(kind: str, env: dict[str, str], cluster: Any, path: str = "agents", spares: bool = False) -> dict[str, Any]:
     what, args, inject, slow = SCENARIOS[kind]
     if spares:
         what, args = f"{what}, with a spare", [*args, *SPARE]
     job_id, run_dir = submit([*RUN, *HANG[path], *args], env)
+    if spares:
+        all_agents_warm(run_dir, job_id, env, 3)
     t_fault = inject(run_dir, job_id, env, cluster)
     try:
         # with a spare the job trains on without Slurm: measured to the end
@@ -394,8 +421,16 @@ def main() -> None:
             ours, base = envs(env)
             for kind in chosen:
                 spares = args.spares and slow
-                measured = [measure(kind, ours, cluster, spares=spares) for _ in range(args.repeats)]
+                measured: list[dict[str, Any]] = []
+                not_started: list[str] = []
+                while len(measured) < args.repeats and len(not_started) < args.repeats:
+                    try:
+                        measured.append(measure(kind, ours, cluster, spares=spares))
+                    except NotStarted as exc:
+                        print(f"not counted: {exc}", file=sys.stderr)
+                        not_started.append(str(exc))
                 every["runs"][kind] = measured
+                every.setdefault("not_started", {})[kind] = not_started
                 rows[kind] = median_row(measured)
                 if args.baseline:
                     before[kind] = measure(kind, base, cluster, "baseline")
