@@ -352,6 +352,10 @@ def throughput(env: dict[str, str], base_env: dict[str, str], pairs: int, togeth
             runs.append((name, submit([*args, *HANG[name]], e)[1]))
             if not together:
                 done(runs[-1][1], 3600)
+            else:
+                # the run dir is named to the second (Hydra's ${now:...}): two submits of one
+                # experiment within a second share it, and the second resumed the first's run
+                time.sleep(1.1)
         for name, run_dir in runs:
             r = done(run_dir, 3600)
             tps[name].append(round(float(r["tokens_done"]) / float(r["train_s"]), 1))
