@@ -141,10 +141,10 @@ def _free_port_block(n: int) -> int:
     import random
     import socket
 
-    from hpc_llm.job.agent.loop import _ephemeral_ports
+    from hpc_llm.job.wire import ephemeral_ports
     from hpc_llm.slurm.s3_server import GRPC_OFFSET
 
-    top = min(_ephemeral_ports()[0], 65536) - GRPC_OFFSET - n
+    top = min(ephemeral_ports()[0], 65536) - GRPC_OFFSET - n
     for _ in range(200):
         base = random.randrange(10000, max(top, 10001))
         try:

@@ -351,9 +351,10 @@ def test_a_generation_meets_on_a_port_outside_the_ephemeral_range():
     ephemeral range and free when handed out."""
     import socket
 
-    from hpc_llm.job.agent.loop import _ephemeral_ports, free_port
+    from hpc_llm.job.agent.loop import free_port
+    from hpc_llm.job.wire import ephemeral_ports
 
-    lo, hi = _ephemeral_ports()
+    lo, hi = ephemeral_ports()
     for _ in range(20):
         port = free_port()
         assert not lo <= port <= hi, (port, lo, hi)

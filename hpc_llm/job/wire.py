@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 #: a line longer than this is not ours: the connection is closed
@@ -61,6 +62,16 @@ def supervisor_silent_s(beat_s: float, lease_s: float) -> float:
     supervisor whose own loop stalled longer than this finds every agent gone, by no fault of
     theirs (supervisor.fleet)."""
     return max(SILENT_PINGS * beat_s, SILENT_LEASES * lease_s)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux's default 32768-60999):
+    a port a server must listen on is taken from outside it (agent.loop.free_port)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -411,9 +411,7 @@ class Agent:
         host = info.get("BatchHost") or "?"
         how = "refused connections" if refused else None
         if not refused:
-            words = (slurm_job.slurm_config().get("SlurmdTimeout") or "").split()
-            timeout = float(words[0]) if words and words[0].isdigit() else 300.0
-            deadline = time.monotonic() + timeout + VERDICT_SLACK_S
+            deadline = time.monotonic() + slurm_job.slurmd_timeout_s(slurm_job.slurm_config()) + VERDICT_SLACK_S
             log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", self.node, host)
             # staggered like the first ask: at scale, not every agent polls slurmctld at once
             while host == "?" or not slurm_job.node_gone(host):
@@ -554,7 +552,7 @@ def free_port() -> int:
     ranks in "build", and "Gloo connectFullMesh failed". The ports of the srun path
     (``config.plan.PORT_BASE`` + ``PORT_SPAN``, below 32768) are used instead, from a random start
     (two jobs on one node), the first that binds."""
-    lo, hi = _ephemeral_ports()
+    lo, hi = wire.ephemeral_ports()
     start = random.randrange(PORT_SPAN)
     for i in range(PORT_SPAN):
         port = PORT_BASE + (start + i) % PORT_SPAN
@@ -569,15 +567,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every one taken: any free port
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range of source ports for outgoing connections (Linux's default 32768-60999)."""
-    try:
-        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(lo), int(hi)
-    except (OSError, ValueError):
-        return 32768, 60999
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -225,13 +225,18 @@ def nodes_up(partition: str | None) -> list[str]:
     return parse_nodes_up(out.stdout)
 
 
+def _short_state(state: str) -> str:
+    """sinfo's ``%t`` without its trailing flags (``*`` not responding, ``~`` powered off, ...)."""
+    return state.rstrip("*~#!%$@^-")
+
+
 def parse_nodes_up(out: str) -> list[str]:
     """``sinfo -h -N -o '%N %t'`` -> the nodes that can take a job. After a node death 24.11 showed
     the survivors of its job ``comp`` (completing) for a while, 22.05 ``idle``: both are up."""
     up = set()
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 2 and not parts[1].rstrip("*~#!%$@^-").startswith(_NOT_UP):
+        if len(parts) == 2 and not _short_state(parts[1]).startswith(_NOT_UP):
             up.add(parts[0])
     return sorted(up)
 
@@ -292,7 +297,7 @@ def parse_draining(out: str) -> list[str]:
     found = set()
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].rstrip("*~#!%$@^-") in _DRAINING:
+        if len(parts) == 2 and _short_state(parts[1]) in _DRAINING:
             found.add(parts[0])
     return sorted(found)
 
@@ -332,11 +337,17 @@ def parse_config(text: str) -> dict[str, str]:
     return conf
 
 
+def slurmd_timeout_s(conf: dict[str, str]) -> int:
+    """``SlurmdTimeout`` of ``scontrol show config`` ("300 sec"), Slurm's default when unreadable."""
+    words = (conf.get("SlurmdTimeout") or "").split()
+    return int(words[0]) if words and words[0].isdigit() else 300
+
+
 def hold_after_dead_node(conf: dict[str, str]) -> int:
     """Seconds a job requeued around a dead node must not start again (Slurm < 24.05,
     REQUEUE_DELAY_SINCE): until Slurm can have called the node DOWN (SlurmdTimeout and up to a
     third more), plus the cred_expire Slurm's own requeue would wait after that."""
-    slurmd = int((conf.get("SlurmdTimeout") or "300").split()[0] or 300)
+    slurmd = slurmd_timeout_s(conf)
     cred = 120
     for part in (conf.get("AuthInfo") or "").split(","):
         if part.strip().startswith("cred_expire="):
