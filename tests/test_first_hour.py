@@ -12,6 +12,7 @@ import argparse
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -289,6 +290,26 @@ def test_status_hides_dry_runs_unless_asked(app_env, tmp_path):
     assert "DRY_RUN" in asked.stdout
     cancel = run_cli(["cancel", "1"], app_env)
     assert cancel.returncode == 1 and "run 1 was a dry run (never submitted); nothing to cancel" in cancel.stderr
+
+
+def test_two_submits_in_one_second_get_a_sweep_dir_each(app_env, runs_dir, tmp_path):
+    """The default sweep dir is named to the second: two submits of one experiment within it once
+    shared a dir, the second writing its job 0 over the first's run. ``${now:%Y}`` stands in for
+    the second (a year is the same for both invocations on any machine); a dir with no
+    ``${now:...}`` in it is the user's own, reused as Hydra reuses it."""
+    timed = "hydra.sweep.dir=${oc.env:HPC_LLM_RUNS}/tiny/${now:%Y}"
+    scripts = []
+    for _ in range(3):
+        proc = run_app(["+experiment=mpt_tiny", *DRY, timed], app_env, cwd=tmp_path)
+        assert proc.returncode == 0, explain(proc)
+        scripts.append(Path(re.search(r"batch script (\S+)", proc.stdout)[1]))
+    year = str(runs_dir / "tiny" / time.strftime("%Y"))
+    assert [str(s.parent.parent) for s in scripts] == [year, f"{year}_2", f"{year}_3"]
+    # each job's own run dir throughout its script: none names the first's
+    assert f"{year}/0" not in scripts[1].read_text() and f"{year}_2/0" in scripts[1].read_text()
+    named = f"hydra.sweep.dir={runs_dir / 'mine'}"
+    again = [run_app(["+experiment=mpt_tiny", *DRY, named], app_env, cwd=tmp_path) for _ in range(2)]
+    assert all(p.returncode == 0 for p in again) and sorted(x.name for x in runs_dir.iterdir()) == ["mine", "tiny"]
 
 
 # -- a failure that names its exception -------------------------------------------------------------

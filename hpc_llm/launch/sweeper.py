@@ -131,6 +131,37 @@ class ValidatingSweeper(BasicSweeper):
                 cfg.hydra.sweep.dir = run_dir
                 cfg.hydra.sweep.subdir = "."
 
+    def _claim_sweep_dir(self, jobs: dict[tuple[str, ...], DictConfig]) -> None:
+        """Make the sweep dir, as this invocation's alone, once every job is valid.
+
+        The default name is the time to the second (``${now:%Y-%m-%d_%H-%M-%S}``): two submits of
+        one experiment within a second (a script's loop, two users sharing outputs/) got the same
+        dir, and the second wrote its job 0 over the first's run (payload, configs, then its
+        checkpoints). ``os.mkdir`` is atomic: the first to make the dir has it; the next takes
+        ``<dir>_2`` (then _3, ...), its jobs too. A dir the user named (``hydra.sweep.dir=DIR``,
+        ``hydra.run.dir=DIR``) is theirs to reuse, as in Hydra: it is made if missing."""
+        if self.config is None:
+            raise RuntimeError("sweeper used before Hydra called setup()")
+        base = str(self.config.hydra.sweep.dir)
+        if "${now:" not in str(self.config.hydra.sweep._get_node("dir")._value()):
+            os.makedirs(base, exist_ok=True)
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
+        for n in range(1, 1000):
+            claimed = base if n == 1 else f"{base}_{n}"
+            try:
+                os.mkdir(claimed)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise ConfigError(f"{base} and {base}_2 to _999 exist; allowed: hydra.sweep.dir=DIR, a new directory")
+        if claimed == base:
+            return
+        for cfg in (self.config, *jobs.values()):
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.sweep.dir = claimed
+
     def sweep(self, arguments: list[str]) -> Any:
         # hpc_llm's launchers declare check_job and take precomposed configs; any other
         # Hydra launcher (basic, joblib, submitit) runs what this sweeper composed as usual
@@ -156,6 +187,7 @@ class ValidatingSweeper(BasicSweeper):
         if self.check:
             get_method(self.check)(validated)  # the whole sweep at once (one process in the job's environment)
         self._validated = True
+        self._claim_sweep_dir(jobs)
         if ours is not None:
             # Composing costs ~0.2 s a job; the launcher reuses these instead of
             # composing every job a second time (the login node should answer fast).
