@@ -9,6 +9,7 @@ are fed to ``hpc-llm config`` and, as one sweep, to the check before the queue.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -144,6 +145,9 @@ def test_upstream_yamls_llm_foundry_accepts_pass_the_check_as_one_sweep(app_env,
     directory holding their data: every point passes the check through the job's own code."""
     for name in ("my-copy-c4", "my_data", "my-adaptation-data"):
         (tmp_path / name).mkdir()
+    icl_files(
+        tmp_path, ["a b c d e f g h i j k l m n o"], "tasks_v0.2.yaml", "eval_gauntlet_v0.2.yaml"
+    )  # gpt-neo-125m_eval's
     sweep = "yaml=" + ",".join(str(p) for p in ACCEPTED)
     proc = run_app([sweep, *DRY, "resources.tasks_per_node=8"], checked(app_env), cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, explain(proc)
@@ -214,6 +218,56 @@ def test_relative_data_is_taken_from_the_submit_dir_and_missing_data_is_one_rule
     (elsewhere / "my-copy-c4").mkdir()
     ok = run_cli(["config", f"yaml={yml}"], app_env, cwd=elsewhere)
     assert f"+    local: {elsewhere / 'my-copy-c4'}" in ok.stdout and "-    local: ./my-copy-c4" in ok.stdout, ok.stdout
+
+
+def icl_files(where: Path, lines: list[str], tasks: str = "tasks.yaml", gauntlet: str = "gauntlet.yaml") -> None:
+    """LLM Foundry's layout under ``where``: eval/yamls/<tasks> naming eval/local_data/tiny_lm.jsonl
+    (relative, as its own tasks files name theirs), eval/yamls/<gauntlet>."""
+    (where / "eval" / "yamls").mkdir(parents=True)
+    (where / "eval" / "local_data").mkdir()
+    with (where / "eval" / "local_data" / "tiny_lm.jsonl").open("w") as f:
+        for line in lines:
+            words = line.split()
+            f.write(json.dumps({"context": " ".join(words[:12]), "continuation": " " + " ".join(words[12:15])}) + "\n")
+    (where / "eval" / "yamls" / tasks).write_text(
+        "icl_tasks:\n- label: tiny_lm\n  dataset_uri: eval/local_data/tiny_lm.jsonl\n  num_fewshot: [0]\n"
+        "  icl_task_type: language_modeling\n"
+    )
+    (where / "eval" / "yamls" / gauntlet).write_text(
+        "eval_gauntlet:\n  weighting: EQUAL\n  subtract_random_baseline: true\n  rescale_accuracy: true\n"
+        "  categories:\n  - name: lm\n    benchmarks:\n    - name: tiny_lm\n      num_fewshot: 0\n"
+        "      random_baseline: 0\n"
+    )
+
+
+def test_icl_task_files_and_their_datasets_are_read_from_the_submit_dir(app_env, tmp_path):
+    """`icl_tasks: eval/yamls/tasks.yaml` and the `dataset_uri`s in it mean the directory LLM Foundry
+    runs in: the file is read from the submit dir, inlined, and its datasets made absolute and
+    checked there; a missing dataset is refused naming the tasks file it was written in."""
+    base = yaml.safe_load((FOUNDRY / "pretrain" / "testing.yaml").read_text())
+    base.update(icl_tasks="eval/yamls/tasks.yaml", eval_gauntlet="eval/yamls/gauntlet.yaml")
+    yml = tmp_path / "with_icl.yaml"
+    yml.write_text(yaml.safe_dump(base))
+    (tmp_path / "my-copy-c4").mkdir()
+    icl_files(tmp_path, ["a b c d e f g h i j k l m n o p"] * 3)
+    shown = run_cli(["config", f"yaml={yml}"], app_env, cwd=tmp_path)
+    assert shown.returncode == 0 and "does not exist" not in shown.stderr, explain(shown)
+    train = yaml.safe_load(shown.stdout.partition("\n# what hpc_llm added")[0])
+    [task] = train["icl_tasks"]
+    assert task["dataset_uri"] == str(tmp_path / "eval" / "local_data" / "tiny_lm.jsonl") and task["label"] == "tiny_lm"
+    assert train["eval_gauntlet"]["categories"][0]["name"] == "lm" and "icl_tasks_str" not in train
+    (tmp_path / "eval" / "local_data" / "tiny_lm.jsonl").unlink()
+    refused = run_app([f"yaml={yml}", *DRY], app_env, cwd=tmp_path)
+    assert refused.returncode == 2, explain(refused)
+    [line] = errors(refused)
+    missing = tmp_path / "eval" / "local_data" / "tiny_lm.jsonl"
+    assert line.startswith(f"yaml={yml}: icl_tasks[0].dataset_uri in eval/yamls/tasks.yaml: {missing} does not exist")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    # the tasks file itself missing: the same rule, naming the key the yaml sets
+    shutil.rmtree(tmp_path / "eval")
+    gone = run_app([f"yaml={yml}", *DRY], app_env, cwd=tmp_path)
+    assert gone.returncode == 2, explain(gone)
+    assert errors(gone)[0].startswith(f"yaml={yml}: train.icl_tasks: {tmp_path / 'eval/yamls/tasks.yaml'} does not")
 
 
 def test_own_save_folder_with_autoresume_false_is_still_refused(app_env, tmp_path):
@@ -350,13 +404,18 @@ def test_a_failed_local_run_names_its_exception_node_and_log(app_env, runs_dir, 
 @pytest.mark.train
 def test_a_foundry_yaml_with_a_relative_data_path_runs_on_2_slurm_nodes(slurm_env, cache_dir, runs_dir, tmp_path):
     """``data_local: ./my-copy-c4``, run from the directory that holds my-copy-c4, with the check
-    before the queue on: two nodes, one rank each, completed."""
+    before the queue on: two nodes, one rank each, completed. With an ICL tasks file and a
+    gauntlet named as LLM Foundry's yamls name theirs (eval/yamls/..., the tasks' data
+    eval/local_data/...), both relative to that directory too."""
+    from hpc_llm.data import tiny_corpus
     from tests.test_foundry_yaml import PRETRAIN, corpus
 
     root = corpus(cache_dir)
     shutil.copytree(root / "mds", tmp_path / "my-copy-c4")
+    icl_files(tmp_path, tiny_corpus.corpus_lines()[-30:])
     assert "data_local: ./my-copy-c4" in PRETRAIN.read_text()
     args = [f"yaml={PRETRAIN}", f"train.tokenizer.name={root / 'tokenizer'}", "hydra/launcher=slurm"]
+    args += ["train.icl_tasks=eval/yamls/tasks.yaml", "train.eval_gauntlet=eval/yamls/gauntlet.yaml"]
     args += ["resources.nodes=2", "resources.tasks_per_node=1", "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"]
     proc = run_app(args, checked(slurm_env), cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
@@ -364,3 +423,6 @@ def test_a_foundry_yaml_with_a_relative_data_path_runs_on_2_slurm_nodes(slurm_en
     assert (r["nodes"], r["status"], r["batches_done"]) == (2, "completed", 12), r.get("error")
     ran = yaml.safe_load((Path(r["run_dir"]) / "train_config.yaml").read_text())
     assert ran["train_loader"]["dataset"]["local"] == str(tmp_path / "my-copy-c4")
+    assert ran["icl_tasks"][0]["dataset_uri"] == str(tmp_path / "eval" / "local_data" / "tiny_lm.jsonl")
+    assert 0 <= r["eval"]["icl"]["tiny_lm/0-shot/InContextLearningLMAccuracy"] <= 1, r["eval"]
+    assert "default_average" in r["eval"]["gauntlet"] and "lm" in r["eval"]["gauntlet"], r["eval"]

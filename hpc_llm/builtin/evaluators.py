@@ -56,8 +56,11 @@ class HeldOut(Evaluator):
     def after_train(self, section: DictConfig, trainer: Any, ctx: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
         icl: dict[str, Any] = {}
+        gauntlet: dict[str, Any] = {}
         for key, value in ctx.metrics.items():
-            if key.startswith("metrics/eval/"):
+            if key.startswith("icl/metrics/eval_gauntlet/"):  # LLM Foundry's EvalGauntlet (train.eval_gauntlet)
+                gauntlet[key.removeprefix("icl/metrics/eval_gauntlet/")] = value
+            elif key.startswith("metrics/eval/"):
                 metric = key.rsplit("/", 1)[-1]
                 if metric in METRICS:
                     out[METRICS[metric]] = value
@@ -66,6 +69,8 @@ class HeldOut(Evaluator):
                 icl[key.removeprefix("metrics/")] = value
         if icl:
             out["icl"] = icl
+        if gauntlet:
+            out["gauntlet"] = gauntlet
         return out
 
 

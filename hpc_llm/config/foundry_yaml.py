@@ -164,7 +164,59 @@ def local_paths(train: dict[str, Any]) -> list[tuple[str, str]]:
     for i, code in enumerate(train.get("code_paths") or []):
         if isinstance(code, str) and not _is_uri(code):
             out.append((f"code_paths[{i}]", code))
+    # LLM Foundry opens these (and a task's dataset_uri, through Composer's get_file) from the
+    # directory it runs in: any string that is no URI is a path, "./" or not
+    for key in (*ICL_FILES, *(k + "_str" for k in ICL_FILES)):
+        if isinstance(train.get(key), str) and not _is_uri(train[key]):
+            out.append((key, train[key]))
+    tasks = train.get("icl_tasks")
+    for i, task in enumerate(tasks if isinstance(tasks, list) else []):
+        uri = task.get("dataset_uri") if isinstance(task, dict) else None
+        if isinstance(uri, str) and uri and not _is_uri(uri):
+            out.append((f"icl_tasks[{i}].dataset_uri", uri))
     return out
+
+
+#: the keys of LLM Foundry's train config that may name a yaml file holding that section
+#: (``icl_tasks: eval/yamls/tasks_v0.3.yaml``); ``<key>_str`` is where its TrainConfig moves it
+ICL_FILES = ("icl_tasks", "eval_gauntlet")
+
+
+def inline_icl_files(train: dict[str, Any], base: Path, behind: dict[str, str]) -> None:
+    """``icl_tasks: FILE`` and ``eval_gauntlet: FILE`` replaced by the file's section, read from
+    ``base``. LLM Foundry reads the file, and the ``dataset_uri`` of every task in it, relative
+    to the directory it runs in (its own yamls say ``eval/local_data/...``, meant from its
+    ``scripts/``); hpc_llm's ranks run in node-local scratch. Inlined, the tasks' paths are
+    made absolute and checked as the yaml's own are, and train_config.yaml shows what the
+    job reads. A file that is missing is left for the missing-path rule to name. ``behind``
+    gains the key to name for each task's path: where it was written."""
+    for key in ICL_FILES:
+        name = key + "_str" if isinstance(train.get(key + "_str"), str) else key
+        value = train.get(name)
+        if not isinstance(value, str) or not value or _is_uri(value):
+            continue
+        file = Path(value).expanduser()
+        file = file if file.is_absolute() else base / file
+        if not file.is_file():
+            continue
+        try:
+            section = OmegaConf.to_container(OmegaConf.load(file), resolve=True)
+        except (OSError, OmegaConfBaseException, ValueError) as exc:
+            raise ConfigError(
+                f"train.{name}={value}: {str(exc).strip().splitlines()[0]}; allowed: a yaml file with a "
+                f"top-level {key}: section"
+            ) from None
+        inner = section.get(key) if isinstance(section, dict) else None
+        if not isinstance(inner, (list, dict)):
+            raise ConfigError(
+                f"train.{name}={value}: {file} has no top-level {key}: section; allowed: a yaml file "
+                f"with one, as LLM Foundry's scripts/eval/yamls/ have"
+            )
+        train.pop(name)
+        train[key] = inner
+        for i, task in enumerate(inner if key == "icl_tasks" else []):
+            if isinstance(task, dict) and "dataset_uri" in task:
+                behind[f"icl_tasks[{i}].dataset_uri"] = f"icl_tasks[{i}].dataset_uri in {value}"
 
 
 def _set(train: dict[str, Any], key: str, value: Any) -> None:
@@ -255,10 +307,12 @@ def hub_ids(train: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def missing_path(path: str, user_key: str, value: str) -> str:
-    """The line for a local path of the yaml that does not exist, naming the key the user sets."""
+    """The line for a local path of the yaml that does not exist, naming the key the user sets
+    (a ``train.`` key, or where in an ICL tasks file the path was written)."""
+    how = f": {user_key}=PATH" if user_key.startswith("train.") else ""
     return (
         f"yaml={path}: {user_key}: {value} does not exist (a relative path is taken from the directory "
-        f"you submit from); allowed: a path the nodes see, or a remote URI: {user_key}=PATH"
+        f"you submit from); allowed: a path the nodes see, or a remote URI{how}"
     )
 
 
@@ -295,6 +349,7 @@ def apply(cfg: DictConfig) -> None:
     node = _with_overrides(load(str(path)), cfg)
     behind = variables_behind(node)
     train = _resolved(node, str(path))
+    inline_icl_files(train, Path.cwd(), behind)
     absolute_paths(train, Path.cwd())
     save_folder = train.get("save_folder")
     if train.get("autoresume") is False and cfg.fault.enabled:
