@@ -532,6 +532,38 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0
 
 
+def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():
+    """The script's srun asks for the submit-time count; a shrunk requeue or a lost node needs fewer."""
+    from hpc_llm.job.supervisor.step import for_nodes
+
+    rendered = [
+        "srun",
+        "--unbuffered",
+        "--nodes=3",
+        "--ntasks=3",
+        "--ntasks-per-node=1",
+        "python",
+        "-m",
+        "x",
+        "--nodes=9",
+    ]
+    assert for_nodes(rendered, ["n1", "n2", "n3"]) == rendered  # as submitted
+    assert for_nodes(rendered, ["n1", "n2"]) == [*rendered[:2], "--nodes=2", "--ntasks=2", *rendered[4:]]
+    # a lost node: excluded from the new step, counted out; the program's own --nodes=9 untouched
+    assert for_nodes(rendered, ["n1", "n2", "n3"], {"n2", "n7"}) == [
+        "srun",
+        "--exclude=n2",
+        "--unbuffered",
+        "--nodes=2",
+        "--ntasks=2",
+        *rendered[4:],
+    ]
+    wrapped = ["/usr/bin/srun", "--nodes=2", "--ntasks=2", "apptainer", "exec", "img", "python"]
+    assert for_nodes(wrapped, ["n1"]) == ["/usr/bin/srun", "--nodes=1", "--ntasks=1", *wrapped[3:]]
+    assert for_nodes(["python", "-m", "x", "--nodes=2"], ["n1"]) == ["python", "-m", "x", "--nodes=2"]  # no srun
+    assert for_nodes(rendered, []) == rendered  # the allocation unknown: as rendered
+
+
 def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place():
     """Spares (resources.spare_nodes): a restart in place stays on its nodes whatever agent
     warmed first; a node gone (left out, dead) has its node rank taken by the first spare in

@@ -49,7 +49,8 @@ TOKEN = "HPC_LLM_AGENT_TOKEN"
 LEASE_S = "HPC_LLM_LEASE_S"
 #: set when the job has spare nodes (sbatch --no-kill): an agent that loses the supervisor without
 #: an ``end`` (the batch host died; Slurm keeps a --no-kill job RUNNING without its batch script)
-#: requeues the job
+#: requeues the job. Its value: the nodes the run needs (spares not counted), what a requeued
+#: job may shrink to when the partition cannot hold the spares too
 REQUEUE_ON_LOSS = "HPC_LLM_REQUEUE_ON_LOSS"
 #: an agent takes its supervisor as gone after this many ping periods without a message, and
 #: at least this many leases (a dead or frozen host closes no connection)

@@ -75,7 +75,8 @@ class Agent:
         self.job_id = job.job_id
         self.job_ref = job.ref
         self.restart = job.restart
-        self.requeue_on_loss = bool(os.environ.get(wire.REQUEUE_ON_LOSS))
+        #: the nodes the run needs when the job has spares (0: no spares, never requeue on loss)
+        self.requeue_on_loss = int(os.environ.get(wire.REQUEUE_ON_LOSS) or 0)
         #: the supervisor's connection was lost without an ``end`` (``silent``: it stayed open, unused)
         self.orphaned = False
         self.silent = False
@@ -433,6 +434,10 @@ class Agent:
         requeued_at = time.time()
         excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
         err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
+        allocated = len(slurm_job.hostnames(info.get("NodeList")))
+        shrunk = slurm_job.fit_partition(
+            self.job_ref, allocated, self.requeue_on_loss, [*excluded, host], info.get("Partition")
+        )
         seen = {
             "job_id": self.job_id,
             "restart": self.restart,
@@ -442,6 +447,7 @@ class Agent:
             "detected_at": self.lost_at,
             "requeued_at": requeued_at,
             "exclude_error": err,
+            "shrunk": shrunk,
         }
         with contextlib.suppress(OSError):
             RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
@@ -452,6 +458,8 @@ class Agent:
             how,
             f" (could not exclude {host}: {err})" if err else f", {host} excluded",
         )
+        if shrunk:
+            log.warning("hpc_llm agent on %s: %s", self.node, shrunk)
 
     def _job_info(self) -> dict[str, str]:
         """``scontrol show job``, asked up to 5 times: one slow answer from slurmctld must not

@@ -57,7 +57,7 @@ from hpc_llm.job.supervisor.fleet import Fleet
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
-from hpc_llm.job.supervisor.step import Step
+from hpc_llm.job.supervisor.step import Step, for_nodes
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
@@ -248,6 +248,7 @@ class Supervisor:
             a.error = (
                 f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
                 f"requeued the job{'' if not seen.get('exclude_error') else ' but could not exclude the host'}"
+                + (f"; {seen['shrunk']}" if seen.get("shrunk") else "")
             )
         attempts.save()
         log.warning("hpc_llm supervisor: previous attempt %s", a.error)
@@ -294,7 +295,7 @@ class Supervisor:
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
         if self.job.ref and self.policy.recover and len(self.job.nodes) > self.policy.nodes:
             # spares: a --no-kill job outlives its batch host; the agents requeue it then
-            env[wire.REQUEUE_ON_LOSS] = "1"
+            env[wire.REQUEUE_ON_LOSS] = str(self.policy.nodes)
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
 
@@ -309,7 +310,7 @@ class Supervisor:
             self._end_agents()
             self.fleet.close()
             self.fleet = self.new_fleet()
-        self.agent_step = Step(self.command, self._agent_env())
+        self.agent_step = Step(for_nodes(self.command, self.job.nodes, self.left_out), self._agent_env())
         self._agents_since = time.monotonic()
 
     def _end_agents(self) -> None:
@@ -877,6 +878,12 @@ class Supervisor:
             err = slurm_job.exclude(str(self.job.ref), exclude)
             if err:
                 a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"
+        if not by_ending and len(self.job.nodes) > self.policy.nodes:
+            shrunk = slurm_job.fit_partition(
+                str(self.job.ref), len(self.job.nodes), self.policy.nodes, exclude, self.job.partition
+            )
+            if shrunk:
+                a.error = f"{a.error or d.cause}; {shrunk}"
         version = slurm_job.slurm_version()
         if d.cause == "node_failure" and version is not None and version < slurm_job.REQUEUE_DELAY_SINCE:
             # a dead node still holds the job COMPLETING: not again before Slurm has let it go

@@ -302,6 +302,39 @@ def parse_draining(out: str) -> list[str]:
     return sorted(found)
 
 
+def fit_partition(ref: str, allocated: int, needed: int, excluded: list[str], partition: str | None) -> str | None:
+    """After a requeue: when fewer nodes of ``partition`` are up outside ``excluded`` than the job
+    asks for (``allocated``: the run's ``needed`` and its spares), ask for what is up, never fewer
+    than ``needed``. The spares are given up for this allocation rather than the run pending for
+    nodes that may never come back (a dead node stays DOWN until an operator returns it). None
+    when nothing had to change, else one line saying what was done or why it could not be.
+
+    Verified on the dev cluster (22.05), as a user who is not an operator: ``scontrol update
+    JobId=J NumNodes=2 NumTasks=2`` on a pending 3-node job (``--ntasks-per-node=1``) is accepted
+    and the job starts on 2 nodes; NumNodes alone is not enough (slurmctld: "setting min_nodes
+    from 3 to 2", but NumTasks=3 at one task a node still needs 3)."""
+    up = nodes_up(partition)
+    free = len([n for n in up if n not in excluded])
+    if not up or free >= allocated or allocated <= needed:
+        return None
+    want = max(free, needed)
+    info = scontrol_show_job(ref)
+    try:
+        per_node = max(1, int(info.get("NumTasks", "0")) // max(1, int(info.get("NumNodes", "1").split("-")[0])))
+    except ValueError:
+        per_node = 1
+    try:
+        out = _run(["scontrol", "update", f"JobId={ref}", f"NumNodes={want}", f"NumTasks={want * per_node}"])
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"could not shrink the job to {want} node(s): {type(exc).__name__}: {exc}"
+    if out.returncode != 0:
+        return f"could not shrink the job to {want} node(s): {' '.join(out.stderr.split()) or out.returncode}"
+    return (
+        f"only {free} node(s) of partition {partition} are up outside the excluded: the job now asks for "
+        f"{want} ({want - needed} spare(s) instead of {allocated - needed})"
+    )
+
+
 def exclude(ref: str, nodes: list[str]) -> str | None:
     try:
         out = _run(["scontrol", "update", f"JobId={ref}", f"ExcNodeList={','.join(nodes)}"])

@@ -19,6 +19,30 @@ import threading
 import time
 
 
+def for_nodes(command: list[str], nodes: list[str], left_out: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The agent step's srun command for the nodes it may use now: one agent on each of ``nodes``
+    (the allocation, as ``scontrol show job`` lists it) but those ``left_out``. The script
+    renders ``--nodes=``/``--ntasks=`` with the count asked for at submit; a requeued job that
+    was shrunk to fit its partition (slurm_job.fit_partition) has fewer nodes, and srun refuses
+    a step larger than its allocation. A left-out node (dead, frozen, drained) gets no agent in
+    a new step: ``--exclude``. Unchanged when ``command`` is no srun or ``nodes`` is unknown."""
+    at = next((i for i, a in enumerate(command) if a.rsplit("/", 1)[-1] == "srun"), None)
+    use = [n for n in nodes if n not in left_out]
+    if at is None or not use:
+        return list(command)
+    out = list(command[: at + 1])
+    options = True  # srun's own options come first (the script renders each as --name=value)
+    for arg in command[at + 1 :]:
+        options = options and arg.startswith("-")
+        if options and arg.startswith(("--nodes=", "--ntasks=")):
+            arg = f"{arg.split('=', 1)[0]}={len(use)}"
+        out.append(arg)
+    gone = sorted(set(nodes) & set(left_out))
+    if gone:
+        out.insert(at + 1, f"--exclude={','.join(gone)}")
+    return out
+
+
 class Step:
     """A running srun step and the srun error lines seen on its stderr so far."""
 
