@@ -29,6 +29,8 @@ generation of ranks after another (:mod:`hpc_llm.job.supervisor.generation`):
 A Slurm requeue it did not ask for leaves the last attempt "running" in
 attempts.json; the next start closes it as lost. The rest lives beside it:
 :mod:`~hpc_llm.job.supervisor.step` (the srun agent step),
+:mod:`~hpc_llm.job.supervisor.options` (the policy the batch script passes),
+:mod:`~hpc_llm.job.supervisor.lost` (booking an allocation that ended unrecorded),
 :mod:`~hpc_llm.job.supervisor.slurm_job` (asking Slurm about this
 allocation, requeueing it). In-job side, but stdlib only: no training stack
 on the batch host.
@@ -36,8 +38,6 @@ on the batch host.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import secrets
@@ -45,20 +45,20 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from hpc_llm.config.plan import PORT_BASE, PORT_SPAN
 from hpc_llm.job import failures, heartbeat, wire
 from hpc_llm.job.env import JobEnv
-from hpc_llm.job.supervisor import policy, slurm_job
+from hpc_llm.job.supervisor import lost, policy, slurm_job
 from hpc_llm.job.supervisor.fleet import Fleet
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
+from hpc_llm.job.supervisor.options import Policy, parse_args
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
 from hpc_llm.job.supervisor.step import Step, for_nodes
-from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
@@ -86,47 +86,6 @@ KILL_WAIT_S = 60.0
 END_WAIT_S = 15.0
 #: seconds to wait for node rank 0's agent to name a free rendezvous port
 PORT_WAIT_S = 10.0
-
-
-@dataclass
-class Policy:
-    run_dir: Path
-    #: nodes the run needs (an exclusion may never leave fewer)
-    nodes: int
-    #: the stop signal forwarded to the ranks; None: fault tolerance is off
-    stop_signal: str | None
-    signal_lead_s: float
-    #: ranks per node (each agent forks this many)
-    tasks_per_node: int = 1
-    recover: bool = True
-    max_timeouts: int | None = None
-    max_preemptions: int | None = 100
-    #: failures in a row without a new checkpoint (hpc_llm.job.supervisor.policy)
-    max_failures: int = 5
-    max_failures_per_day: float | None = 24.0
-    max_attempts_without_progress: int = 10
-    forgive_after_s: float = 86400.0
-    restart_in_place: bool = True
-    #: fixed seconds before the time limit to stop; None: derived from measured saves
-    stop_lead_s: float | None = None
-    #: the period of every heartbeat: ranks into their agent's board, agents to the supervisor
-    heartbeat_s: float = 1.0
-    #: an agent silent this long is suspect and probed; unanswered for probe_timeout_s, its node is dead
-    node_timeout_s: float = 3.0
-    probe_timeout_s: float = 1.5
-    #: a batch may take hang_factor x the run's median step, never less than hang_floor_s
-    hang_factor: float = 10.0
-    hang_floor_s: float = 60.0
-    #: the limit where there is no pace to judge by yet (the first batches, a first save or eval)
-    hang_timeout_s: float = 1800.0
-    #: seconds from a generation's start until every rank trains; longer is a start-up hang (None: no limit)
-    startup_timeout_s: float | None = None
-
-    @property
-    def lease_s(self) -> float:
-        """How long a ping keeps a generation's ranks writing: as long as the supervisor takes to
-        declare their node dead (hpc_llm.job.rank.fence)."""
-        return self.node_timeout_s + self.probe_timeout_s
 
 
 class Supervisor:
@@ -177,7 +136,7 @@ class Supervisor:
     def run(self) -> int:
         self._install_handlers()
         attempts = Attempts.load(self.run_dir)
-        self._close_lost(attempts)
+        lost.close(self.run_dir, self.job, attempts)
         early = self._already_completed()
         if early is not None:
             self._end_for_good()
@@ -216,53 +175,6 @@ class Supervisor:
         if self.policy.stop_signal and self.job.job_id and slurm_job.preempting(self._job_info()):
             log.warning("hpc_llm supervisor: the job was being preempted before the supervisor started")
             self._signals.append((f"SIG{self.policy.stop_signal}", time.time()))
-
-    # -- a previous allocation that died without a record ------------------------
-    def _close_lost(self, attempts: Attempts) -> None:
-        """The last attempt still says running: its allocation ended without anyone recording it
-        (a node failure, a requeue from outside). Slurm restarted us; say what we know."""
-        if not attempts.items or attempts.current.state != "running":
-            return
-        a = attempts.current
-        if (a.job_id, a.restart) == (self.job.job_id, self.job.restart):
-            return
-        state, ended = slurm_job.previous_state(a.job_id) if a.job_id else (None, None)
-        a.state, a.ended_at = "lost", ended or (a.started_at + a.train_s)
-        a.decided_at = time.time()
-        a.cause = policy.lost_cause(state)
-        a.error = (
-            f"the allocation ended while training (Slurm state {state})"
-            if state
-            else "the allocation ended while training, without a record (node failure or a requeue from outside)"
-        )
-        a.action = "requeue"
-        gone = [n for n in a.nodes if n not in self.job.nodes]
-        if a.cause == "node_failure" and gone:
-            a.suspects = gone
-        seen = self._seen_by_agents(a)
-        if seen:
-            # an agent found this attempt's supervisor gone and requeued the job (--no-kill: Slurm
-            # does not): the batch host, and no one else, is to blame
-            a.cause, a.suspects = "node_failure", [str(seen["node"])]
-            a.detected_at, a.decided_at = seen.get("detected_at") or a.decided_at, seen["requeued_at"]
-            a.error = (
-                f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
-                f"requeued the job{'' if not seen.get('exclude_error') else ' but could not exclude the host'}"
-                + (f"; {seen['shrunk']}" if seen.get("shrunk") else "")
-            )
-        attempts.save()
-        log.warning("hpc_llm supervisor: previous attempt %s", a.error)
-
-    def _seen_by_agents(self, a: Attempt) -> dict[str, Any] | None:
-        """What an agent recorded when it requeued attempt ``a``'s job (agent.loop), then removed."""
-        path = RunDir(self.run_dir).supervisor_lost
-        try:
-            seen = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        path.unlink(missing_ok=True)
-        ok = isinstance(seen, dict) and (seen.get("job_id"), seen.get("restart")) == (a.job_id, a.restart)
-        return seen if ok and seen.get("node") and seen.get("requeued_at") else None
 
     def _already_completed(self) -> int | None:
         """A run that already completed has nothing to do. Budgets are the policy's, counted
@@ -725,7 +637,7 @@ class Supervisor:
             self._end_for_good()
             return 0
         if d.action == "slurm_requeues":
-            # the attempt stays "running"; the next start closes it from accounting (_close_lost)
+            # the attempt stays "running"; the next start closes it from accounting (lost.close)
             a.state, a.ended_at = "running", None
             attempts.save()
             log.warning("hpc_llm supervisor: %s; not recording a failure", d.reason)
@@ -944,59 +856,6 @@ def _read_status(run_dir: Path) -> str | None:
 
     results = read_results(run_dir)
     return str(results.get("status")) if results else None
-
-
-def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
-    if "--" not in argv:
-        raise SystemExit("usage: python -m hpc_llm.job.supervisor --run-dir DIR [options] -- srun ... <agent command>")
-    cut = argv.index("--")
-    p = argparse.ArgumentParser(prog="hpc_llm.job.supervisor")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--tasks-per-node", type=int, default=1)
-    p.add_argument("--signal", default=None)
-    p.add_argument("--signal-lead-s", type=float, default=120.0)
-    p.add_argument("--no-recover", action="store_true")
-    p.add_argument("--max-timeouts", type=int, default=None)
-    p.add_argument("--max-preemptions", type=int, default=100)
-    p.add_argument("--max-failures", type=int, default=5)
-    p.add_argument("--max-failures-per-day", type=float, default=None)
-    p.add_argument("--max-attempts-without-progress", type=int, default=10)
-    p.add_argument("--forgive-after-s", type=float, default=86400.0)
-    p.add_argument("--no-restart-in-place", action="store_true")
-    p.add_argument("--stop-lead-s", type=float, default=None)
-    p.add_argument("--heartbeat-s", type=float, default=1.0)
-    p.add_argument("--node-timeout-s", type=float, default=3.0)
-    p.add_argument("--probe-timeout-s", type=float, default=1.5)
-    p.add_argument("--hang-factor", type=float, default=10.0)
-    p.add_argument("--hang-floor-s", type=float, default=60.0)
-    p.add_argument("--hang-timeout-s", type=float, default=1800.0)
-    p.add_argument("--startup-timeout-s", type=float, default=None)
-    a = p.parse_args(argv[:cut])
-    policy = Policy(
-        run_dir=Path(a.run_dir),
-        nodes=a.nodes,
-        tasks_per_node=a.tasks_per_node,
-        stop_signal=a.signal,
-        signal_lead_s=a.signal_lead_s,
-        recover=not a.no_recover,
-        max_timeouts=a.max_timeouts,
-        max_preemptions=a.max_preemptions,
-        max_failures=a.max_failures,
-        max_failures_per_day=a.max_failures_per_day,
-        max_attempts_without_progress=a.max_attempts_without_progress,
-        forgive_after_s=a.forgive_after_s,
-        restart_in_place=not a.no_restart_in_place,
-        stop_lead_s=a.stop_lead_s,
-        heartbeat_s=a.heartbeat_s,
-        node_timeout_s=a.node_timeout_s,
-        probe_timeout_s=a.probe_timeout_s,
-        hang_factor=a.hang_factor,
-        hang_floor_s=a.hang_floor_s,
-        hang_timeout_s=a.hang_timeout_s,
-        startup_timeout_s=a.startup_timeout_s,
-    )
-    return policy, argv[cut + 1 :]
 
 
 def main(argv: list[str] | None = None) -> None:

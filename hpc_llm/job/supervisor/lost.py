@@ -1,0 +1,72 @@
+"""A previous allocation that ended without a record: what the next supervisor books for it.
+
+In-job side, on the batch host, at the start of every allocation. The last
+attempt in attempts.json still says ``running`` when its allocation ended with
+nobody there to record it: a node failure Slurm requeued, a requeue from
+outside, or the batch host's death (its agents requeued the job and left what
+they saw in ``.hpc_llm/supervisor_lost.json``: hpc_llm.job.agent.loop).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_llm.job.supervisor import policy, slurm_job
+from hpc_llm.job.supervisor.slurm_job import SlurmJob
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import Attempt, Attempts
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+
+def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
+    """The last attempt still says running and is not this allocation's: say what we know of
+    how it ended (Slurm's state, the nodes gone since, what the agents saw) and save it."""
+    if not attempts.items or attempts.current.state != "running":
+        return
+    a = attempts.current
+    if (a.job_id, a.restart) == (job.job_id, job.restart):
+        return
+    state, ended = slurm_job.previous_state(a.job_id) if a.job_id else (None, None)
+    a.state, a.ended_at = "lost", ended or (a.started_at + a.train_s)
+    a.decided_at = time.time()
+    a.cause = policy.lost_cause(state)
+    a.error = (
+        f"the allocation ended while training (Slurm state {state})"
+        if state
+        else "the allocation ended while training, without a record (node failure or a requeue from outside)"
+    )
+    a.action = "requeue"
+    gone = [n for n in a.nodes if n not in job.nodes]
+    if a.cause == "node_failure" and gone:
+        a.suspects = gone
+    seen = seen_by_agents(run_dir, a)
+    if seen:
+        # an agent found this attempt's supervisor gone and requeued the job (--no-kill: Slurm
+        # does not): the batch host, and no one else, is to blame
+        a.cause, a.suspects = "node_failure", [str(seen["node"])]
+        a.detected_at, a.decided_at = seen.get("detected_at") or a.decided_at, seen["requeued_at"]
+        a.error = (
+            f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
+            f"requeued the job{'' if not seen.get('exclude_error') else ' but could not exclude the host'}"
+            + (f"; {seen['shrunk']}" if seen.get("shrunk") else "")
+        )
+    attempts.save()
+    log.warning("hpc_llm supervisor: previous attempt %s", a.error)
+
+
+def seen_by_agents(run_dir: Path, a: Attempt) -> dict[str, Any] | None:
+    """What an agent recorded when it requeued attempt ``a``'s job (agent.loop), then removed."""
+    path = RunDir(run_dir).supervisor_lost
+    try:
+        seen = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    ok = isinstance(seen, dict) and (seen.get("job_id"), seen.get("restart")) == (a.job_id, a.restart)
+    return seen if ok and seen.get("node") and seen.get("requeued_at") else None
