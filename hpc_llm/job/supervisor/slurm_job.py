@@ -302,6 +302,10 @@ def parse_draining(out: str) -> list[str]:
     return sorted(found)
 
 
+#: tries of ``scontrol update NumNodes=`` a second apart while the requeued job is not pending yet
+SHRINK_TRIES = 5
+
+
 def fit_partition(ref: str, allocated: int, needed: int, excluded: list[str], partition: str | None) -> str | None:
     """After a requeue: when fewer nodes of ``partition`` are up outside ``excluded`` than the job
     asks for (``allocated``: the run's ``needed`` and its spares), ask for what is up, never fewer
@@ -323,12 +327,18 @@ def fit_partition(ref: str, allocated: int, needed: int, excluded: list[str], pa
         per_node = max(1, int(info.get("NumTasks", "0")) // max(1, int(info.get("NumNodes", "1").split("-")[0])))
     except ValueError:
         per_node = 1
-    try:
-        out = _run(["scontrol", "update", f"JobId={ref}", f"NumNodes={want}", f"NumTasks={want * per_node}"])
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"could not shrink the job to {want} node(s): {type(exc).__name__}: {exc}"
+    for attempt in range(SHRINK_TRIES):
+        try:
+            out = _run(["scontrol", "update", f"JobId={ref}", f"NumNodes={want}", f"NumTasks={want * per_node}"])
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"could not shrink the job to {want} node(s): {type(exc).__name__}: {exc}"
+        said = " ".join(out.stderr.split())
+        # a job just requeued may not be pending yet in slurmctld's view: ask again, briefly
+        if out.returncode == 0 or "pending" not in said.lower() or attempt == SHRINK_TRIES - 1:
+            break
+        time.sleep(1.0)
     if out.returncode != 0:
-        return f"could not shrink the job to {want} node(s): {' '.join(out.stderr.split()) or out.returncode}"
+        return f"could not shrink the job to {want} node(s): {said or out.returncode}"
     return (
         f"only {free} node(s) of partition {partition} are up outside the excluded: the job now asks for "
         f"{want} ({want - needed} spare(s) instead of {allocated - needed})"
