@@ -331,6 +331,7 @@ print(json.dumps({"moved": moved, "removed": removed, "refused": refused, "owner
     assert out["owner"]["run"] == "run-b" and out["owner"]["resumed_from"]["run"] == "run-a"
 
 
+@pytest.mark.slurm  # starts a dev cluster of its own (slurmctld, slurmd, slurmdbd on MariaDB) beside the server
 def test_dev_cluster_up_s3_prints_the_exports_a_client_needs_and_down_stops_it(app_env, tmp_path):
     """``eval "$(hpc-llm dev-cluster up --nodes 3 --s3)"``, a bucket listed with what it exported,
     then ``down`` (in a root and on ports of its own)."""
