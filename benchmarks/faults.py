@@ -353,8 +353,9 @@ def throughput(env: dict[str, str], base_env: dict[str, str], pairs: int, togeth
             if not together:
                 done(runs[-1][1], 3600)
             else:
-                # the run dir is named to the second (Hydra's ${now:...}): two submits of one
-                # experiment within a second share it, and the second resumed the first's run
+                # the run dir is named to the second (Hydra's ${now:...}): the baseline's code
+                # (before 0c34230) gave two submits of one experiment within a second one dir,
+                # and the second resumed the first's run
                 time.sleep(1.1)
         for name, run_dir in runs:
             r = done(run_dir, 3600)

@@ -297,17 +297,22 @@ def cmd_container(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """Submit just the checks (the run's own job, stopped before training) and print the table."""
+    import contextlib
     import json
     import os
     import subprocess
     import time
     from pathlib import Path
 
+    from hpc_llm.paths import claim_new_dir
     from hpc_llm.results.preflight import summary
     from hpc_llm.rundir.layout import RESULTS
 
     overrides = list(args.overrides)
-    sweep = Path(os.environ.get("HPC_LLM_RUNS", "outputs")) / "preflight" / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+    # its own dir (two preflights within a second once shared one, and read each other's results)
+    base = Path(os.environ.get("HPC_LLM_RUNS", "outputs")) / "preflight" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    sweep = Path(claim_new_dir(str(base)))
     overrides += ["preflight.enabled=true", "preflight.only=true", f"hydra.sweep.dir={sweep.resolve()}"]
     if "hydra/launcher=slurm" in overrides and not any(o.startswith("hydra.launcher.wait=") for o in overrides):
         overrides.append("hydra.launcher.wait=true")
@@ -319,7 +324,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         if record:
             sys.stdout.write(summary(record))
     if proc.returncode == 2:
-        return 2  # bad input: the app printed the one line
+        with contextlib.suppress(OSError):
+            sweep.rmdir()  # bad input: nothing was made in it (the app printed the one line)
+        return 2
     if not found:
         print(f"hpc_llm: error: the preflight job wrote no results; see {sweep}", file=sys.stderr)
         return 1

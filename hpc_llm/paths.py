@@ -78,3 +78,18 @@ def user_dir() -> Path:
 def state_dir() -> Path:
     """Where the login side keeps its state (the run ledger): ``$HPC_LLM_HOME``, else :func:`user_dir`."""
     return Path(os.environ.get("HPC_LLM_HOME") or user_dir()).expanduser()
+
+
+def claim_new_dir(base: str) -> str:
+    """Make ``base``, or the first of ``base_2``, ``base_3``, ... that nobody has made, and return
+    it: a directory this process has alone. ``os.mkdir`` is atomic, so two processes naming the
+    same ``base`` (a sweep dir named to the second, submitted twice within it) never share one."""
+    os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
+    for n in range(1, 1000):
+        claimed = base if n == 1 else f"{base}_{n}"
+        try:
+            os.mkdir(claimed)
+            return claimed
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{base} and {base}_2 to _999 exist")

@@ -532,9 +532,56 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0
 
 
+def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
+    """fit_partition's arithmetic and its scontrol calls (the real update is run on the dev
+    cluster by tests/test_spares.py): shrink to what is up outside the excluded, never below
+    what the run needs; grow back to the submitted size once nodes are up again; leave a job
+    that fits alone; ask again while slurmctld does not see the requeued job pending yet."""
+    import subprocess
+
+    from hpc_llm.job.supervisor import slurm_job
+
+    up: list[str] = []
+    calls: list[list[str]] = []
+    answers: list[tuple[int, str]] = []
+
+    def run(args: list[str], timeout: float = 60, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        code, err = answers.pop(0) if answers else (0, "")
+        return subprocess.CompletedProcess(args, code, "", err)
+
+    monkeypatch.setattr(slurm_job, "nodes_up", lambda partition: list(up))
+    monkeypatch.setattr(slurm_job, "_run", run)
+    monkeypatch.setattr(slurm_job.time, "sleep", lambda s: None)
+
+    def fit(asked: int, full: int, needed: int, excluded: list[str]) -> str | None:
+        calls.clear()
+        return slurm_job.fit_partition("7", asked, full, needed, 8, excluded, "low")
+
+    up[:] = ["n1", "n2", "n3"]
+    assert fit(3, 3, 1, []) is None and calls == []  # fits: nothing asked of Slurm
+    said = fit(3, 3, 1, ["n3"])
+    assert calls == [["scontrol", "update", "JobId=7", "NumNodes=2", "NumTasks=16"]]
+    assert said == (
+        "only 2 node(s) of partition low are up outside the excluded: the job now asks for 2 (1 spare(s) instead of 2)"
+    )
+    said = fit(2, 3, 1, [])  # shrunk before, the nodes back
+    assert calls[-1][3:] == ["NumNodes=3", "NumTasks=24"] and said and "up again: the job asks for 3" in said
+    assert fit(3, 3, 2, ["n2", "n3"]) and calls[-1][3] == "NumNodes=2"  # never below what the run needs
+    assert fit(3, 3, 3, ["n3"]) is None and calls == []  # no spares to give up
+    up[:] = []
+    assert fit(3, 3, 1, ["n3"]) is None and calls == []  # sinfo could not tell: leave it
+    up[:] = ["n1", "n2", "n3"]
+    answers[:] = [(1, "Job is no longer pending execution"), (1, "Job is no longer pending execution"), (0, "")]
+    assert fit(3, 3, 1, ["n3"]) and len(calls) == 3
+    answers[:] = [(1, "Access/permission denied")]
+    assert fit(3, 3, 1, ["n3"]) == "could not make the job ask for 2 node(s): Access/permission denied"
+    assert len(calls) == 1
+
+
 def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():
     """The script's srun asks for the submit-time count; a shrunk requeue or a lost node needs fewer."""
-    from hpc_llm.job.supervisor.step import for_nodes
+    from hpc_llm.job.supervisor.step import for_nodes, rendered_nodes
 
     rendered = [
         "srun",
@@ -562,6 +609,7 @@ def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():
     assert for_nodes(wrapped, ["n1"]) == ["/usr/bin/srun", "--nodes=1", "--ntasks=1", *wrapped[3:]]
     assert for_nodes(["python", "-m", "x", "--nodes=2"], ["n1"]) == ["python", "-m", "x", "--nodes=2"]  # no srun
     assert for_nodes(rendered, []) == rendered  # the allocation unknown: as rendered
+    assert rendered_nodes(rendered) == 3 and rendered_nodes(wrapped) == 2 and rendered_nodes(["python"]) is None
 
 
 def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place():

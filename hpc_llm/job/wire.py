@@ -49,9 +49,21 @@ TOKEN = "HPC_LLM_AGENT_TOKEN"
 LEASE_S = "HPC_LLM_LEASE_S"
 #: set when the job has spare nodes (sbatch --no-kill): an agent that loses the supervisor without
 #: an ``end`` (the batch host died; Slurm keeps a --no-kill job RUNNING without its batch script)
-#: requeues the job. Its value: the nodes the run needs (spares not counted), what a requeued
-#: job may shrink to when the partition cannot hold the spares too
+#: requeues the job. Its value: ``NEEDED,FULL,PER_NODE``, the nodes the run needs, the nodes it
+#: was submitted with (spares included) and the ranks per node, to size the requeued job to what
+#: the partition can hold (slurm_job.fit_partition)
 REQUEUE_ON_LOSS = "HPC_LLM_REQUEUE_ON_LOSS"
+
+
+def requeue_on_loss(value: str | None) -> tuple[int, int, int] | None:
+    """:data:`REQUEUE_ON_LOSS`'s value as (needed, full, per_node); None when unset or malformed."""
+    try:
+        needed, full, per_node = (int(x) for x in (value or "").split(","))
+    except ValueError:
+        return None
+    return needed, full, per_node
+
+
 #: an agent takes its supervisor as gone after this many ping periods without a message, and
 #: at least this many leases (a dead or frozen host closes no connection)
 SILENT_PINGS = 10

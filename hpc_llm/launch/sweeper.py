@@ -27,6 +27,7 @@ from hpc_llm.config.store import require_schema
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, copy_config
 from hpc_llm.launch.options import check_launcher_options
+from hpc_llm.paths import claim_new_dir
 
 #: job_run_dir's answers, by id of the job config: (the config, what the answer was made from, the answer)
 _RUN_DIRS: dict[int, tuple[weakref.ref[DictConfig], tuple[Any, ...], str]] = {}
@@ -146,21 +147,21 @@ class ValidatingSweeper(BasicSweeper):
         if "${now:" not in str(self.config.hydra.sweep._get_node("dir")._value()):
             os.makedirs(base, exist_ok=True)
             return
-        os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
-        for n in range(1, 1000):
-            claimed = base if n == 1 else f"{base}_{n}"
-            try:
-                os.mkdir(claimed)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise ConfigError(f"{base} and {base}_2 to _999 exist; allowed: hydra.sweep.dir=DIR, a new directory")
+        try:
+            claimed = claim_new_dir(base)
+        except FileExistsError as exc:
+            raise ConfigError(f"{exc}; allowed: hydra.sweep.dir=DIR, a new directory") from None
         if claimed == base:
             return
         for cfg in (self.config, *jobs.values()):
             with read_write(cfg.hydra), open_dict(cfg.hydra):
                 cfg.hydra.sweep.dir = claimed
+        if "'" not in claimed:
+            # a job config composed again (Hydra's own launchers, or a cache miss in ours) gets its
+            # hydra.* from these overrides and its ${now:} from the master's resolver cache: without
+            # this it would name the first invocation's dir again
+            with read_write(self.config.hydra), open_dict(self.config.hydra):
+                self.config.hydra.overrides.hydra.append(f"hydra.sweep.dir='{claimed}'")
 
     def sweep(self, arguments: list[str]) -> Any:
         # hpc_llm's launchers declare check_job and take precomposed configs; any other

@@ -75,8 +75,9 @@ class Agent:
         self.job_id = job.job_id
         self.job_ref = job.ref
         self.restart = job.restart
-        #: the nodes the run needs when the job has spares (0: no spares, never requeue on loss)
-        self.requeue_on_loss = int(os.environ.get(wire.REQUEUE_ON_LOSS) or 0)
+        #: (nodes the run needs, nodes submitted with, ranks per node) when the job was submitted
+        #: with spares; None: never requeue on the supervisor's loss
+        self.requeue_on_loss = wire.requeue_on_loss(os.environ.get(wire.REQUEUE_ON_LOSS))
         #: the supervisor's connection was lost without an ``end`` (``silent``: it stayed open, unused)
         self.orphaned = False
         self.silent = False
@@ -434,10 +435,15 @@ class Agent:
         requeued_at = time.time()
         excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
         err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
-        allocated = len(slurm_job.hostnames(info.get("NodeList")))
-        shrunk = slurm_job.fit_partition(
-            self.job_ref, allocated, self.requeue_on_loss, [*excluded, host], info.get("Partition")
-        )
+        shrunk = None
+        if self.requeue_on_loss is not None:
+            needed, full, per_node = self.requeue_on_loss
+            # the allocation as this step started in it: once Slurm calls the host DOWN, --no-kill
+            # takes it out of NodeList, one short of what the job asks for
+            asked = int(os.environ.get("SLURM_JOB_NUM_NODES") or 0) or len(slurm_job.hostnames(info.get("NodeList")))
+            shrunk = slurm_job.fit_partition(
+                self.job_ref, asked, full, needed, per_node, [*excluded, host], info.get("Partition")
+            )
         seen = {
             "job_id": self.job_id,
             "restart": self.restart,

@@ -204,10 +204,14 @@ class Fleet:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, OSError):
                 return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c = wire.Conn(sock)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                c = wire.Conn(sock)
+                self._sel.register(c, selectors.EVENT_READ, ("pending", c.fileno()))
+            except OSError:  # reset as soon as it came: it never said hello
+                sock.close()
+                continue
             self._pending[c.fileno()] = c
-            self._sel.register(c, selectors.EVENT_READ, ("pending", c.fileno()))
 
     def _greet(self, fd: int) -> None:
         c = self._pending.get(fd)

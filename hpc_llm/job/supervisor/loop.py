@@ -58,7 +58,7 @@ from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.options import Policy, parse_args
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
-from hpc_llm.job.supervisor.step import Step, for_nodes
+from hpc_llm.job.supervisor.step import Step, for_nodes, rendered_nodes
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
@@ -205,11 +205,17 @@ class Supervisor:
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
-        if self.job.ref and self.policy.recover and len(self.job.nodes) > self.policy.nodes:
-            # spares: a --no-kill job outlives its batch host; the agents requeue it then
-            env[wire.REQUEUE_ON_LOSS] = str(self.policy.nodes)
+        full = self._full_size()
+        if self.job.ref and self.policy.recover and full > self.policy.nodes:
+            # submitted with spares (even if fewer are left): a --no-kill job outlives its batch
+            # host; the agents requeue it then
+            env[wire.REQUEUE_ON_LOSS] = f"{self.policy.nodes},{full},{self.policy.tasks_per_node}"
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
+
+    def _full_size(self) -> int:
+        """The nodes the run was submitted with, spares included (its allocation may be fewer)."""
+        return rendered_nodes(self.command) or len(self.job.nodes)
 
     def _ensure_agents(self) -> None:
         """The agent step runs, and every agent in it is alive; else a new agent step (a cold
@@ -790,12 +796,18 @@ class Supervisor:
             err = slurm_job.exclude(str(self.job.ref), exclude)
             if err:
                 a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"
-        if not by_ending and len(self.job.nodes) > self.policy.nodes:
-            shrunk = slurm_job.fit_partition(
-                str(self.job.ref), len(self.job.nodes), self.policy.nodes, exclude, self.job.partition
+        if not by_ending:
+            sized = slurm_job.fit_partition(
+                str(self.job.ref),
+                len(self.job.nodes) or self._full_size(),
+                self._full_size(),
+                self.policy.nodes,
+                self.policy.tasks_per_node,
+                exclude,
+                self.job.partition,
             )
-            if shrunk:
-                a.error = f"{a.error or d.cause}; {shrunk}"
+            if sized:
+                a.error = f"{a.error or d.cause}; {sized}"
         version = slurm_job.slurm_version()
         if d.cause == "node_failure" and version is not None and version < slurm_job.REQUEUE_DELAY_SINCE:
             # a dead node still holds the job COMPLETING: not again before Slurm has let it go

@@ -306,43 +306,49 @@ def parse_draining(out: str) -> list[str]:
 SHRINK_TRIES = 5
 
 
-def fit_partition(ref: str, allocated: int, needed: int, excluded: list[str], partition: str | None) -> str | None:
-    """After a requeue: when fewer nodes of ``partition`` are up outside ``excluded`` than the job
-    asks for (``allocated``: the run's ``needed`` and its spares), ask for what is up, never fewer
-    than ``needed``. The spares are given up for this allocation rather than the run pending for
-    nodes that may never come back (a dead node stays DOWN until an operator returns it). None
-    when nothing had to change, else one line saying what was done or why it could not be.
+def fit_partition(
+    ref: str, asked: int, full: int, needed: int, per_node: int, excluded: list[str], partition: str | None
+) -> str | None:
+    """After a requeue: size the pending job to what ``partition`` can hold outside ``excluded``.
+    ``asked``: the nodes it asks for now; ``full``: the run's ``needed`` and its spares, as
+    submitted. With fewer up than it asks for it asks for what is up, never fewer than
+    ``needed``: the run starts with fewer spares rather than pending for nodes that may never
+    come back (a dead node stays DOWN until an operator returns it). With more up again, a job
+    shrunk before asks for its spares back. None when nothing had to change, else one line
+    saying what was done or why it could not be.
 
-    Verified on the dev cluster (22.05), as a user who is not an operator: ``scontrol update
-    JobId=J NumNodes=2 NumTasks=2`` on a pending 3-node job (``--ntasks-per-node=1``) is accepted
-    and the job starts on 2 nodes; NumNodes alone is not enough (slurmctld: "setting min_nodes
-    from 3 to 2", but NumTasks=3 at one task a node still needs 3)."""
+    Verified on the dev cluster (22.05), as a user who is not an operator, on a pending 3-node
+    job with ``--ntasks-per-node=1``: ``scontrol update JobId=J NumNodes=2 NumTasks=2`` is
+    accepted and the job starts on 2 nodes; ``NumNodes`` alone only lowers ``min_nodes``
+    (slurmctld: "setting min_nodes from 3 to 2") and the job, still ``NumTasks=3``, waits for a
+    third; ``NumNodes=3 NumTasks=3`` afterwards is accepted too (a pending job's size is the
+    user's to change both ways)."""
     up = nodes_up(partition)
-    free = len([n for n in up if n not in excluded])
-    if not up or free >= allocated or allocated <= needed:
+    if not up or full <= needed:
         return None
-    want = max(free, needed)
-    info = scontrol_show_job(ref)
-    try:
-        per_node = max(1, int(info.get("NumTasks", "0")) // max(1, int(info.get("NumNodes", "1").split("-")[0])))
-    except ValueError:
-        per_node = 1
+    free = len([n for n in up if n not in excluded])
+    want = min(full, max(free, needed))
+    if want == asked:
+        return None
+    said = ""
     for attempt in range(SHRINK_TRIES):
         try:
             out = _run(["scontrol", "update", f"JobId={ref}", f"NumNodes={want}", f"NumTasks={want * per_node}"])
         except (OSError, subprocess.SubprocessError) as exc:
-            return f"could not shrink the job to {want} node(s): {type(exc).__name__}: {exc}"
+            return f"could not make the job ask for {want} node(s): {type(exc).__name__}: {exc}"
         said = " ".join(out.stderr.split())
         # a job just requeued may not be pending yet in slurmctld's view: ask again, briefly
         if out.returncode == 0 or "pending" not in said.lower() or attempt == SHRINK_TRIES - 1:
             break
         time.sleep(1.0)
     if out.returncode != 0:
-        return f"could not shrink the job to {want} node(s): {said or out.returncode}"
-    return (
-        f"only {free} node(s) of partition {partition} are up outside the excluded: the job now asks for "
-        f"{want} ({want - needed} spare(s) instead of {allocated - needed})"
-    )
+        return f"could not make the job ask for {want} node(s): {said or out.returncode}"
+    if want < asked:
+        return (
+            f"only {free} node(s) of partition {partition} are up outside the excluded: the job now asks for "
+            f"{want} ({want - needed} spare(s) instead of {asked - needed})"
+        )
+    return f"{free} node(s) of partition {partition} are up again: the job asks for {want} ({want - needed} spare(s))"
 
 
 def exclude(ref: str, nodes: list[str]) -> str | None:

@@ -23,7 +23,7 @@ def for_nodes(command: list[str], nodes: list[str], left_out: set[str] | frozens
     """The agent step's srun command for the nodes it may use now: one agent on each of ``nodes``
     (the allocation, as ``scontrol show job`` lists it) but those ``left_out``. The script
     renders ``--nodes=``/``--ntasks=`` with the count asked for at submit; a requeued job that
-    was shrunk to fit its partition (slurm_job.fit_partition) has fewer nodes, and srun refuses
+    was shrunk to fit its partition (slurm_job.fit_partition) may have fewer nodes, and srun refuses
     a step larger than its allocation. A left-out node (dead, frozen, drained) gets no agent in
     a new step: ``--exclude``. Unchanged when ``command`` is no srun or ``nodes`` is unknown."""
     at = next((i for i, a in enumerate(command) if a.rsplit("/", 1)[-1] == "srun"), None)
@@ -41,6 +41,18 @@ def for_nodes(command: list[str], nodes: list[str], left_out: set[str] | frozens
     if gone:
         out.insert(at + 1, f"--exclude={','.join(gone)}")
     return out
+
+
+def rendered_nodes(command: list[str]) -> int | None:
+    """The ``--nodes=`` of the agent step's srun as the script renders it: the allocation the run
+    was submitted with (its nodes and spares). None when ``command`` has none."""
+    at = next((i for i, a in enumerate(command) if a.rsplit("/", 1)[-1] == "srun"), None)
+    for arg in command[at + 1 :] if at is not None else []:
+        if not arg.startswith("-"):
+            break
+        if arg.startswith("--nodes=") and arg.removeprefix("--nodes=").isdigit():
+            return int(arg.removeprefix("--nodes="))
+    return None
 
 
 class Step:
