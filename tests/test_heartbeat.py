@@ -275,3 +275,39 @@ def test_a_fleet_of_2048_agents_beating_every_second_raises_no_false_suspicion(t
         os.waitpid(pid, 0)
         fleet.close()
         os.close(report_r)
+
+
+def test_an_agent_that_says_hello_and_goes_at_once_is_probed_and_the_fleet_serves_on():
+    """Beside 2,048 agents on a busy machine the agents' process died right after their hellos:
+    the I/O thread registered an already-closed socket, raised, and ended, so no agent would
+    ever get a ping again. Now such an agent is a dropped one (suspect, probed: its probe port
+    refuses, dead), and the next agent is greeted as usual."""
+    fleet = Fleet("tok", beat_s=1.0, node_timeout_s=3.0, probe_timeout_s=1.5, lease_s=4.5, host="127.0.0.1")
+    fleet.start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refusing = closed.getsockname()[1]  # bound, never listening: connections to it are refused
+    try:
+        for n in range(20):  # hello, warm, then gone before the fleet reads a byte
+            s = socket.create_connection(("127.0.0.1", fleet.port))
+            hello = {"t": "hello", "token": "tok", "node": node(n), "node_id": n, "pid": n, "probe_port": refusing}
+            s.sendall(wire.encode(hello) + wire.encode({"t": "warm"}))
+            s.close()
+        late = socket.create_connection(("127.0.0.1", fleet.port))
+        late.sendall(
+            wire.encode({"t": "hello", "token": "tok", "node": "late", "node_id": 99, "pid": 1, "probe_port": 1})
+        )
+        deadline = time.monotonic() + 10
+        events: list[dict] = []
+        while time.monotonic() < deadline and (
+            sum(e["t"] == "dead" for e in events) < 20 or not fleet.view().get("late")
+        ):
+            events += fleet.events()
+            time.sleep(0.05)
+        assert fleet._thread.is_alive()
+        assert {e["node"] for e in events if e["t"] == "dead"} == {node(n) for n in range(20)}, events[:5]
+        assert fleet.view()["late"].alive and "late" not in {e["node"] for e in events if e["t"] in ("suspect", "dead")}
+        late.close()
+    finally:
+        fleet.close()
+        closed.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import queue
 import selectors
 import socket
@@ -41,6 +42,8 @@ from typing import Any
 from hpc_llm.job import heartbeat, wire
 
 #: what an agent is, as the supervisor knows it
+log = logging.getLogger("hpc_llm.supervisor")
+
 IMPORTING, WARM, SUSPECT, DEAD, GONE = "importing", "warm", "suspect", "dead", "gone"
 
 
@@ -174,14 +177,20 @@ class Fleet:
             for key, mask in self._sel.select(timeout=0.1):
                 kind, ref = key.data
                 with self._lock:
-                    if kind == "listen":
-                        self._accept()
-                    elif kind == "pending":
-                        self._greet(ref)
-                    elif kind == "agent":
-                        self._read(ref)
-                    elif kind == "probe":
-                        self._probe_io(key.fd, mask)
+                    try:
+                        if kind == "listen":
+                            self._accept()
+                        elif kind == "pending":
+                            self._greet(ref)
+                        elif kind == "agent":
+                            self._read(ref)
+                        elif kind == "probe":
+                            self._probe_io(key.fd, mask)
+                    except Exception:  # noqa: BLE001 - every agent's liveness rides on this thread
+                        # one peer's surprise must not end the I/O thread (then no agent gets a
+                        # ping, and every one gives its supervisor up): drop that connection
+                        log.exception("hpc_llm supervisor: fleet I/O on %s %s failed; dropping it", kind, ref)
+                        self._drop(key)
             now = time.monotonic()
             with self._lock:
                 self._judge(now)
@@ -213,6 +222,23 @@ class Fleet:
                 continue
             self._pending[c.fileno()] = c
 
+    def _drop(self, key: selectors.SelectorKey) -> None:
+        """Forget a connection whose handling failed: an agent's is then a dropped agent's (suspect,
+        probed), a pending or probe one is closed."""
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(key.fileobj)
+        kind, ref = key.data
+        if kind == "agent" and ref in self.agents and self.agents[ref].alive:
+            self.agents[ref].conn.close()
+            self._suspect(self.agents[ref], "its connection failed", time.monotonic())
+        elif kind == "pending":
+            c = self._pending.pop(ref, None)
+            if c is not None:
+                c.close()
+        elif kind == "probe":
+            with contextlib.suppress(Exception):
+                self._probe_done(key.fd, None)
+
     def _greet(self, fd: int) -> None:
         c = self._pending.get(fd)
         if c is None:
@@ -241,10 +267,17 @@ class Fleet:
             conn=c,
         )
         self.agents[node] = a
-        self._sel.register(c, selectors.EVENT_READ, ("agent", node))
         self._events.put({"t": "hello", "node": node})
         for msg in msgs[1:]:
             self._message(a, msg)
+        if c.closed:
+            # said hello and went at once (its process ended, the connection was reset): a dropped
+            # agent, suspect and probed. Registering its closed socket raised ValueError and ended
+            # this thread (seen beside 2,048 agents on a busy machine: their process had died).
+            if a.state != GONE:
+                self._suspect(a, "its connection dropped", time.monotonic())
+            return
+        self._sel.register(c, selectors.EVENT_READ, ("agent", node))
 
     def _read(self, node: str) -> None:
         a = self.agents.get(node)
