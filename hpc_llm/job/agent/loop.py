@@ -52,8 +52,9 @@ log = logging.getLogger("hpc_llm.agent")
 CONNECT_S = 60.0
 #: a generation's ranks that do not die of SIGKILL within this long are reported stopped anyway
 KILL_WAIT_S = 30.0
-#: an orphaned agent waits this long x its node index before it requeues the job: the first one
-#: alive asks, the others find the job requeued already
+#: an orphaned agent waits this long x its place in the queue of agents that may ask (node index,
+#: less one: the batch host, whose death orphans them, is the allocation's first node) before it
+#: requeues the job: the first alive asks at once, the others find the job requeued already
 ORPHAN_STAGGER_S = 2.0
 #: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
 #: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
@@ -408,7 +409,11 @@ class Agent:
             if not self.silent:
                 log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
                 return
-        time.sleep(ORPHAN_STAGGER_S * self.node_id)
+        # At once for the first: on a busy machine the spare's agent of the batch-host test was gone
+        # 2.56 s after it found its supervisor gone, before it had asked (it waited 2 s); nothing
+        # said why. Nothing is left running once every agent has gone, so the first asks first.
+        time.sleep(ORPHAN_STAGGER_S * max(0, self.node_id - 1))
+        log.warning("hpc_llm agent on %s: the supervisor is gone: asking Slurm about the job", self.node)
         info = self._job_info()
         host = info.get("BatchHost") or "?"
         how = "refused connections" if refused else None
