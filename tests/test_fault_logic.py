@@ -533,10 +533,10 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
 
 
 def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
-    """fit_partition's arithmetic and its scontrol calls (the real update is run on the dev
-    cluster by tests/test_spares.py): shrink to what is up outside the excluded, never below
-    what the run needs; grow back to the submitted size once nodes are up again; leave a job
-    that fits alone; ask again while slurmctld does not see the requeued job pending yet."""
+    """fit_partition's arithmetic and update_pending's one scontrol call (the real update is run
+    on the dev cluster by tests/test_spares.py): shrink to what is up outside the excluded, never
+    below what the run needs; grow back to the submitted size once nodes are up again; leave a
+    job that fits alone; ask again while slurmctld does not see the requeued job pending yet."""
     import subprocess
 
     from hpc_llm.job.supervisor import slurm_job
@@ -554,29 +554,34 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
     monkeypatch.setattr(slurm_job, "_run", run)
     monkeypatch.setattr(slurm_job.time, "sleep", lambda s: None)
 
-    def fit(asked: int, full: int, needed: int, excluded: list[str]) -> str | None:
-        calls.clear()
-        return slurm_job.fit_partition("7", asked, full, needed, 8, excluded, "low")
-
     up[:] = ["n1", "n2", "n3"]
-    assert fit(3, 3, 1, []) is None and calls == []  # fits: nothing asked of Slurm
-    said = fit(3, 3, 1, ["n3"])
-    assert calls == [["scontrol", "update", "JobId=7", "NumNodes=2", "NumTasks=16"]]
-    assert said == (
-        "only 2 node(s) of partition low are up outside the excluded: the job now asks for 2 (1 spare(s) instead of 2)"
+    fit = slurm_job.fit_partition
+    assert fit(3, 3, 1, [], "low") is None  # fits
+    assert fit(3, 3, 1, ["n3"], "low") == (
+        2,
+        "only 2 node(s) of partition low are up outside the excluded: the job now asks for 2 (1 spare(s) instead of 2)",
     )
-    said = fit(2, 3, 1, [])  # shrunk before, the nodes back
-    assert calls[-1][3:] == ["NumNodes=3", "NumTasks=24"] and said and "up again: the job asks for 3" in said
-    assert fit(3, 3, 2, ["n2", "n3"]) and calls[-1][3] == "NumNodes=2"  # never below what the run needs
-    assert fit(3, 3, 3, ["n3"]) is None and calls == []  # no spares to give up
+    grown = fit(2, 3, 1, [], "low")  # shrunk before, the nodes back
+    assert grown and grown[0] == 3 and "up again: the job asks for 3" in grown[1]
+    assert (fit(3, 3, 2, ["n2", "n3"], "low") or (0, ""))[0] == 2  # never below what the run needs
+    assert fit(3, 3, 3, ["n3"], "low") is None  # no spares to give up
     up[:] = []
-    assert fit(3, 3, 1, ["n3"]) is None and calls == []  # sinfo could not tell: leave it
-    up[:] = ["n1", "n2", "n3"]
+    assert fit(3, 3, 1, ["n3"], "low") is None  # sinfo could not tell: leave it
+    assert calls == []  # deciding asks nothing of scontrol
+
+    assert slurm_job.update_pending("7", exclude=["n1"], nodes=2, per_node=8) is None
+    assert calls == [["scontrol", "update", "JobId=7", "ExcNodeList=n1", "NumNodes=2", "NumTasks=16"]]
+    calls.clear()
+    assert slurm_job.update_pending("7") is None and calls == []  # nothing to change
     answers[:] = [(1, "Job is no longer pending execution"), (1, "Job is no longer pending execution"), (0, "")]
-    assert fit(3, 3, 1, ["n3"]) and len(calls) == 3
+    assert (
+        slurm_job.update_pending("7", nodes=3) is None
+        and len(calls) == 3
+        and calls[-1][3:] == ["NumNodes=3", "NumTasks=3"]
+    )
+    calls.clear()
     answers[:] = [(1, "Access/permission denied")]
-    assert fit(3, 3, 1, ["n3"]) == "could not make the job ask for 2 node(s): Access/permission denied"
-    assert len(calls) == 1
+    assert slurm_job.update_pending("7", exclude=["n2"]) == "Access/permission denied" and len(calls) == 1
 
 
 def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():

@@ -433,22 +433,16 @@ class Agent:
         if not self._still_ours(info):
             log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
             return
-        err = slurm_job.requeue_job(self.job_ref)
-        if err:
-            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
-            return
-        requeued_at = time.time()
-        excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
-        err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
-        shrunk = None
+        # Everything slow before the requeue: it ends this agent's own step (on a busy machine the
+        # agents were gone 3 s after it, before their record or the job's new size was written).
+        excluded = sorted({*(n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host), host} - {"?"})
+        sized = None
         if self.requeue_on_loss is not None:
             needed, full, per_node = self.requeue_on_loss
             # the allocation as this step started in it: once Slurm calls the host DOWN, --no-kill
             # takes it out of NodeList, one short of what the job asks for
             asked = int(os.environ.get("SLURM_JOB_NUM_NODES") or 0) or len(slurm_job.hostnames(info.get("NodeList")))
-            shrunk = slurm_job.fit_partition(
-                self.job_ref, asked, full, needed, per_node, [*excluded, host], info.get("Partition")
-            )
+            sized = slurm_job.fit_partition(asked, full, needed, excluded, info.get("Partition"))
         seen = {
             "job_id": self.job_id,
             "restart": self.restart,
@@ -456,21 +450,38 @@ class Agent:
             "how": how,
             "by": self.node,
             "detected_at": self.lost_at,
-            "requeued_at": requeued_at,
-            "exclude_error": err,
-            "shrunk": shrunk,
+            "requeued_at": time.time(),
+            "exclude_error": None if host != "?" else "no BatchHost",
+            "shrunk": sized[1] if sized else None,
         }
         with contextlib.suppress(OSError):
             RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's SIGTERM to this step: outlive it
+        err = slurm_job.requeue_job(self.job_ref)
+        if err:
+            with contextlib.suppress(OSError):
+                RunDir(self.run_dir).supervisor_lost.unlink()
+            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
+            return
+        # one update, the exclusion and the size together: the step is being ended
+        err = slurm_job.update_pending(
+            self.job_ref,
+            exclude=excluded if host != "?" else None,
+            nodes=sized[0] if sized else None,
+            per_node=self.requeue_on_loss[2] if self.requeue_on_loss else 1,
+        )
+        if err:
+            seen["exclude_error"], seen["shrunk"] = err, None
+            with contextlib.suppress(OSError):
+                RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
         log.warning(
-            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s",
+            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s%s",
             self.node,
             host,
             how,
-            f" (could not exclude {host}: {err})" if err else f", {host} excluded",
+            f" (could not update it: {err})" if err else f", {host} excluded",
+            f"; {sized[1]}" if sized and not err else "",
         )
-        if shrunk:
-            log.warning("hpc_llm agent on %s: %s", self.node, shrunk)
 
     def _job_info(self) -> dict[str, str]:
         """``scontrol show job``, asked up to 5 times: one slow answer from slurmctld must not

@@ -792,22 +792,23 @@ class Supervisor:
             return 1
         if a.signal_time:
             a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
-        if change:
-            err = slurm_job.exclude(str(self.job.ref), exclude)
-            if err:
-                a.error = f"{a.error or d.cause}; could not exclude {','.join(exclude)}: {err}"
+        sized = None
         if not by_ending:
+            full = self._full_size()
             sized = slurm_job.fit_partition(
-                str(self.job.ref),
-                len(self.job.nodes) or self._full_size(),
-                self._full_size(),
-                self.policy.nodes,
-                self.policy.tasks_per_node,
-                exclude,
-                self.job.partition,
+                len(self.job.nodes) or full, full, self.policy.nodes, exclude, self.job.partition
             )
-            if sized:
-                a.error = f"{a.error or d.cause}; {sized}"
+        if change or sized:
+            err = slurm_job.update_pending(
+                str(self.job.ref),
+                exclude=exclude if change else None,
+                nodes=sized[0] if sized else None,
+                per_node=self.policy.tasks_per_node,
+            )
+            if err:
+                a.error = f"{a.error or d.cause}; could not update the requeued job ({err})"
+            elif sized:
+                a.error = f"{a.error or d.cause}; {sized[1]}"
         version = slurm_job.slurm_version()
         if d.cause == "node_failure" and version is not None and version < slurm_job.REQUEUE_DELAY_SINCE:
             # a dead node still holds the job COMPLETING: not again before Slurm has let it go

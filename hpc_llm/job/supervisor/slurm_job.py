@@ -302,27 +302,21 @@ def parse_draining(out: str) -> list[str]:
     return sorted(found)
 
 
-#: tries of ``scontrol update NumNodes=`` a second apart while the requeued job is not pending yet
+#: tries of ``scontrol update`` a second apart while the requeued job is not pending yet
 SHRINK_TRIES = 5
 
 
 def fit_partition(
-    ref: str, asked: int, full: int, needed: int, per_node: int, excluded: list[str], partition: str | None
-) -> str | None:
-    """After a requeue: size the pending job to what ``partition`` can hold outside ``excluded``.
-    ``asked``: the nodes it asks for now; ``full``: the run's ``needed`` and its spares, as
-    submitted. With fewer up than it asks for it asks for what is up, never fewer than
-    ``needed``: the run starts with fewer spares rather than pending for nodes that may never
-    come back (a dead node stays DOWN until an operator returns it). With more up again, a job
-    shrunk before asks for its spares back. None when nothing had to change, else one line
-    saying what was done or why it could not be.
-
-    Verified on the dev cluster (22.05), as a user who is not an operator, on a pending 3-node
-    job with ``--ntasks-per-node=1``: ``scontrol update JobId=J NumNodes=2 NumTasks=2`` is
-    accepted and the job starts on 2 nodes; ``NumNodes`` alone only lowers ``min_nodes``
-    (slurmctld: "setting min_nodes from 3 to 2") and the job, still ``NumTasks=3``, waits for a
-    third; ``NumNodes=3 NumTasks=3`` afterwards is accepted too (a pending job's size is the
-    user's to change both ways)."""
+    asked: int, full: int, needed: int, excluded: list[str], partition: str | None
+) -> tuple[int, str] | None:
+    """How many nodes a requeued job should ask for, and why; None when it fits as it is (or
+    sinfo cannot tell). ``asked``: the nodes it asks for now; ``full``: the run's ``needed``
+    and its spares, as submitted. With fewer up in ``partition`` outside ``excluded`` than it
+    asks for, it asks for what is up, never fewer than ``needed``: the run starts with fewer
+    spares rather than pending for nodes that may never come back (a dead node stays DOWN until
+    an operator returns it). With more up again, a job shrunk before asks for its spares back.
+    Decided before the requeue (the requeue ends the agents' step), applied after it by
+    :func:`update_pending` (only a pending job's size can change)."""
     up = nodes_up(partition)
     if not up or full <= needed:
         return None
@@ -330,33 +324,53 @@ def fit_partition(
     want = min(full, max(free, needed))
     if want == asked:
         return None
+    if want < asked:
+        why = (
+            f"only {free} node(s) of partition {partition} are up outside the excluded: the job now asks for "
+            f"{want} ({want - needed} spare(s) instead of {asked - needed})"
+        )
+    else:
+        why = (
+            f"{free} node(s) of partition {partition} are up again: the job asks for {want} ({want - needed} spare(s))"
+        )
+    return want, why
+
+
+def update_pending(
+    ref: str, exclude: list[str] | None = None, nodes: int | None = None, per_node: int = 1
+) -> str | None:
+    """One ``scontrol update`` of the job just requeued: its ``ExcNodeList`` and/or its size
+    (``NumNodes`` and ``NumTasks``: see :func:`fit_partition`). None when Slurm took it, else
+    its one-line complaint. Asked again for a few seconds while slurmctld does not see the job
+    pending yet. One call, not one per field: after an agent's requeue, Slurm is ending the
+    agent's own step.
+
+    Verified on the dev cluster (22.05), as a user who is not an operator, on a pending 3-node
+    job with ``--ntasks-per-node=1``: ``NumNodes=2 NumTasks=2`` is accepted and the job starts
+    on 2 nodes; ``NumNodes`` alone only lowers ``min_nodes`` (slurmctld: "setting min_nodes from
+    3 to 2") and the job, still ``NumTasks=3``, waits for a third; ``NumNodes=3 NumTasks=3``
+    afterwards is accepted too (a pending job's size is the user's to change both ways)."""
+    fields = [f"ExcNodeList={','.join(exclude)}"] if exclude is not None else []
+    if nodes is not None:
+        fields += [f"NumNodes={nodes}", f"NumTasks={nodes * per_node}"]
+    if not fields:
+        return None
     said = ""
     for attempt in range(SHRINK_TRIES):
         try:
-            out = _run(["scontrol", "update", f"JobId={ref}", f"NumNodes={want}", f"NumTasks={want * per_node}"])
+            out = _run(["scontrol", "update", f"JobId={ref}", *fields])
         except (OSError, subprocess.SubprocessError) as exc:
-            return f"could not make the job ask for {want} node(s): {type(exc).__name__}: {exc}"
+            return f"{type(exc).__name__}: {exc}"
         said = " ".join(out.stderr.split())
         # a job just requeued may not be pending yet in slurmctld's view: ask again, briefly
         if out.returncode == 0 or "pending" not in said.lower() or attempt == SHRINK_TRIES - 1:
             break
         time.sleep(1.0)
-    if out.returncode != 0:
-        return f"could not make the job ask for {want} node(s): {said or out.returncode}"
-    if want < asked:
-        return (
-            f"only {free} node(s) of partition {partition} are up outside the excluded: the job now asks for "
-            f"{want} ({want - needed} spare(s) instead of {asked - needed})"
-        )
-    return f"{free} node(s) of partition {partition} are up again: the job asks for {want} ({want - needed} spare(s))"
+    return None if out.returncode == 0 else (said or f"exit {out.returncode}")
 
 
 def exclude(ref: str, nodes: list[str]) -> str | None:
-    try:
-        out = _run(["scontrol", "update", f"JobId={ref}", f"ExcNodeList={','.join(nodes)}"])
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
+    return update_pending(ref, exclude=nodes)
 
 
 #: Slurm < 24.05, seen on 22.05.8: a job requeued (`scontrol requeue`) while a dead node still
