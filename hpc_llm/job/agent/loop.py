@@ -441,7 +441,9 @@ class Agent:
             needed, full, per_node = self.requeue_on_loss
             # the allocation as this step started in it: once Slurm calls the host DOWN, --no-kill
             # takes it out of NodeList, one short of what the job asks for
-            asked = int(os.environ.get("SLURM_JOB_NUM_NODES") or 0) or len(slurm_job.hostnames(info.get("NodeList")))
+            asked = len(slurm_job.hostnames(JobEnv.current().nodelist)) or len(
+                slurm_job.hostnames(info.get("NodeList"))
+            )
             sized = slurm_job.fit_partition(asked, full, needed, excluded, info.get("Partition"))
         seen = {
             "job_id": self.job_id,
