@@ -601,9 +601,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def own_output(payload_path: Path) -> None:
+    """This agent's stdout and stderr straight into its log file, and stdin from /dev/null: not
+    through srun. srun writes a step's ``--output`` files itself, and a step whose srun dies with
+    the batch host is ended on every node about 2 s later by its slurmstepd (seen on the 24.11
+    dev cluster: a task writing every 0.2 s stopped writing at the host's death and was killed
+    2.3 s after; a task writing to its own file lived on). The orphaned agents' requeue raced
+    that kill, and lost it on a busy machine. srun's file keeps what comes before this call."""
+    job = JobEnv.current()
+    path = RunDir.of_payload(payload_path).agent_log(job.rank)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return  # srun's file it is
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.dup2(null, 0)
+    os.close(fd)
+    os.close(null)
+
+
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 1 and JobEnv.current().on_slurm:
+        own_output(Path(args[0]))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if len(args) != 1:
         raise SystemExit("usage: python -m hpc_llm.job.agent <payload.pkl>")
     env = os.environ
