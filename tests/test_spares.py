@@ -229,15 +229,13 @@ def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(
     Slurm takes the node out and keeps the job RUNNING with no batch script, and requeues
     nothing. The agent left finds its supervisor gone, checks it does not answer and that the
     job is still this allocation, and requeues it with the dead host excluded; the next
-    allocation books the lost attempt on that node and resumes from the last checkpoint.
-    One node and two spares fill the 3-node cluster: with the host DOWN, the partition can no
-    longer hold three, and the job, which once pended for good, is shrunk to the two left."""
+    allocation books the lost attempt on that node and resumes from the last checkpoint."""
     from hpc_llm.slurm import devcluster
 
     base = [*ALONE, "train.max_duration=300ba"]
     ref = reference(base, slurm24_env, pytestconfig)
     env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
-    args = [*base, *PACE, "checkpoint.interval=5ba", "resources.spare_nodes=2", "hydra.launcher.exclusive=true"]
+    args = [*base, *PACE, "checkpoint.interval=5ba", "resources.spare_nodes=1", "hydra.launcher.exclusive=true"]
     job_id, run_dir = submit(args, env, tmp_path)
     rank_at(run_dir, 0, 20)
     host = scontrol_job(job_id, env)["BatchHost"]
@@ -256,8 +254,6 @@ def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(
     assert done["job_id"] == job_id and done["restart"] >= 1 and host not in done["nodes"], done
     assert done["resumed_at_batch"] >= 15, done
     assert host in scontrol_job(job_id, env)["ExcNodeList"]
-    assert "the job now asks for 2 (1 spare(s) instead of 2)" in booked["error"], booked
-    assert attempts(run_dir)[-1]["alloc_nodes"] == 2
 
 
 def test_a_node_drained_for_maintenance_is_swapped_for_the_spare_with_nothing_lost(

@@ -52,9 +52,8 @@ log = logging.getLogger("hpc_llm.agent")
 CONNECT_S = 60.0
 #: a generation's ranks that do not die of SIGKILL within this long are reported stopped anyway
 KILL_WAIT_S = 30.0
-#: an orphaned agent waits this long x its place in the queue of agents that may ask (node index,
-#: less one: the batch host, whose death orphans them, is the allocation's first node) before it
-#: requeues the job: the first alive asks at once, the others find the job requeued already
+#: an orphaned agent waits this long x its node index before it requeues the job: the first one
+#: alive asks, the others find the job requeued already
 ORPHAN_STAGGER_S = 2.0
 #: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
 #: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
@@ -409,11 +408,7 @@ class Agent:
             if not self.silent:
                 log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
                 return
-        # At once for the first: on a busy machine the spare's agent of the batch-host test was gone
-        # 2.56 s after it found its supervisor gone, before it had asked (it waited 2 s); nothing
-        # said why. Nothing is left running once every agent has gone, so the first asks first.
-        time.sleep(ORPHAN_STAGGER_S * max(0, self.node_id - 1))
-        log.warning("hpc_llm agent on %s: the supervisor is gone: asking Slurm about the job", self.node)
+        time.sleep(ORPHAN_STAGGER_S * self.node_id)
         info = self._job_info()
         host = info.get("BatchHost") or "?"
         how = "refused connections" if refused else None
@@ -433,18 +428,13 @@ class Agent:
         if not self._still_ours(info):
             log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
             return
-        # Everything slow before the requeue: it ends this agent's own step (on a busy machine the
-        # agents were gone 3 s after it, before their record or the job's new size was written).
-        excluded = sorted({*(n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host), host} - {"?"})
-        sized = None
-        if self.requeue_on_loss is not None:
-            needed, full, per_node = self.requeue_on_loss
-            # the allocation as this step started in it: once Slurm calls the host DOWN, --no-kill
-            # takes it out of NodeList, one short of what the job asks for
-            asked = len(slurm_job.hostnames(JobEnv.current().nodelist)) or len(
-                slurm_job.hostnames(info.get("NodeList"))
-            )
-            sized = slurm_job.fit_partition(asked, full, needed, excluded, info.get("Partition"))
+        err = slurm_job.requeue_job(self.job_ref)
+        if err:
+            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
+            return
+        requeued_at = time.time()
+        excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
+        err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
         seen = {
             "job_id": self.job_id,
             "restart": self.restart,
@@ -452,37 +442,17 @@ class Agent:
             "how": how,
             "by": self.node,
             "detected_at": self.lost_at,
-            "requeued_at": time.time(),
-            "exclude_error": None if host != "?" else "no BatchHost",
-            "shrunk": sized[1] if sized else None,
+            "requeued_at": requeued_at,
+            "exclude_error": err,
         }
         with contextlib.suppress(OSError):
             RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's SIGTERM to this step: outlive it
-        err = slurm_job.requeue_job(self.job_ref)
-        if err:
-            with contextlib.suppress(OSError):
-                RunDir(self.run_dir).supervisor_lost.unlink()
-            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
-            return
-        # one update, the exclusion and the size together: the step is being ended
-        err = slurm_job.update_pending(
-            self.job_ref,
-            exclude=excluded if host != "?" else None,
-            nodes=sized[0] if sized else None,
-            per_node=self.requeue_on_loss[2] if self.requeue_on_loss else 1,
-        )
-        if err:
-            seen["exclude_error"], seen["shrunk"] = err, None
-            with contextlib.suppress(OSError):
-                RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
         log.warning(
-            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s%s",
+            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s",
             self.node,
             host,
             how,
-            f" (could not update it: {err})" if err else f", {host} excluded",
-            f"; {sized[1]}" if sized and not err else "",
+            f" (could not exclude {host}: {err})" if err else f", {host} excluded",
         )
 
     def _job_info(self) -> dict[str, str]:
@@ -601,34 +571,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def own_output(payload_path: Path) -> None:
-    """This agent's stdout and stderr straight into its log file, and stdin from /dev/null: not
-    through srun. srun writes a step's ``--output`` files itself, and a step whose srun dies with
-    the batch host is ended on every node about 2 s later by its slurmstepd (seen on the 24.11
-    dev cluster: a task writing every 0.2 s stopped writing at the host's death and was killed
-    2.3 s after; a task writing to its own file lived on). The orphaned agents' requeue raced
-    that kill, and lost it on a busy machine. srun's file keeps what comes before this call."""
-    job = JobEnv.current()
-    path = RunDir.of_payload(payload_path).agent_log(job.rank)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-    except OSError:
-        return  # srun's file it is
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.dup2(null, 0)
-    os.close(fd)
-    os.close(null)
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) == 1 and JobEnv.current().on_slurm:
-        own_output(Path(args[0]))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m hpc_llm.job.agent <payload.pkl>")
     env = os.environ
