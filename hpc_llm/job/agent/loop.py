@@ -55,6 +55,8 @@ KILL_WAIT_S = 30.0
 #: an orphaned agent waits this long x its node index before it requeues the job: the first one
 #: alive asks, the others find the job requeued already
 ORPHAN_STAGGER_S = 2.0
+#: an orphaned agent waits this long before it asks the supervisor's address whether it refuses
+ORPHAN_SETTLE_S = 0.3
 #: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
 #: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
 VERDICT_SLACK_S = 60.0
@@ -397,6 +399,9 @@ class Agent:
 
         if self.stalled or not self.job_id or not self.job_ref:
             return
+        # a process being killed closes its sockets one by one: asked 1 ms after our connection
+        # dropped, its listener still accepted, and the agent took the supervisor for alive
+        time.sleep(ORPHAN_SETTLE_S)
         try:
             wire.connect(self.supervisor, timeout_s=2.0).close()
             refused = False
@@ -408,7 +413,10 @@ class Agent:
             if not self.silent:
                 log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
                 return
-        time.sleep(ORPHAN_STAGGER_S * self.node_id)
+        # the batch host (whose death orphans us) is the allocation's first node: the next asks at
+        # once. No log line before the requeue: the step's output goes through srun, which died
+        # with the host, and slurmstepd kills the step ~2.3 s later (docs/design.md)
+        time.sleep(ORPHAN_STAGGER_S * max(0, self.node_id - 1))
         info = self._job_info()
         host = info.get("BatchHost") or "?"
         how = "refused connections" if refused else None
