@@ -436,13 +436,7 @@ class Agent:
         if not self._still_ours(info):
             log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
             return
-        err = slurm_job.requeue_job(self.job_ref)
-        if err:
-            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
-            return
-        requeued_at = time.time()
-        excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
-        err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
+        # the record first: the requeue ends this agent's step within seconds
         seen = {
             "job_id": self.job_id,
             "restart": self.restart,
@@ -450,11 +444,20 @@ class Agent:
             "how": how,
             "by": self.node,
             "detected_at": self.lost_at,
-            "requeued_at": requeued_at,
-            "exclude_error": err,
+            "requeued_at": time.time(),
+            "exclude_error": None if host != "?" else "no BatchHost",
         }
         with contextlib.suppress(OSError):
             RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        err = slurm_job.requeue_job(self.job_ref)
+        if err:
+            with contextlib.suppress(OSError):
+                RunDir(self.run_dir).supervisor_lost.unlink()
+            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
+            return
+        excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
+        err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
         log.warning(
             "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s",
             self.node,
