@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_llm.rundir.layout import RunDir
 from tests import test_sweeps
 from tests.conftest import explain, run_app, with_site
 from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, submit, wait_for
@@ -222,20 +223,24 @@ def test_with_no_spare_left_the_job_is_requeued_by_hpc_llm_with_the_node_exclude
     assert scontrol_job(job_id, env)["ExcNodeList"] == trainer
 
 
+@pytest.mark.parametrize("spares", [1, 2])
 def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(  # noqa: F811 - own_cluster_24
-    slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
+    spares, slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
 ):
     """The batch host dies, and the supervisor with it. The job has --no-kill (it has a spare):
     Slurm takes the node out and keeps the job RUNNING with no batch script, and requeues
-    nothing. The agent left finds its supervisor gone, checks it does not answer and that the
+    nothing. An agent left finds its supervisor gone, checks it does not answer and that the
     job is still this allocation, and requeues it with the dead host excluded; the next
-    allocation books the lost attempt on that node and resumes from the last checkpoint."""
+    allocation books the lost attempt on that node and resumes from the last checkpoint.
+    With 2 spares the job held the whole 3-node cluster: the agent also shrinks it to the 2
+    nodes up, or it would pend until an operator returned the dead host. The agents write their
+    own logs: a write through srun, dead with the host, has the step killed ~2.3 s later."""
     from hpc_llm.slurm import devcluster
 
     base = [*ALONE, "train.max_duration=300ba"]
     ref = reference(base, slurm24_env, pytestconfig)
     env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
-    args = [*base, *PACE, "checkpoint.interval=5ba", "resources.spare_nodes=1", "hydra.launcher.exclusive=true"]
+    args = [*base, *PACE, "checkpoint.interval=5ba", f"resources.spare_nodes={spares}", "hydra.launcher.exclusive=true"]
     job_id, run_dir = submit(args, env, tmp_path)
     rank_at(run_dir, 0, 20)
     host = scontrol_job(job_id, env)["BatchHost"]
@@ -253,7 +258,13 @@ def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(
     assert booked["detected_at"] - killed_at < 10 and booked["decided_at"] - killed_at < 30, (killed_at, booked)
     assert done["job_id"] == job_id and done["restart"] >= 1 and host not in done["nodes"], done
     assert done["resumed_at_batch"] >= 15, done
-    assert host in scontrol_job(job_id, env)["ExcNodeList"]
+    job = scontrol_job(job_id, env)
+    assert host in job["ExcNodeList"]
+    if spares == 2:  # the 3-node cluster less the dead host
+        assert "now asks for 2 (1 spare(s) instead of 2)" in booked["error"], booked
+        assert job["NumNodes"].split("-")[0] == "2", job
+    said = "\n".join(p.read_text(errors="replace") for p in RunDir(run_dir).logs.glob("agent*.log"))
+    assert f"its batch host {host} refused connections: job requeued" in said, said[-3000:]
 
 
 def test_a_node_drained_for_maintenance_is_swapped_for_the_spare_with_nothing_lost(

@@ -414,8 +414,8 @@ class Agent:
                 log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
                 return
         # the batch host (whose death orphans us) is the allocation's first node: the next asks at
-        # once. No log line before the requeue: the step's output goes through srun, which died
-        # with the host, and slurmstepd kills the step ~2.3 s later (docs/design.md)
+        # once. The agent writes its own log (own_output): through srun, dead with the host, any
+        # write would have its slurmstepd kill the step ~2.3 s later (docs/design.md)
         time.sleep(ORPHAN_STAGGER_S * max(0, self.node_id - 1))
         info = self._job_info()
         host = info.get("BatchHost") or "?"
@@ -436,7 +436,15 @@ class Agent:
         if not self._still_ours(info):
             log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
             return
-        # the record first: the requeue ends this agent's step within seconds
+        # decided and recorded first: the requeue ends this agent's step within seconds. The job
+        # asks for what the partition can still hold (slurm_job.fit_partition): with every node
+        # of it allocated, a job whose batch host died would otherwise pend until an operator
+        # returns that host
+        needed, full, per_node = self.requeue_on_loss or (0, 0, 1)
+        exclude = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
+        exclude += [host] if host != "?" else []
+        asked = len(slurm_job.hostnames(info.get("NodeList"))) or full
+        sized = slurm_job.fit_partition(asked, full, needed, exclude, info.get("Partition") or None)
         seen = {
             "job_id": self.job_id,
             "restart": self.restart,
@@ -446,6 +454,7 @@ class Agent:
             "detected_at": self.lost_at,
             "requeued_at": time.time(),
             "exclude_error": None if host != "?" else "no BatchHost",
+            "shrunk": sized[1] if sized else None,
         }
         with contextlib.suppress(OSError):
             RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
@@ -456,14 +465,21 @@ class Agent:
                 RunDir(self.run_dir).supervisor_lost.unlink()
             log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
             return
-        excluded = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
-        err = slurm_job.exclude(self.job_ref, [*excluded, host]) if host != "?" else "no BatchHost"
+        err = slurm_job.update_pending(
+            self.job_ref,
+            exclude=exclude if host != "?" else None,
+            nodes=sized[0] if sized else None,
+            per_node=per_node,
+        ) or ("no BatchHost" if host == "?" else None)
+        held = slurm_job.hold_if_dead_node_lingers(self.job_ref)
         log.warning(
-            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s",
+            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s%s%s",
             self.node,
             host,
             how,
             f" (could not exclude {host}: {err})" if err else f", {host} excluded",
+            f"; {sized[1]}" if sized and not err else "",
+            f"; could not hold it: {held}" if held else "",
         )
 
     def _job_info(self) -> dict[str, str]:
@@ -582,9 +598,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def own_output(payload_path: Path) -> None:
+    """This agent's stdout and stderr straight into its log file, and stdin from /dev/null: not
+    through srun. srun writes a step's ``--output`` files itself, and a step whose srun dies with
+    the batch host is ended on every node about 2 s later by its slurmstepd (seen on the 24.11
+    dev cluster: a task writing every 0.2 s stopped writing at the host's death and was killed
+    2.3 s after; a task writing to its own file lived on). The orphaned agents' requeue raced
+    that kill, and lost it on a busy machine. srun's file keeps what comes before this call."""
+    job = JobEnv.current()
+    path = RunDir.of_payload(payload_path).agent_log(job.rank)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return  # srun's file it is
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.dup2(null, 0)
+    os.close(fd)
+    os.close(null)
+
+
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 1 and JobEnv.current().on_slurm:
+        own_output(Path(args[0]))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if len(args) != 1:
         raise SystemExit("usage: python -m hpc_llm.job.agent <payload.pkl>")
     env = os.environ

@@ -809,14 +809,12 @@ class Supervisor:
                 a.error = f"{a.error or d.cause}; could not update the requeued job ({err})"
             elif sized:
                 a.error = f"{a.error or d.cause}; {sized[1]}"
-        version = slurm_job.slurm_version()
-        if d.cause == "node_failure" and version is not None and version < slurm_job.REQUEUE_DELAY_SINCE:
+        if d.cause == "node_failure":
             # a dead node still holds the job COMPLETING: not again before Slurm has let it go
             # and cleaned up (slurm_job.REQUEUE_DELAY_SINCE)
-            hold = slurm_job.hold_after_dead_node(slurm_job.slurm_config())
-            err = slurm_job.hold_start(str(self.job.ref), hold)
+            err = slurm_job.hold_if_dead_node_lingers(str(self.job.ref))
             if err:
-                log.warning("hpc_llm supervisor: could not hold the requeued job for %d s: %s", hold, err)
+                log.warning("hpc_llm supervisor: could not hold the requeued job: %s", err)
         attempts.save()
         update_results(self.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
         log.warning(

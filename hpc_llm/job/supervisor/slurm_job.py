@@ -418,6 +418,16 @@ def hold_after_dead_node(conf: dict[str, str]) -> int:
     return int(slurmd * 4 / 3) + cred
 
 
+def hold_if_dead_node_lingers(ref: str) -> str | None:
+    """On Slurm < 24.05 (REQUEUE_DELAY_SINCE), hold a job just requeued around a dead node until
+    Slurm has let that node go (:func:`hold_after_dead_node`); None when held or not needed,
+    else why it could not be."""
+    version = slurm_version()
+    if version is None or version >= REQUEUE_DELAY_SINCE:
+        return None
+    return hold_start(ref, hold_after_dead_node(slurm_config()))
+
+
 def hold_start(ref: str, seconds: int) -> str | None:
     """The requeued job may not start before ``seconds`` from now (its StartTime)."""
     try:
