@@ -234,7 +234,7 @@ def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(
     allocation books the lost attempt on that node and resumes from the last checkpoint.
     With 2 spares the job held the whole 3-node cluster: the agent also shrinks it to the 2
     nodes up, or it would pend until an operator returned the dead host. The agents write their
-    own logs: a write through srun, dead with the host, has the step killed ~2.3 s later."""
+    own logs: srun, dead with the host, writes no more."""
     from hpc_llm.slurm import devcluster
 
     base = [*ALONE, "train.max_duration=300ba"]

@@ -656,10 +656,40 @@ def _node_pids(c: DevCluster, node: str) -> set[int]:
     return pids
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _children_first(pids: set[int]) -> list[int]:
+    """``pids`` ordered so that every process comes before its parent."""
+    parent = {p: _ppid(p) for p in pids}
+
+    def depth(p: int) -> int:
+        d, seen, q = 0, {p}, parent.get(p)
+        while q in parent and q not in seen:
+            seen.add(q)
+            d, q = d + 1, parent[q]
+        return d
+
+    return sorted(pids, key=depth, reverse=True)
+
+
 def _kill_tree(pids: set[int]) -> list[int]:
-    """SIGKILL ``pids``; freeze them first so none starts another process meanwhile."""
+    """SIGKILL ``pids``; freeze them first so none starts another process meanwhile.
+
+    The kill goes to children before their parents. Killed parents first, a death could orphan
+    a process group with frozen members, and the kernel then sends each of them SIGHUP and
+    SIGCONT (POSIX's orphaned process group rule): srun's shepherd, resumed so, found srun dead
+    and asked slurmctld to kill the step on every node, which a dead host never does (seen on
+    the 24.11 dev cluster, traced with ftrace's signal_generate: the batch script killed first,
+    the kernel's SIGHUP+SIGCONT to both srun processes, then slurmstepd SIGKILLing the agents
+    on the other nodes). A frozen process that has a SIGKILL pending counts as stopped no more."""
+    order = _children_first(pids)
     for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
+        for pid in order:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     deadline = time.monotonic() + 10

@@ -414,9 +414,13 @@ class Agent:
                 log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
                 return
         # the batch host (whose death orphans us) is the allocation's first node: the next asks at
-        # once. The agent writes its own log (own_output): through srun, dead with the host, any
-        # write would have its slurmstepd kill the step ~2.3 s later (docs/design.md)
+        # once
         time.sleep(ORPHAN_STAGGER_S * max(0, self.node_id - 1))
+        log.info(
+            "hpc_llm agent on %s: the supervisor's address %s: asking Slurm",
+            self.node,
+            "refuses" if refused else "does not answer",
+        )
         info = self._job_info()
         host = info.get("BatchHost") or "?"
         how = "refused connections" if refused else None
@@ -458,6 +462,7 @@ class Agent:
         }
         with contextlib.suppress(OSError):
             RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
+        log.info("hpc_llm agent on %s: job %s is %s: requeueing it", self.node, self.job_ref, info.get("JobState"))
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         err = slurm_job.requeue_job(self.job_ref)
         if err:
@@ -600,11 +605,10 @@ def free_port() -> int:
 
 def own_output(payload_path: Path) -> None:
     """This agent's stdout and stderr straight into its log file, and stdin from /dev/null: not
-    through srun. srun writes a step's ``--output`` files itself, and a step whose srun dies with
-    the batch host is ended on every node about 2 s later by its slurmstepd (seen on the 24.11
-    dev cluster: a task writing every 0.2 s stopped writing at the host's death and was killed
-    2.3 s after; a task writing to its own file lived on). The orphaned agents' requeue raced
-    that kill, and lost it on a busy machine. srun's file keeps what comes before this call."""
+    through srun. srun writes a step's ``--output`` files itself, so once it dies with the batch
+    host, what an agent writes through it reaches no file, and those are the lines that say what
+    the orphaned agents did. The file is the one srun's ``--output`` names (append mode, as
+    srun opens it), which keeps what came before this call."""
     job = JobEnv.current()
     path = RunDir.of_payload(payload_path).agent_log(job.rank)
     try:
