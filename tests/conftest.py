@@ -175,6 +175,29 @@ def shared_dir(config: pytest.Config) -> Path:
     return Path(str(base) + "-shared")
 
 
+def session_dir(config: pytest.Config) -> Path:
+    """A directory of this test session's own that its xdist workers share (in :func:`shared_dir`,
+    which outlives sessions): what one worker builds under a lock here, the others reuse. Older
+    sessions' directories (a day old) are removed."""
+    import shutil
+    import time
+    import uuid
+
+    uid = getattr(config, "workerinput", {}).get("testrunuid")
+    if uid is None:  # no xdist: this process is the session
+        uid = getattr(config, "_hpc_llm_session_uid", None) or uuid.uuid4().hex
+        config._hpc_llm_session_uid = uid  # type: ignore[attr-defined]
+    root = shared_dir(config)
+    here = root / f"session-{uid}"
+    if not here.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        for old in root.glob("session-*"):
+            if old != here and time.time() - old.stat().st_mtime > 86400:
+                shutil.rmtree(old, ignore_errors=True)
+        here.mkdir(exist_ok=True)
+    return here
+
+
 def _slurm_tests_wanted(config: pytest.Config) -> bool:
     import shutil
 

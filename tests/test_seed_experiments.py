@@ -75,32 +75,43 @@ def write_c4_like(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def c4_mds(tmp_path_factory, tiny_tokenizer) -> Path:
-    """`hpc-llm data prepare c4` from local C4 files: LLM Foundry's converter, real MDS shards."""
+def c4_mds(pytestconfig, tiny_tokenizer) -> Path:
+    """`hpc-llm data prepare c4` from local C4 files: LLM Foundry's converter, real MDS shards.
+    Converted once per test session (~10 s: the converter starts the training stack): the first
+    xdist worker to ask converts under a lock, the others read what it wrote."""
+    import fcntl
     import os
+    import shutil
 
-    tmp = tmp_path_factory.mktemp("c4")
-    source = write_c4_like(tmp / "allenai-c4")
-    out = tmp / "data" / "c4"
-    env = dict(os.environ)
-    proc = run_cli(
-        [
-            "data",
-            "prepare",
-            "c4",
-            "--out",
-            str(out),
-            "--source",
-            str(source),
-            "--splits",
-            "train,val_small",
-            f"data.options.tokenizer={tiny_tokenizer}",
-            "data.options.concat_tokens=128",
-        ],
-        env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, explain(proc)
+    from tests.conftest import session_dir
+
+    where = session_dir(pytestconfig) / "c4"
+    out = where / "data" / "c4"
+    with open(str(where) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (where / ".done").exists():
+            return out
+        shutil.rmtree(where, ignore_errors=True)
+        source = write_c4_like(where / "allenai-c4")
+        proc = run_cli(
+            [
+                "data",
+                "prepare",
+                "c4",
+                "--out",
+                str(out),
+                "--source",
+                str(source),
+                "--splits",
+                "train,val_small",
+                f"data.options.tokenizer={tiny_tokenizer}",
+                "data.options.concat_tokens=128",
+            ],
+            dict(os.environ),
+            timeout=600,
+        )
+        assert proc.returncode == 0, explain(proc)
+        (where / ".done").touch()
     return out
 
 
