@@ -108,6 +108,8 @@ def preempt(nodes: list[str], env: dict[str, str]) -> str:
             "-w",
             ",".join(nodes),
             "--exclusive",
+            # not slurm-<id>.out in the directory the suite runs from (the checkout)
+            "--output=/dev/null",
             "--wrap",
             "sleep 2",
         ],
