@@ -376,11 +376,14 @@ def test_readme_dev_cluster_up_and_down(app_env, tmp_path):
     assert off.returncode == 0, explain(off)
 
 
+SUBMIT = "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2"
+
+
 @pytest.mark.slurm
 def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
     """The On Slurm and Sweeps sections, in the README's order, against the session's cluster."""
     values: dict[str, str] = {}
-    sub = _run("python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2", slurm_env, tmp_path)
+    sub = _run(SUBMIT, slurm_env, tmp_path)
     values["job_id"] = re.search(r"submitted Slurm job (\d+), run dir (\S+)", sub.stdout).group(1)
     _run("hpc-llm status", slurm_env, tmp_path, values)
     waited = _run(
@@ -391,6 +394,18 @@ def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
     assert "status      completed" in waited.stdout
     values["run_dir"] = re.search(r"submitted Slurm job \d+, run dir (\S+)", waited.stdout).group(1)
     _run("hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]", slurm_env, tmp_path, values)
+    # the README's first submit, ended by now (or soon) on an idle cluster: cancel refuses an ended
+    # run (exit 1), so cancel one that is surely queued, held an hour by sbatch's --begin
+    held = subprocess.run(
+        _argv(COVERED[SUBMIT], SUBMIT, {}) + ["hydra.launcher.extra_sbatch.begin=now+3600"],
+        env=slurm_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert held.returncode == 0, explain(held)
+    values["job_id"] = re.search(r"submitted Slurm job (\d+), run dir (\S+)", held.stdout).group(1)
     _run("hpc-llm cancel <run id | job id | run dir>", slurm_env, tmp_path, values)  # the queued one
     _run("hpc-llm status <run id | job id | run dir>", slurm_env, tmp_path, values)
     swept = _run(
