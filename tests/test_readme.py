@@ -335,11 +335,20 @@ def _argv(spec: Run, cmd: str, values: dict[str, str]) -> list[str]:
     return [PY, "-c", "from hpc_llm.cli import main; main()", *args]
 
 
-def _run(cmd: str, env: dict[str, str], cwd: Path, values: dict[str, str] | None = None, timeout: int = 600):
+def _run(
+    cmd: str,
+    env: dict[str, str],
+    cwd: Path,
+    values: dict[str, str] | None = None,
+    timeout: int = 600,
+    extra: tuple[str, ...] = (),
+):
+    """The README's ``cmd`` (its placeholders filled from ``values``, ``extra`` arguments after
+    it); asserts it succeeds and prints what the README says."""
     spec = COVERED[cmd]
     assert isinstance(spec, Run)
     proc = subprocess.run(
-        _argv(spec, cmd, values or {}), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [*_argv(spec, cmd, values or {}), *extra], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, f"README: {cmd}\n" + explain(proc)
     out = spec.out.format(**(values or {}))
@@ -396,15 +405,7 @@ def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
     _run("hpc-llm logs <run id | job id | run dir> [--rank 3] [-f]", slurm_env, tmp_path, values)
     # the README's first submit, ended by now (or soon) on an idle cluster: cancel refuses an ended
     # run (exit 1), so cancel one that is surely queued, held an hour by sbatch's --begin
-    held = subprocess.run(
-        _argv(COVERED[SUBMIT], SUBMIT, {}) + ["hydra.launcher.extra_sbatch.begin=now+3600"],
-        env=slurm_env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert held.returncode == 0, explain(held)
+    held = _run(SUBMIT, slurm_env, tmp_path, extra=("hydra.launcher.extra_sbatch.begin=now+3600",))
     values["job_id"] = re.search(r"submitted Slurm job (\d+), run dir (\S+)", held.stdout).group(1)
     _run("hpc-llm cancel <run id | job id | run dir>", slurm_env, tmp_path, values)  # the queued one
     _run("hpc-llm status <run id | job id | run dir>", slurm_env, tmp_path, values)

@@ -261,8 +261,9 @@ def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(
     job = scontrol_job(job_id, env)
     assert host in job["ExcNodeList"]
     if spares == 2:  # the 3-node cluster less the dead host
-        assert "now asks for 2 (1 spare(s) instead of 2)" in booked["error"], booked
+        assert "the job now asks for 2 (1 spare(s) instead of 2)" in booked["error"], booked
         assert job["NumNodes"].split("-")[0] == "2", job
+        assert attempts(run_dir)[-1]["alloc_nodes"] == 2
     said = "\n".join(p.read_text(errors="replace") for p in RunDir(run_dir).logs.glob("agent*.log"))
     assert f"its batch host {host} refused connections: job requeued" in said, said[-3000:]
 
