@@ -127,6 +127,23 @@ def test_nccl_and_collective_timeouts_are_the_machines_fault(message):
     assert cause == "failure" and node == "n1"
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Gloo connectFullMesh failed with [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] no error",
+        "Gloo connectFullMesh failed with [/pytorch/third_party/gloo/gloo/transport/tcp/pair.h:301] Connect timeout",
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:525] Read error [127.0.0.1]:33668: EOF",
+    ],
+)
+def test_gloo_transport_errors_before_the_first_batch_are_the_machines_fault(message):
+    """torch raises gloo's transport errors as RuntimeError, at the rendezvous before any batch:
+    not the user's code (seen on the dev cluster: a run failed for good as a "user error")."""
+    f = failure(type_="RuntimeError", message=message, batch=-1)
+    assert f.infrastructure
+    cause, _reason, node = classify([f])
+    assert cause == "failure" and node == "n1"
+
+
 def test_an_exception_before_the_first_batch_is_a_user_error():
     cause, reason, _ = classify([failure(type_="KeyError", message="'optimizer'", batch=-1)])
     assert cause == "user_error" and "before the first batch" in reason and "KeyError" in reason

@@ -45,6 +45,10 @@ INFRA_PATTERNS = re.compile(
             r"timed out",
             r"Socket Timeout",
             r"ProcessGroupGloo",
+            # gloo's own words for its transport (torch raises them as RuntimeError): a mesh that
+            # could not be built ("connectFullMesh failed ... Connect timeout"), a peer's socket
+            r"connectFullMesh",
+            r"gloo/transport",
             r"ProcessGroupNCCL",
             r"Watchdog caught collective operation timeout",
             r"Stale file handle",
