@@ -161,17 +161,18 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
         ev.prepare(cfg.eval, ctx)
 
     # The training stack is imported only here, inside the job.
-    from streaming.base.util import clean_stale_shared_memory
-
-    from hpc_llm.job.rank import compat, foundry
+    from hpc_llm.job.rank import compat, foundry, stale_shm
 
     compat.apply()
     fence.guard_checkpoints()
     context.CURRENT = ctx
     foundry.register()
-    # A killed or requeued predecessor leaves Streaming's shared memory behind
-    # ("reused local directory"); local rank 0 of every node removes it, all wait.
-    clean_stale_shared_memory()
+    # A killed or requeued predecessor leaves Streaming's shared memory behind ("reused local
+    # directory"): local rank 0 of every node removes it (upstream fix 8). The node's other
+    # ranks need not wait: none registers anything before LLM Foundry's rendezvous, which this
+    # rank joins only after.
+    if ctx.dist.local_rank == 0:
+        stale_shm.clean(own=ctx.node_dir.resolve())
     from llmfoundry.command_utils import train as foundry_train
 
     heartbeat.phase("build")
