@@ -55,6 +55,19 @@ def attempts(run_dir: Path) -> list[dict]:
     return read_json(run_dir / ".hpc_llm" / "attempts.json") or []
 
 
+def story(run_dir: Path, lines: int = 25) -> str:
+    """What a run went through, for a failed assertion: each attempt's cause and whole error,
+    then the last lines of each of its logs (the supervisor's, the agents', the ranks')."""
+    parts = [
+        f"attempt {a.get('restart')}.{a.get('step', 0)}: {a.get('state')} / {a.get('cause')}: {a.get('error')}"
+        for a in attempts(run_dir)
+    ]
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts += [f"--- {log.name} (last {len(tail)} lines) ---", *tail]
+    return "\n".join(parts)
+
+
 def beat(run_dir: Path, rank: int) -> dict:
     """Rank ``rank``'s latest heartbeat: seq, batch, node, pid (a slot of its node's file)."""
     found = heartbeat.read_all(run_dir).get(rank)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import explain, results_of, run_app, run_cli, shared_dir, with_site
-from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, paced, preempt, submit, wait_for
+from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, paced, preempt, story, submit, wait_for
 
 pytestmark = [pytest.mark.slurm]
 
@@ -65,7 +65,7 @@ def reference(args: list[str], env: dict[str, str], pytestconfig: pytest.Config)
         )
         assert proc.returncode == 0, explain(proc)
         [r] = results_of(where / "runs")
-        assert r["status"] == "completed" and r["restarts"] == 0, r
+        assert r["status"] == "completed" and r["restarts"] == 0, story(Path(r["run_dir"]))
         saved.write_text(json.dumps(r))
         return r
 
