@@ -27,6 +27,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from hpc_llm.job import heartbeat
+from hpc_llm.job.agent.loop import board_file
 from hpc_llm.rundir.payload import shared_part, write_payload
 from tests import agent_tasks
 from tests.conftest import ROOT
@@ -162,8 +163,13 @@ def test_ranks_forked_from_a_warm_agent_run_torch_threads_tokenizers_and_gloo(jo
     """The agents import torch, tokenizers and transformers before they fork (as they import the
     training stack for hpc_llm's task); the ranks then use OpenMP threads, the tokenizers thread
     pool and a gloo process group across two "nodes" without a deadlock."""
+    # and a board file left by an agent SIGKILLed earlier on this node: the agents remove it
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = board_file().parent / f"{heartbeat.BOARD_PREFIX}{int(ended.stdout)}"
+    stale.write_bytes(b"\0" * 64)
     j = job(agent_tasks.stack, nodes=2, per_node=1, warm="torch,torch.distributed,tokenizers,transformers")
     assert j.wait(300) == 0, j.text()
+    assert not stale.exists()
     for rank in (0, 1):
         total, encoded, threads, _ = (j.out / f"stack.g0.r{rank}").read_text().split()
         assert (float(total), int(encoded), int(threads)) == (3.0, 2000, 2)

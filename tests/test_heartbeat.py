@@ -193,6 +193,31 @@ def test_a_process_a_rank_spawns_sees_the_fence_through_the_board_file(tmp_path)
     assert "agent has ended" in (child_says() or "")
 
 
+def test_board_files_of_agents_gone_are_removed_and_a_live_agents_kept(tmp_path):
+    """A SIGKILLed agent leaves its board file in /dev/shm; the next agent on the node removes
+    it. A board is live while the process of its pid maps it: this process's is kept, a dead
+    pid's goes, and so does one whose pid now belongs to a process that does not map it."""
+    import subprocess
+    import sys
+
+    live = heartbeat.Board(1, tmp_path / f"{heartbeat.BOARD_PREFIX}{os.getpid()}")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{heartbeat.BOARD_PREFIX}{int(ended.stdout)}"
+    dead.write_bytes(b"\0" * 64)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        reused = tmp_path / f"{heartbeat.BOARD_PREFIX}{other.pid}"
+        reused.write_bytes(b"\0" * 64)
+        unrelated = tmp_path / "hpc_llm-board-notapid"
+        unrelated.write_bytes(b"")
+        assert sorted(heartbeat.remove_stale_boards(tmp_path)) == sorted([dead, reused])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.path.name, unrelated.name])
+    finally:
+        other.kill()
+        other.wait()
+        live.remove()
+
+
 def _fleet_of_agents(port: int, agents: int, periods: int, report: int, hold: int) -> None:
     """The agents' side, in a process of its own (as on a cluster): connect, say hello, beat every
     second for ``periods`` periods while reading the pings; write the longest period it took to

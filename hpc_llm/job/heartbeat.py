@@ -115,6 +115,37 @@ NO_GENERATION = -1
 BOARD_ENV = "HPC_LLM_BOARD"
 
 
+#: an agent's board file is ``<dir>/hpc_llm-board-<agent pid>`` (hpc_llm.job.agent.loop.board_file)
+BOARD_PREFIX = "hpc_llm-board-"
+
+
+def remove_stale_boards(directory: Path) -> list[Path]:
+    """Remove the board files in ``directory`` whose agent is gone; the files removed.
+
+    An agent removes its board when it ends, but one killed by SIGKILL (srun's abort after
+    KillWait, a cancel, the kill of a test's node) leaves it in /dev/shm, memory the node keeps
+    until a reboot: the dev machine had 35 after two days of tests. A board is its agent's
+    while the process of that pid maps it (its ranks map it too, but die with it); a pid
+    reused by another process does not. Another user's agent cannot be read: kept."""
+    removed: list[Path] = []
+    for path in sorted(directory.glob(BOARD_PREFIX + "*")):
+        pid = path.name[len(BOARD_PREFIX) :]
+        if not pid.isdigit():
+            continue
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+        except FileNotFoundError:
+            maps = ""  # no such process
+        except OSError:
+            continue  # not ours to judge
+        if str(path) in maps:
+            continue
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 class Board:
     """A shared mapping the agent creates once and its forked ranks inherit.
 

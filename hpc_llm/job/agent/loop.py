@@ -125,6 +125,8 @@ class Agent:
         )
         self.payload, took = warm.warm(self.payload_path)
         log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, warm.describe(self.payload))
+        if stale := heartbeat.remove_stale_boards(board_file().parent):
+            log.info("hpc_llm agent on %s: removed %d board file(s) of agents gone", self.node, len(stale))
         self.conn.send({"t": "warm", "import_s": round(took, 3)})
         self.heard = time.monotonic()
         return self._loop()
