@@ -57,9 +57,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             checkpoint=job.checkpoint.latest(cfg.checkpoint, job.plan),
             checkpoint_bytes=job.checkpoint.size_bytes(cfg.checkpoint, job.plan),
         )
-        results = _record(ctx, lambda r: r.completed(figures, batch=int(trainer.state.timestamp.batch)))
+        batch = int(trainer.state.timestamp.batch)
+        # closed before the run is called completed: the trackers' runs end (MLflow's FINISHED)
+        # and the uploads Composer still holds finish. Recorded first, a user (or a test) who
+        # saw "completed" found the MLflow run still RUNNING (seen under load); a close that
+        # fails is the step's failure, as it was
         trainer.close()
-        return results
+        return _record(ctx, lambda r: r.completed(figures, batch=batch))
     except preemption.Preempted as stop:
         after_stop(cfg, job, ctx, stop)
         raise SystemExit(0) from None
