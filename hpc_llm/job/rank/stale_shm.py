@@ -14,8 +14,8 @@ Streaming's own ``clean_stale_shared_memory()`` is not used, for two reasons:
   rank that leaves the first one early can join the second on its peer's old store, still
   open while that peer is descheduled between the barrier and the destroy; the peer's new
   store then waits for it until the process-group timeout ("DistStoreError: Timed out after
-  601 seconds waiting for clients. 1/2 clients joined."): a start-up stalled 10 minutes on the
-  busy CI machine, and reproduced with a 0.5 s sleep before that destroy;
+  601 seconds waiting for clients. 1/2 clients joined."): a start-up stalled 10 minutes in
+  CI, and reproduced with a 0.5 s sleep before that destroy;
 * it unlinks every Streaming registration on the host, a live one of another job on a shared
   node included; that job's loader workers started later would attach to the next job's.
 
