@@ -552,7 +552,7 @@ def board_file() -> Path:
     gives each job its own), else the temp dir; named by the agent's pid."""
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"hpc_llm-board-{os.getpid()}"
+    return base / f"{heartbeat.BOARD_PREFIX}{os.getpid()}"
 
 
 def rank_env(msg: dict[str, Any], rank: int, local_rank: int, node_rank: int) -> dict[str, str]:

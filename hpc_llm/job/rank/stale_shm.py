@@ -53,15 +53,15 @@ def streaming_names() -> tuple[str, ...]:
     return tuple(SHM_TO_CLEAN)
 
 
-def mapped(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> set[str]:
-    """Names in ``shm_dir`` that a process this user can read has mapped."""
-    marker = (str(shm_dir).rstrip("/") + "/").encode()
+def mapped() -> set[str]:
+    """Names in /dev/shm that a process this user can read has mapped."""
+    marker = (str(SHM_DIR) + "/").encode()
     found: set[str] = set()
-    for pid in os.listdir(proc):
+    for pid in os.listdir(PROC):
         if not pid.isdigit():
             continue
         try:
-            data = (proc / pid / "maps").read_bytes()
+            data = (PROC / pid / "maps").read_bytes()
         except OSError:  # gone meanwhile, or another user's
             continue
         if marker not in data:
@@ -83,16 +83,13 @@ def registered_dirs(path: Path) -> list[str] | None:
         return None
 
 
-def clean(
-    own: Path | None = None, shm_dir: Path = SHM_DIR, proc: Path = PROC, names: tuple[str, ...] | None = None
-) -> list[str]:
-    """Unlink every Streaming prefix in ``shm_dir`` that is stale (the module's two rules;
-    ``own``: this job's scratch on this node); the names removed. Listed before the
-    processes are read, so a registration made meanwhile is not even seen."""
-    names = streaming_names() if names is None else names
-    pattern = re.compile(r"(\d{6})_(?:" + "|".join(map(re.escape, names)) + ")")
+def clean(own: Path | None = None) -> list[str]:
+    """Unlink every Streaming prefix in /dev/shm that is stale (the module's two rules; ``own``:
+    this job's scratch on this node); the names removed. Listed before the processes are read,
+    so a registration made meanwhile is not even seen."""
+    pattern = re.compile(r"(\d{6})_(?:" + "|".join(map(re.escape, streaming_names())) + ")")
     try:
-        entries = os.listdir(shm_dir)
+        entries = os.listdir(SHM_DIR)
     except OSError:  # no /dev/shm: nothing of Streaming's to find either
         return []
     prefixes: dict[str, list[str]] = {}
@@ -102,16 +99,19 @@ def clean(
             prefixes.setdefault(m.group(1), []).append(entry)
     if not prefixes:
         return []
-    live = mapped(shm_dir, proc)
+    live = mapped()
     removed: list[str] = []
     for prefix, found in sorted(prefixes.items()):
-        dirs = registered_dirs(shm_dir / f"{prefix}_locals") if own is not None else None
-        ours = bool(dirs) and all(_within(d, own) for d in dirs or ())
+        ours = (
+            own is not None
+            and bool(dirs := registered_dirs(SHM_DIR / f"{prefix}_locals"))
+            and all(Path(d).is_relative_to(own) for d in dirs or ())
+        )
         if not ours and any(name in live for name in found):
             continue
         for name in sorted(found):
             try:
-                os.unlink(shm_dir / name)
+                os.unlink(SHM_DIR / name)
             except FileNotFoundError:
                 continue
             except PermissionError:  # another user's
@@ -120,7 +120,3 @@ def clean(
     if removed:
         log.info("removed stale Streaming shared memory: %s", " ".join(removed))
     return removed
-
-
-def _within(path: str, root: Path | None) -> bool:
-    return root is not None and Path(path).is_relative_to(root)
