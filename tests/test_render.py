@@ -210,6 +210,102 @@ def test_every_point_of_a_sweep_is_its_own_full_composition(app_env, runs_dir: P
     assert len(seen) == 8  # every point once
 
 
+@pytest.mark.parametrize("sweep", [[], ["train.optimizer.lr=1e-4,2e-4", "+train.variables.x=1,true"]])
+def test_points_made_from_the_master_config_are_what_hydra_composes(sweep, app_env, tmp_path: Path):
+    """A point whose swept values are plain is the master config (what Hydra composed for the
+    whole sweep) with its values set, hydra node included. Against the same points with a
+    group swept over its one value (parallelism=choice(ddp)), which the sweeper has Hydra
+    compose (load_sweep_config): equal but for the override Hydra records."""
+    from omegaconf import OmegaConf
+
+    from hpc_llm.rundir.payload import read_payload
+    from tests.conftest import run_app
+
+    def points(extra: list[str], name: str) -> list[dict]:
+        runs = tmp_path / name
+        args = ["+experiment=mpt_tiny", *sweep, *extra, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"]
+        proc = run_app([*args, f"hydra.sweep.dir={runs}"], dict(app_env, HPC_LLM_RUNS=str(runs)))
+        assert proc.returncode == 0, explain(proc)
+        got = []
+        for path in sorted(runs.rglob("job.pkl")):
+            cfg = OmegaConf.to_container(read_payload(path).config, resolve=False)
+            assert isinstance(cfg, dict)
+            hydra = cfg["hydra"]
+            hydra["overrides"]["task"] = [o for o in hydra["overrides"]["task"] if not o.startswith("parallelism=")]
+            for key in ("override_dirname", "num", "id"):
+                hydra["job"].pop(key)
+            hydra["runtime"].pop("output_dir")
+            hydra["sweep"].pop("dir")
+            hydra["overrides"]["hydra"] = [o for o in hydra["overrides"]["hydra"] if "sweep.dir" not in o]
+            got.append(_typed(cfg))
+        return got
+
+    mine, composed = points([], "from-master"), points(["parallelism=choice(ddp)"], "composed")
+    assert len(mine) == len(composed) == (4 if sweep else 1)
+    for a, b in zip(mine, composed, strict=True):
+        assert a == b
+
+
+def test_a_swept_plus_key_the_config_has_is_refused_as_hydra_refuses_it(app_env, runs_dir: Path):
+    """``+key=a,b`` adds a key: where the config has it, composing the point refuses it; a point
+    made from the master config must not quietly set it instead."""
+    from tests.conftest import run_app
+
+    sweep = ["+experiment=mpt_tiny", "+train.max_duration=4ba,6ba"]
+    proc = run_app([*sweep, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
+    assert proc.returncode != 0, explain(proc)
+    assert "train.max_duration" in proc.stderr and "already" in proc.stderr, explain(proc)
+    assert not runs_dir.exists() or not any(runs_dir.rglob("job.pkl"))
+
+
+def test_a_swept_key_a_later_override_sets_again_keeps_hydras_order(app_env, runs_dir: Path):
+    """Hydra applies overrides in order: ``lr=a,b`` then a mapping holding ``lr`` leaves the
+    mapping's value in every point. Setting only the swept value on a shared composition would
+    put it last, so such points are composed as Hydra composes them."""
+    from hpc_llm.rundir.payload import read_payload
+    from tests.conftest import run_app
+
+    sweep = ["+experiment=mpt_tiny", "train.optimizer.lr=1e-4,2e-4", "++train.optimizer={lr:5e-4}"]
+    proc = run_app([*sweep, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
+    assert proc.returncode == 0, explain(proc)
+    assert [read_payload(p).config.train.optimizer.lr for p in sorted(runs_dir.rglob("job.pkl"))] == [5e-4, 5e-4]
+
+
+def test_a_mandatory_group_left_unset_is_refused_in_every_point(tmp_path: Path, app_env):
+    """Hydra composes the master config of a sweep skipping a ``???`` group default, and each
+    point refusing it ("You must specify"): under hpc_llm's sweeper and launcher, no point may
+    be made from that master."""
+    import subprocess
+    import sys
+
+    (tmp_path / "app" / "db").mkdir(parents=True)
+    (tmp_path / "app" / "config.yaml").write_text("defaults:\n  - db: ???\n  - _self_\nx: 1\n")
+    (tmp_path / "app" / "db" / "mysql.yaml").write_text("port: 3306\n")
+    app = tmp_path / "app" / "app.py"
+    app.write_text(
+        "import pathlib, hydra\n"
+        "from hydra.core.hydra_config import HydraConfig\n"
+        "@hydra.main(config_path='.', config_name='config', version_base='1.3')\n"
+        "def main(cfg):\n    pathlib.Path(HydraConfig.get().runtime.output_dir, 'ran').write_text(str(cfg.db.port))\n"
+        "main()\n"
+    )
+    common = ["hydra/sweeper=hpc_llm", "hydra/launcher=local", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run(
+        [sys.executable, str(app), "-m", "x=2,3", *common], env=app_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode != 0 and not list(tmp_path.rglob("ran")), explain(proc)
+    assert "You must specify 'db'" in proc.stderr, explain(proc)
+    proc = subprocess.run(
+        [sys.executable, str(app), "-m", "x=2,3", "db=mysql", *common],
+        env=app_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, explain(proc)
+    assert [p.read_text() for p in tmp_path.rglob("ran")] == ["3306", "3306"]
+
+
 def test_a_mapping_swept_as_a_value_is_each_points_own(app_env, runs_dir: Path, tmp_path: Path):
     """Hydra merges a mapping value into what is there: the sweeper composes each such point
     anew, so the first point's keys do not stay in the second's."""

@@ -20,7 +20,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.utils import get_method
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hpc_llm.config import foundry_yaml
 from hpc_llm.config.store import require_schema
@@ -70,6 +70,10 @@ class ValidatingSweeper(BasicSweeper):
         if getattr(task_function, "__module__", None) == "hpc_llm.app":  # hpc_llm's own app, not any Hydra app
             require_schema(config)  # before the sweep dir exists
         check_launcher_options(config.hydra.launcher)  # before Hydra instantiates the launcher with them
+        # as Hydra composed it: every point whose swept values are plain is this with its values
+        # (a copy: foundry_yaml.apply below and the sweep change the master itself)
+        master = _pickled(config)
+        self._master = master if isinstance(master, bytes) else None
         foundry_yaml.apply(config)  # yaml=PATH names the sweep dir (outputs/<yaml stem>/...) as its jobs do
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
@@ -79,10 +83,13 @@ class ValidatingSweeper(BasicSweeper):
             raise RuntimeError("sweeper used before Hydra called setup()")
         loader = self.hydra_context.config_loader
         parser = OverridesParser.create(config_loader=loader)
-        overrides = parser.parse_overrides(self._parse_config() + list(arguments))
+        params = self._parse_config()
+        overrides = parser.parse_overrides(params + list(arguments))
         jobs: dict[tuple[str, ...], DictConfig] = {}
         #: by shape: the first point's config, pickled once (each point of the shape is a copy)
         composed: dict[tuple[Any, ...], bytes | DictConfig] = {}
+        master = None if params else self._master_for_points(overrides, parser)
+        swept = {o.key_or_group for o in overrides if o.is_sweep_override()}
         # a sweep's points repeat the same override strings (all but the swept values): each
         # is parsed once (Hydra's ANTLR grammar, ~1 ms a string), its Override shared
         # (nothing writes to one: Hydra and _with_values only read them)
@@ -93,6 +100,10 @@ class ValidatingSweeper(BasicSweeper):
                 shape, values = _shape(parsed, loader)
                 if shape is not None and shape in composed:
                     cfg = _with_values(composed[shape], parsed, values)
+                elif shape is not None and master is not None and _from_master(parsed, values, swept, master[1]):
+                    cfg = _with_values(master[0], parsed, values)
+                    OmegaConf.set_readonly(cfg.hydra, False)  # as a composition leaves it (set_config sets it)
+                    OmegaConf.copy_cache(from_config=self.config, to_config=cfg)  # ${now:}, as load_sweep_config
                 else:
                     cfg = loader.load_sweep_config(self.config, list(job_overrides))
                 foundry_yaml.apply(cfg)  # yaml=PATH: the yaml is the job's train config
@@ -102,6 +113,29 @@ class ValidatingSweeper(BasicSweeper):
                     composed[shape] = _pickled(cfg)
                 jobs[tuple(job_overrides)] = cfg
         return jobs
+
+    _master: bytes | None = None
+
+    def _master_for_points(self, overrides: list[Override], parser: OverridesParser) -> tuple[Any, DictConfig] | None:
+        """(the master config as Hydra composed it, pickled; the same unpickled, to read) when a
+        point can be made from it, else None.
+
+        Hydra composes the master (MULTIRUN) with every override but the swept ones, then each
+        point (RUN) from scratch with the master's hydra.* overrides and the point's own
+        (load_sweep_config): the same composition with the swept values set, as long as no swept
+        key is a config group (another defaults list; _from_master sees to that), no hydra.*
+        override is swept, and no mandatory group default was left out (MULTIRUN skips a
+        ``???`` group that RUN refuses with "You must specify")."""
+        if self._master is None or self.config is None:
+            return None
+        hydra_lines = list(self.config.hydra.overrides.hydra)
+        if any(o.is_sweep_override() for o in parser.parse_overrides(hydra_lines)):
+            return None
+        cfg = pickle.loads(self._master)
+        choices = cfg.hydra.runtime.choices
+        if any(OmegaConf.is_missing(choices, k) for k in choices):
+            return None
+        return self._master, cfg
 
     def _run_dir_override(self) -> str | None:
         """``hydra.run.dir=X`` given on the command line (every invocation is a sweep, so Hydra
@@ -206,6 +240,9 @@ class ValidatingSweeper(BasicSweeper):
 # that differ only in plain values (no config group, no hydra.* key, no deletion)
 # have the same defaults list, so each is the first such point's config with its own
 # values applied by Hydra's own override code: what load_sweep_config would give.
+# The first such point is itself the master config (Hydra composed it for the whole
+# sweep, swept keys left out) with its values: no point of a sweep of plain values, a
+# single run included, is composed again (~0.2 s of every ``python -m hpc_llm``).
 
 
 def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None, list[Override]]:
@@ -218,6 +255,8 @@ def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None,
     fixed: list[str] = []
     keys: list[tuple[str, str]] = []
     values: list[Override] = []
+    if _overlapping(parsed):
+        return None, []
     for o in parsed:
         if _plain_value(o, repository):
             keys.append((o.key_or_group, str(o.type)))
@@ -225,6 +264,16 @@ def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None,
         else:
             fixed.append(str(o.input_line))
     return (tuple(fixed), tuple(keys)), values
+
+
+def _overlapping(parsed: list[Override]) -> bool:
+    """Whether two overrides touch the same key, or one a key inside the other's (``a.b=1 a={b:2}``):
+    Hydra applies them in order, and setting only the plain values again would change it."""
+    keys = [o.key_or_group for o in parsed]
+    seen = set(keys)
+    if len(seen) < len(keys):
+        return True
+    return any(".".join(k.split(".")[:i]) in seen for k in keys for i in range(1, k.count(".") + 1))
 
 
 def _plain_value(o: Override, repository: Any) -> bool:
@@ -238,6 +287,20 @@ def _plain_value(o: Override, repository: Any) -> bool:
         # would stay in the others' (a list is replaced, but goes the same way for simplicity)
         and not isinstance(o.value(), (dict, list))
     )
+
+
+def _from_master(parsed: list[Override], values: list[Override], swept: set[str], master: DictConfig) -> bool:
+    """Whether this point is the master config with its plain ``values`` set: every swept key of
+    the point is among its values (a swept group choice or mapping is composed anew), and no
+    swept ``+key`` names a key the master has (composing the point would refuse to add it)."""
+    plain = {o.key_or_group for o in values}
+    if any(o.key_or_group in swept and o.key_or_group not in plain for o in parsed):
+        return False
+    added = [o.key_or_group for o in values if o.is_add() and o.key_or_group in swept]
+    return all(OmegaConf.select(master, key, default=_ABSENT) is _ABSENT for key in added)
+
+
+_ABSENT = object()
 
 
 def _parsed(parser: OverridesParser, line: str, seen: dict[str, Override]) -> Override:
