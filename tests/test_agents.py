@@ -159,6 +159,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.stack
 def test_ranks_forked_from_a_warm_agent_run_torch_threads_tokenizers_and_gloo(job):
     """The agents import torch, tokenizers and transformers before they fork (as they import the
     training stack for hpc_llm's task); the ranks then use OpenMP threads, the tokenizers thread

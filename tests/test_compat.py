@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("streaming")
+# a mark, not pytest.importorskip: importing Streaming (torch, torchvision, transformers) at
+# collection cost every pytest worker ~3 s, in runs that deselect these tests too
+pytestmark = [
+    pytest.mark.stack,  # Streaming and Composer, in this process
+    pytest.mark.skipif(importlib.util.find_spec("streaming") is None, reason="needs mosaicml-streaming"),
+]
 
 
 def _orders(root: Path, epochs: int, state: dict | None = None, workers: int = 0):

@@ -27,6 +27,7 @@ def test_bad_time_limits(text):
         parse_time_limit(text)
 
 
+@pytest.mark.stack  # LLM Foundry, in this process
 def test_vendored_train_keys_match_installed_llmfoundry():
     pytest.importorskip("llmfoundry")
     import llmfoundry

@@ -96,6 +96,7 @@ def no_python(apptainer: str, images_dir: Path) -> Path:
 NO_PYTHON = 'python3 in the image failed: FATAL: "python3": executable file not found in $PATH'
 
 
+@pytest.mark.stack  # imports torch inside the image
 def test_the_skeleton_image_runs_the_venv_python_inside_apptainer(sif):
     started = time.monotonic()
     binds = [a for b in host_binds() for a in ("--bind", b)]
@@ -341,6 +342,7 @@ def train_pins() -> dict[str, str]:
     return pins
 
 
+@pytest.mark.stack  # %post imports the training stack inside the image
 def test_container_build_inspect_check_through_spython(sif, app_env, tmp_path):
     """A real ``apptainer build`` of a definition with %files/%post/%test, driven by spython.
 

@@ -362,6 +362,7 @@ def test_the_supervisor_stops_the_ranks_at_the_lead_when_slurms_signal_never_com
     assert not sup._time_is_up()
 
 
+@pytest.mark.stack  # Composer, in this process
 def test_a_save_the_attempt_did_not_finish_is_set_aside_and_composer_resumes_beside_the_rest(tmp_path):
     """The dev cluster's node death left ep0-ba25 written and ``latest`` still on ba20: the
     resumed run (from ba20) died in Composer's own check. The newer save is moved, not lost."""

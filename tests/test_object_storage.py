@@ -180,6 +180,7 @@ def check_line(targets: list[dict], env: dict[str, str]) -> tuple[int, list[str]
     return proc.returncode, proc.stdout.strip().splitlines()
 
 
+@pytest.mark.stack  # s3_c4: LLM Foundry's converter
 def test_the_store_check_names_what_is_wrong_in_one_line(s3, s3_env, s3_c4):
     ck = {"key": "checkpoint.location", "uri": s3.uri(f"ck-{uuid.uuid4().hex[:6]}"), "role": "checkpoint_folder"}
     data = {"key": "data.remote", "uri": s3_c4, "role": "data", "splits": ["train", "val_small"]}
@@ -280,6 +281,7 @@ def test_shards_streamed_from_a_store_are_cached_on_each_node_not_in_the_shared_
     assert (tiny["remote"], tiny["local"]) == ("s3://b/tiny", "streaming_cache/tiny_corpus")
 
 
+@pytest.mark.stack  # s3_c4: LLM Foundry's converter
 def test_data_prepare_writes_mds_to_s3_once_and_says_what_is_wrong_in_one_line(s3, s3_env, s3_c4, tiny_tokenizer):
     found = keys(s3, "data/c4/")
     assert {"data/c4/train/index.json", "data/c4/val_small/index.json"} <= set(found)

@@ -26,11 +26,18 @@ FIXED = ["hydra.sweep.dir=/shared/runs/golden", "hydra.launcher.python=/opt/hpc_
 
 
 @pytest.fixture
-def cli(monkeypatch, capsys, c4_mds):
+def data_root(tmp_path: Path) -> Path:
+    """$HPC_LLM_DATA of the config and render tests: the c4 shards are not prepared there (that
+    starts the training stack: c4_mds), so those previews warn that they are missing."""
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys, data_root):
     """``hpc-llm`` in this process (the same main(); dozens of config/render calls stay fast)."""
     from hpc_llm.cli import main
 
-    monkeypatch.setenv("HPC_LLM_DATA", str(c4_mds.parent))
+    monkeypatch.setenv("HPC_LLM_DATA", str(data_root))
 
     def call(*args: str) -> str:
         with pytest.raises(SystemExit) as exc:
@@ -115,6 +122,7 @@ def c4_mds(pytestconfig, tiny_tokenizer) -> Path:
     return out
 
 
+@pytest.mark.stack  # c4_mds: LLM Foundry's converter
 def test_prepared_c4_shards_hold_packed_token_samples(c4_mds):
     from streaming import StreamingDataset
 
@@ -127,6 +135,7 @@ def test_prepared_c4_shards_hold_packed_token_samples(c4_mds):
     assert len(sample) == 128 and int(sample.max()) < 512
 
 
+@pytest.mark.stack
 def test_prepare_refuses_to_overwrite(c4_mds, app_env, tmp_path):
     proc = run_cli(
         ["data", "prepare", "c4", "--out", str(c4_mds), "--source", str(tmp_path), "--splits", "train"], app_env
@@ -168,14 +177,14 @@ def test_pretraining_on_prepared_c4_with_an_icl_task(c4_mds, tiny_tokenizer, app
 
 
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
-def test_every_seed_experiment_prints_its_llm_foundry_config(name, c4_mds, cli):
+def test_every_seed_experiment_prints_its_llm_foundry_config(name, data_root, cli):
     assert name in EXPERIMENTS
     train = yaml.safe_load(cli("config", f"+experiment={name}"))
     assert train["precision"] == "amp_bf16" and train["fsdp_config"]["sharding_strategy"] == "FULL_SHARD"
     assert train["train_loader"]["num_workers"] == 8  # H100 nodes load data in worker processes
     if name.endswith("_c4"):
         assert train["model"]["name"] == "mpt_causal_lm" and train["tokenizer"]["name"] == "EleutherAI/gpt-neox-20b"
-        assert train["train_loader"]["dataset"]["local"] == str(c4_mds.resolve())
+        assert train["train_loader"]["dataset"]["local"] == str((data_root / "c4").resolve())
         assert train["scheduler"] == {"name": "cosine_with_warmup", "t_warmup": "100ba", "alpha_f": 0.1}
     else:
         assert train["model"]["name"] == "hf_causal_lm" and train["max_duration"] == "2ep"

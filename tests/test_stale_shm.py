@@ -3,6 +3,7 @@ rank's registration is removed, a live one is kept, and no peer is needed to do 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -14,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("streaming")
-
-pytestmark = [pytest.mark.stack]
+# a mark, not pytest.importorskip: importing Streaming (torch, torchvision, transformers) at
+# collection cost every pytest worker ~3 s, in runs that deselect these tests too
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(importlib.util.find_spec("streaming") is None, reason="needs mosaicml-streaming"),
+]
 
 #: a rank's loader: a StreamingDataset of a remote (the "reused local directory" check applies
 #: only to a stream with one), its shm prefix printed, then it waits to be killed
