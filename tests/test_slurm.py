@@ -174,6 +174,31 @@ def test_a_dry_run_without_slurm_writes_the_scripts_and_says_what_it_could_not_c
     assert len(list(runs_dir.rglob("sbatch.sh"))) == 2
 
 
+def test_a_dry_run_with_slurmctld_down_asks_it_once_not_once_a_point(app_env, runs_dir, tmp_path):
+    """A slurm.conf whose controller does not answer: each sinfo waits for it (1 s refused here,
+    MessageTimeout on a frozen host), so the sweep asks once, not for every point. The real
+    sinfo, behind a wrapper on PATH that counts its calls."""
+    import shutil
+
+    conf = tmp_path / "etc" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text(
+        "ClusterName=down\nSlurmctldHost=localhost\nSlurmctldPort=9\nMessageTimeout=2\n"
+        "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=low Nodes=n1 Default=YES\n"
+    )
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sinfo").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/sinfo.calls\nexec {shutil.which("sinfo")} "$@"\n')
+    (shim / "sinfo").chmod(0o755)
+    env = dict(app_env, SLURM_CONF=str(conf), PATH=f"{shim}:{app_env['PATH']}")
+    args = ["+experiment=mpt_tiny", "hydra/launcher=slurm", "hydra.launcher.dry_run=true", "resources.nodes=1,2,4"]
+    proc = run_app(args, env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert len([ln for ln in proc.stderr.splitlines() if "no Slurm reachable" in ln]) == 1, explain(proc)
+    assert len(list(runs_dir.rglob("sbatch.sh"))) == 3
+    assert len((tmp_path / "sinfo.calls").read_text().splitlines()) == 1
+
+
 def test_dev_cluster_up_is_idempotent(dev_cluster, tmp_path):
     """On a cluster of its own (the session's is shared with tests that kill its nodes):
     a second ``up`` changes nothing; after a node's death it starts that slurmd alone."""

@@ -56,6 +56,7 @@ class SlurmLauncher(BaseLauncher):
         super().__init__()
         self.opts = OmegaConf.create(options)
         self._partitions: dict[str, query.Partition] | None = None
+        self._unreachable: str | None = None  # why Slurm did not answer, once it did not
         self._verdicts = checks.SchedulerVerdicts()
         self._stores = stores.StoreVerdicts()
         self._shared: bytes | None = None  # the pickled part of the payload all jobs share
@@ -67,7 +68,15 @@ class SlurmLauncher(BaseLauncher):
     # -- checks, before anything is created (called by the sweeper) ----------
     def partitions(self) -> dict[str, query.Partition]:
         if self._partitions is None:
-            self._partitions = query.partitions()
+            if self._unreachable is not None:
+                # asked once a sweep: a controller that does not answer costs each sinfo its
+                # MessageTimeout, and a dry run goes on to check every point without it
+                raise SlurmUnreachable(self._unreachable)
+            try:
+                self._partitions = query.partitions()
+            except SlurmUnreachable as exc:
+                self._unreachable = str(exc)
+                raise
         return self._partitions
 
     def check_job(self, cfg: DictConfig) -> None:
