@@ -289,7 +289,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         from hpc_llm.slurm import s3_server
 
-        s3_server.stop(shared_dir(config) / S3_DIR)  # one a worker started without a cluster
+        # one a worker started without a cluster; its data is the session's, thrown away: after a
+        # busy session weed took ~12 s to honour TERM, which every run of the suite waited out
+        s3_server.stop(shared_dir(config) / S3_DIR, timeout_s=1)
 
 
 @pytest.fixture(scope="session")
