@@ -210,12 +210,21 @@ def test_every_point_of_a_sweep_is_its_own_full_composition(app_env, runs_dir: P
     assert len(seen) == 8  # every point once
 
 
-@pytest.mark.parametrize("sweep", [[], ["train.optimizer.lr=1e-4,2e-4", "+train.variables.x=1,true"]])
+@pytest.mark.parametrize(
+    "sweep",
+    [
+        [],
+        ["train.optimizer.lr=1e-4,2e-4", "+train.variables.x=1,true"],
+        ["model=mpt_tiny", "train.model.n_layers=1,3"],  # a group choice beside a swept value
+    ],
+)
 def test_points_made_from_the_master_config_are_what_hydra_composes(sweep, app_env, tmp_path: Path):
     """A point whose swept values are plain is the master config (what Hydra composed for the
     whole sweep) with its values set, hydra node included. Against the same points with a
     group swept over its one value (parallelism=choice(ddp)), which the sweeper has Hydra
     compose (load_sweep_config): equal but for the override Hydra records."""
+    import math
+
     from omegaconf import OmegaConf
 
     from hpc_llm.rundir.payload import read_payload
@@ -241,7 +250,7 @@ def test_points_made_from_the_master_config_are_what_hydra_composes(sweep, app_e
         return got
 
     mine, composed = points([], "from-master"), points(["parallelism=choice(ddp)"], "composed")
-    assert len(mine) == len(composed) == (4 if sweep else 1)
+    assert len(mine) == len(composed) == math.prod(len(o.split("=", 1)[1].split(",")) for o in sweep)
     for a, b in zip(mine, composed, strict=True):
         assert a == b
 

@@ -255,7 +255,7 @@ def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None,
     fixed: list[str] = []
     keys: list[tuple[str, str]] = []
     values: list[Override] = []
-    if _overlapping(parsed):
+    if _overlapping(parsed, repository):
         return None, []
     for o in parsed:
         if _plain_value(o, repository):
@@ -266,10 +266,16 @@ def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None,
     return (tuple(fixed), tuple(keys)), values
 
 
-def _overlapping(parsed: list[Override]) -> bool:
-    """Whether two overrides touch the same key, or one a key inside the other's (``a.b=1 a={b:2}``):
-    Hydra applies them in order, and setting only the plain values again would change it."""
-    keys = [o.key_or_group for o in parsed]
+def _overlapping(parsed: list[Override], repository: Any) -> bool:
+    """Whether two config overrides touch the same key, or one a key inside the other's
+    (``a.b=1 a={b:2}``): Hydra applies them in order, and setting only the plain values again
+    would change it. A group choice (``model=x``) is not one: it picks the defaults, which come
+    before every value."""
+    keys = [
+        o.key_or_group
+        for o in parsed
+        if not o.is_hydra_override() and (isinstance(o.value(), dict) or not repository.group_exists(o.key_or_group))
+    ]
     seen = set(keys)
     if len(seen) < len(keys):
         return True
