@@ -62,25 +62,44 @@ def check_sweep(points: list[tuple[DictConfig, Any, str]]) -> None:
 COMMAND_ENV = "HPC_LLM_COMMAND"
 
 
-def _multirun_without_composing_twice() -> None:
+#: flags that name another primary config or its directory (their config.yaml may set no hydra.mode)
+_OTHER_PRIMARY = ("-cn", "--config-name", "-cp", "--config-path")
+
+
+def _mode_known(args: list[str]) -> bool:
+    """Whether hpc_llm's own conf/config.yaml is the primary config and the command line leaves
+    ``hydra.mode`` to it (MULTIRUN)."""
+    return not any(
+        a in _OTHER_PRIMARY or a.startswith(tuple(f"{f}=" for f in _OTHER_PRIMARY)) or "hydra.mode" in a.split("=")[0]
+        for a in args
+    )
+
+
+def _multirun_without_composing_twice(known: bool) -> None:
     """Hydra composes the whole config once only to read ``hydra.mode`` from it (``Hydra.get_mode``,
     ~0.2 s of every ``python -m hpc_llm``), then again to run. Every hpc_llm invocation runs
     with ``--multirun`` (main inserts it) and hpc_llm's conf/config.yaml sets ``hydra.mode:
-    MULTIRUN``, so the answer is known without composing; Hydra then runs the multirun as before
-    (its ``_run_app``: mode MULTIRUN and ``--multirun`` add no override). Where the command line
-    sets ``hydra.mode`` itself, or another primary config is named (main does not call this),
-    Hydra's own get_mode answers."""
+    MULTIRUN``, so the answer is known without composing (``known``); Hydra then runs the
+    multirun as before (its ``_run_app``: mode MULTIRUN and ``--multirun`` add no override).
+    Where another primary config is named or the command line sets ``hydra.mode``, Hydra's own
+    get_mode answers (installed once a process; ``known`` is each call's)."""
     from hydra._internal.hydra import Hydra
     from hydra.types import RunMode
 
+    global _MODE_KNOWN
+    _MODE_KNOWN = known
     composing = Hydra.get_mode
+    if getattr(composing, "hpc_llm", False):
+        return
 
     def get_mode(self: Hydra, config_name: str | None, overrides: list[str]) -> Any:
-        if any(o.lstrip("+~").startswith("hydra.mode") for o in overrides):
-            return composing(self, config_name, overrides)
-        return RunMode.MULTIRUN
+        return RunMode.MULTIRUN if _MODE_KNOWN else composing(self, config_name, overrides)
 
+    get_mode.hpc_llm = True  # type: ignore[attr-defined]
     Hydra.get_mode = get_mode  # type: ignore[method-assign]
+
+
+_MODE_KNOWN = False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,8 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         # mode (and a misleading "Ambiguous value" error) whenever the config
         # fails to compose; asking for multirun explicitly keeps the real error.
         sys.argv.insert(1, "--multirun")
-    if not named:
-        _multirun_without_composing_twice()
+    _multirun_without_composing_twice(_mode_known(sys.argv[1:]))
     register_configs()
     interpolation_cache.install()  # a sweep reads the same interpolations in every point
     # This process lives seconds and keeps what it builds until it ends (a sweep's configs,

@@ -216,13 +216,16 @@ def test_every_point_of_a_sweep_is_its_own_full_composition(app_env, runs_dir: P
         [],
         ["train.optimizer.lr=1e-4,2e-4", "+train.variables.x=1,true"],
         ["model=mpt_tiny", "train.model.n_layers=1,3"],  # a group choice beside a swept value
+        # a swept key the config lacks, then a new key after it: Hydra adds them in that order
+        ["train.eval_subset_num_batches=1,2", "train.save_overwrite=true"],
     ],
 )
 def test_points_made_from_the_master_config_are_what_hydra_composes(sweep, app_env, tmp_path: Path):
     """A point whose swept values are plain is the master config (what Hydra composed for the
     whole sweep) with its values set, hydra node included. Against the same points with a
     group swept over its one value (parallelism=choice(ddp)), which the sweeper has Hydra
-    compose (load_sweep_config): equal but for the override Hydra records."""
+    compose (load_sweep_config): equal but for the override Hydra records, key order and
+    value types included."""
     import math
 
     from omegaconf import OmegaConf
@@ -246,7 +249,7 @@ def test_points_made_from_the_master_config_are_what_hydra_composes(sweep, app_e
             hydra["runtime"].pop("output_dir")
             hydra["sweep"].pop("dir")
             hydra["overrides"]["hydra"] = [o for o in hydra["overrides"]["hydra"] if "sweep.dir" not in o]
-            got.append(_typed(cfg))
+            got.append(_ordered(cfg))
         return got
 
     mine, composed = points([], "from-master"), points(["parallelism=choice(ddp)"], "composed")
@@ -278,6 +281,75 @@ def test_a_swept_key_a_later_override_sets_again_keeps_hydras_order(app_env, run
     proc = run_app([*sweep, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
     assert proc.returncode == 0, explain(proc)
     assert [read_payload(p).config.train.optimizer.lr for p in sorted(runs_dir.rglob("job.pkl"))] == [5e-4, 5e-4]
+
+
+def test_a_group_found_only_on_hydra_searchpath_is_a_group_in_every_point(app_env, runs_dir: Path, tmp_path: Path):
+    """Hydra adds ``hydra.searchpath``'s directories to its repository for each composition: a
+    group found only there (``+extra=opt``) is a group, not the value 'opt', in the points the
+    sweeper makes without composing."""
+    from hpc_llm.rundir.payload import read_payload
+    from tests.conftest import run_app
+
+    group = tmp_path / "site" / "extra"
+    group.mkdir(parents=True)
+    (group / "opt.yaml").write_text("# @package train.variables\nfrom_the_group: 7\n")
+    sweep = ["+experiment=mpt_tiny", f"hydra.searchpath=[file://{tmp_path / 'site'}]", "+extra=opt"]
+    for lrs in ([], ["train.optimizer.lr=1e-4,2e-4"]):
+        proc = run_app([*sweep, *lrs, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
+        assert proc.returncode == 0, explain(proc)
+    configs = [read_payload(p).config for p in sorted(runs_dir.rglob("job.pkl"))]
+    assert len(configs) == 3 and all(c.train.variables.from_the_group == 7 for c in configs)
+    assert all("extra" not in c for c in configs)
+
+
+def test_each_point_of_a_yaml_sweep_is_its_own_yaml(app_env, runs_dir: Path, tmp_path: Path, monkeypatch):
+    """``yaml=A,B``: B's point is B applied to what Hydra composed, not to A's point (which kept
+    A's experiment name, hence its run name and dir, and left out the evaluator A has no loader
+    for). Each point's config is what composing it alone gives."""
+    from omegaconf import OmegaConf
+
+    from hpc_llm.config.compose import compose
+    from hpc_llm.rundir.payload import read_payload
+    from tests.conftest import run_app
+
+    yamls = ROOT / "tests" / "foundry_yamls"
+    dolly, testing = yamls / "finetune" / "7b_dolly_sft.yaml", yamls / "pretrain" / "testing.yaml"
+    (tmp_path / "my-copy-c4").mkdir()
+    args = [f"yaml={dolly},{testing}", "hydra/launcher=slurm", "hydra.launcher.dry_run=true"]
+    proc = run_app(args, app_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    points = sorted(runs_dir.rglob("job.pkl"), key=lambda p: int(p.parent.parent.name))
+    assert len(points) == 2
+    monkeypatch.chdir(tmp_path)
+    for key, value in app_env.items():
+        monkeypatch.setenv(key, value)
+    for path, yml in zip(points, (dolly, testing), strict=True):
+        config = read_payload(path).config
+        assert config.experiment == yml.stem.replace("_", "-") or config.experiment == yml.stem, config.experiment
+        mine, alone = (OmegaConf.to_container(c, resolve=False) for c in (config, compose([f"yaml={yml}"])))
+        assert isinstance(mine, dict) and isinstance(alone, dict)
+        for c in (mine, alone):
+            c.pop("hydra")
+        assert _typed(mine) == _typed(alone), yml.name
+
+
+def test_hydra_is_asked_the_run_mode_only_where_the_command_line_could_change_it(app_env, runs_dir: Path):
+    """hpc_llm answers Hydra's get_mode without composing only where its own config.yaml (MULTIRUN)
+    decides; ``hydra.mode=RUN`` on the command line goes to Hydra, which runs the sweep all the
+    same and records MULTIRUN, as it always did."""
+    import yaml
+
+    from hpc_llm.app import _mode_known
+    from tests.conftest import run_app
+
+    assert _mode_known(["+experiment=mpt_tiny", "train.optimizer.lr=1e-4,2e-4", "hydra/launcher=slurm"])
+    for args in (["-cn", "x"], ["--config-name=x"], ["-cp", "d"], ["--config-path=d"], ["++hydra.mode=RUN"]):
+        assert not _mode_known(args), args
+    for extra in ([], ["hydra.mode=RUN"]):
+        proc = run_app(["+experiment=mpt_tiny", *extra, "hydra/launcher=slurm", "hydra.launcher.dry_run=true"], app_env)
+        assert proc.returncode == 0, explain(proc)
+    modes = [yaml.safe_load(p.read_text())["hydra"]["mode"] for p in runs_dir.rglob(".hydra/hydra.yaml")]
+    assert modes == ["MULTIRUN", "MULTIRUN"]
 
 
 def test_a_mandatory_group_left_unset_is_refused_in_every_point(tmp_path: Path, app_env):
@@ -329,6 +401,15 @@ def test_a_mapping_swept_as_a_value_is_each_points_own(app_env, runs_dir: Path, 
     got = sorted(str(dict(read_payload(p).config.train.variables.d)) for p in runs_dir.rglob("job.pkl"))
     assert got == ["{'a': 1}", "{'b': 2}"]
     assert all("d" in yaml.safe_load(p.read_text())["train"]["variables"] for p in runs_dir.rglob("config.yaml"))
+
+
+def _ordered(data: object) -> object:
+    """``data`` as _typed gives it, each mapping a list of its (key, value) pairs: in its order."""
+    if isinstance(data, dict):
+        return [(k, _ordered(v)) for k, v in data.items()]
+    if isinstance(data, list):
+        return [_ordered(v) for v in data]
+    return (type(data).__name__, data)
 
 
 def _typed(data: object) -> object:

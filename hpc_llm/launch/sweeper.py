@@ -90,6 +90,7 @@ class ValidatingSweeper(BasicSweeper):
         composed: dict[tuple[Any, ...], bytes | DictConfig] = {}
         master = None if params else self._master_for_points(overrides, parser)
         swept = {o.key_or_group for o in overrides if o.is_sweep_override()}
+        repository = self._repository(loader)
         # a sweep's points repeat the same override strings (all but the swept values): each
         # is parsed once (Hydra's ANTLR grammar, ~1 ms a string), its Override shared
         # (nothing writes to one: Hydra and _with_values only read them)
@@ -97,7 +98,7 @@ class ValidatingSweeper(BasicSweeper):
         for batch in self.split_arguments(overrides, None):
             for job_overrides in batch:
                 parsed = [_parsed(parser, line, parsed_once) for line in job_overrides]
-                shape, values = _shape(parsed, loader)
+                shape, values = _shape(parsed, repository)
                 if shape is not None and shape in composed:
                     cfg = _with_values(composed[shape], parsed, values)
                 elif shape is not None and master is not None and _from_master(parsed, values, swept, master[1]):
@@ -106,15 +107,32 @@ class ValidatingSweeper(BasicSweeper):
                     OmegaConf.copy_cache(from_config=self.config, to_config=cfg)  # ${now:}, as load_sweep_config
                 else:
                     cfg = loader.load_sweep_config(self.config, list(job_overrides))
+                if shape is not None and shape not in composed:
+                    # as composed, before yaml= is applied: each point applies its own yaml (one
+                    # applied already keeps what the first yaml named: its experiment, checkpoints)
+                    composed[shape] = _pickled(cfg)
                 foundry_yaml.apply(cfg)  # yaml=PATH: the yaml is the job's train config
                 with open_dict(cfg):
                     cfg.hydra.job.num = len(jobs)
-                if shape is not None and shape not in composed:
-                    composed[shape] = _pickled(cfg)
                 jobs[tuple(job_overrides)] = cfg
         return jobs
 
     _master: bytes | None = None
+
+    def _repository(self, loader: Any) -> Any:
+        """The config repository Hydra tells a group from a value with: the loader's, plus the
+        directories of ``hydra.searchpath``, which Hydra adds to a copy of it for each composition
+        (ConfigLoaderImpl._process_config_searchpath): a group found only there is a value to the
+        loader's own. None: every point is composed anew."""
+        if self.config is None:
+            return None
+        if not self.config.hydra.searchpath:
+            return getattr(loader, "repository", None)
+        create = getattr(loader, "_parse_overrides_and_create_caching_repo", None)
+        if create is None:
+            return None
+        lines = [*self.config.hydra.overrides.hydra, *self.config.hydra.overrides.task]
+        return create(self.config.hydra.job.config_name, lines)[1]
 
     def _master_for_points(self, overrides: list[Override], parser: OverridesParser) -> tuple[Any, DictConfig] | None:
         """(the master config as Hydra composed it, pickled; the same unpickled, to read) when a
@@ -245,11 +263,10 @@ class ValidatingSweeper(BasicSweeper):
 # single run included, is composed again (~0.2 s of every ``python -m hpc_llm``).
 
 
-def _shape(parsed: list[Override], loader: Any) -> tuple[tuple[Any, ...] | None, list[Override]]:
+def _shape(parsed: list[Override], repository: Any) -> tuple[tuple[Any, ...] | None, list[Override]]:
     """What must be equal for two points to share a composition (every override that is
     not a plain value, and the keys, not values, of those that are), and the plain values.
     (None, []): compose this point anew."""
-    repository = getattr(loader, "repository", None)
     if repository is None:
         return None, []
     fixed: list[str] = []
@@ -297,13 +314,18 @@ def _plain_value(o: Override, repository: Any) -> bool:
 
 def _from_master(parsed: list[Override], values: list[Override], swept: set[str], master: DictConfig) -> bool:
     """Whether this point is the master config with its plain ``values`` set: every swept key of
-    the point is among its values (a swept group choice or mapping is composed anew), and no
-    swept ``+key`` names a key the master has (composing the point would refuse to add it)."""
+    the point is among its values (a swept group choice or mapping is composed anew), is no
+    ``+key`` (composing refuses one the config has) and names a key the master has. A new key
+    (``++key``, or ``train.x`` made ``++``) is composed: Hydra adds keys in command-line order,
+    and the master already holds the new keys that follow it unswept."""
     plain = {o.key_or_group for o in values}
     if any(o.key_or_group in swept and o.key_or_group not in plain for o in parsed):
         return False
-    added = [o.key_or_group for o in values if o.is_add() and o.key_or_group in swept]
-    return all(OmegaConf.select(master, key, default=_ABSENT) is _ABSENT for key in added)
+    mine = [o for o in values if o.key_or_group in swept]
+    return not any(o.is_add() for o in mine) and all(
+        OmegaConf.select(master, o.key_or_group, default=_ABSENT, throw_on_resolution_failure=False) is not _ABSENT
+        for o in mine
+    )
 
 
 _ABSENT = object()
