@@ -103,7 +103,6 @@ class ValidatingSweeper(BasicSweeper):
                     cfg = _with_values(composed[shape], parsed, values)
                 elif shape is not None and master is not None and _from_master(parsed, values, swept, master[1]):
                     cfg = _with_values(master[0], parsed, values)
-                    OmegaConf.set_readonly(cfg.hydra, False)  # as a composition leaves it (set_config sets it)
                     OmegaConf.copy_cache(from_config=self.config, to_config=cfg)  # ${now:}, as load_sweep_config
                 else:
                     cfg = loader.load_sweep_config(self.config, list(job_overrides))
