@@ -1,4 +1,4 @@
-"""What the check before the queue costs (hpc_llm/launch/train_check.py): one process of the
+"""What the check before the queue costs (hpc_llm/launch/precheck.py): one process of the
 job's environment for a whole sweep, in the venv and through the image.
 
 Printed, for a 1-point and a 100-point learning-rate sweep of ``+experiment=mpt_tiny`` (the
@@ -49,7 +49,7 @@ def points(overrides: list[str], n: int) -> list:
     """``n`` points of ``overrides`` (+ a learning rate each), composed and validated."""
     from hpc_llm.app import validate_job
     from hpc_llm.config.compose import compose
-    from hpc_llm.launch.train_check import point_of
+    from hpc_llm.launch.precheck import point_of
 
     out = []
     cfg = compose(overrides)
@@ -61,7 +61,7 @@ def points(overrides: list[str], n: int) -> list:
 
 
 def timed_check(pts: list, repeats: int) -> float:
-    from hpc_llm.launch.train_check import check_sweep
+    from hpc_llm.launch.precheck import check_sweep
 
     walls = []
     for _ in range(repeats):

@@ -51,9 +51,9 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
 
 def check_sweep(points: list[tuple[DictConfig, Any, str]]) -> None:
     """Sweeper hook, once every job is valid: each job's train config (``validate_job``'s) through
-    LLM Foundry's and Composer's own code in the job's environment (hpc_llm/launch/train_check.py)."""
-    from hpc_llm.launch.train_check import check_sweep as check
-    from hpc_llm.launch.train_check import point_of
+    LLM Foundry's and Composer's own code in the job's environment (hpc_llm/launch/precheck.py)."""
+    from hpc_llm.launch.precheck import check_sweep as check
+    from hpc_llm.launch.precheck import point_of
 
     check([point_of(cfg, train, label) for cfg, train, label in points if isinstance(train, dict)])
 

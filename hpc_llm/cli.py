@@ -71,7 +71,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     from hpc_llm.config.site import origins
     from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
-    from hpc_llm.launch.train_check import check_sweep, point_of
+    from hpc_llm.launch.precheck import check_sweep, point_of
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
@@ -100,7 +100,7 @@ def as_plain_yaml(train: dict) -> dict:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from hpc_llm.launch.train_check import check_sweep, point_of
+    from hpc_llm.launch.precheck import check_sweep, point_of
     from hpc_llm.slurm.preview import compose_job
     from hpc_llm.slurm.render import render
 

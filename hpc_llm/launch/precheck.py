@@ -6,7 +6,7 @@ at the job's start (a time string, a precision, an optimizer argument, a registr
 loader's arguments, the batch split at the point's world size) is asked of that stack where
 the job will run it: the venv the ranks use (``hydra.launcher.python``, else this
 interpreter), or the image through the container runtime (``container=apptainer``), running
-:mod:`hpc_llm.job.rank.train_check` once for all points of the sweep. One bad point stops
+:mod:`hpc_llm.job.rank.foundry_check` once for all points of the sweep. One bad point stops
 the whole sweep: nothing is created or submitted. Each problem is one line naming the key the
 user set (``checkpoint.interval`` for a preset's ``save_interval``, ``train.variables.x``
 where the value comes from a yaml variable). Where that environment is missing here (no
@@ -32,8 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.errors import ConfigError, warn_once
 
-MODULE = "hpc_llm.job.rank.train_check"
-#: hpc_llm.job.rank.train_check.EXIT_NO_STACK (the login side never imports hpc_llm.job)
+MODULE = "hpc_llm.job.rank.foundry_check"
+#: hpc_llm.job.rank.foundry_check.EXIT_NO_STACK (the login side never imports hpc_llm.job)
 EXIT_NO_STACK = 3
 #: a sweep's check that takes longer is abandoned with a warning (a hung image, a dead filesystem)
 TIMEOUT_S = 300

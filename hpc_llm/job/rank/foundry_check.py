@@ -1,9 +1,9 @@
 """Before the queue: every point of a sweep through LLM Foundry's and Composer's own code.
 
 Run in the job's environment (the venv the ranks use, or the image through the container
-runtime) by the login side (:mod:`hpc_llm.launch.train_check`), once for a whole sweep::
+runtime) by the login side (:mod:`hpc_llm.launch.precheck`), once for a whole sweep::
 
-    python -m hpc_llm.job.rank.train_check < points.json
+    python -m hpc_llm.job.rank.foundry_check < points.json
 
 stdin: ``{"points": [{"train": {...}, "world_size": N, "device": "cpu" | "gpu"}, ...]}``, each
 point's train config as the job will get it. stdout, its last line: ``{"problems": [[point,
