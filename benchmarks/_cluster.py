@@ -1,5 +1,5 @@
 """The dev cluster a benchmark runs on: the one $SLURM_CONF names, else one it starts
-under ~/.hpc_llm and stops when done (hpc_llm.slurm.devcluster)."""
+under ~/.hpc_llm and stops when done (hpc_llm.devcluster.cluster)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def dev_cluster(
 ) -> Iterator[tuple[Any, dict[str, str]]]:
     """(cluster, environment for its commands); $SLURM_CONF's cluster only when its
     SlurmdTimeout is the one asked for."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     env = dict(os.environ)
     if env.get("SLURM_CONF"):

@@ -147,7 +147,7 @@ def fault_freeze(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) 
 
 
 def fault_node(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) -> float:
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     victim = at_batch(run_dir, 1, 30)
     devcluster.kill_node(cluster, victim["node"])
@@ -157,7 +157,7 @@ def fault_node(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) ->
 
 
 def fault_frozen(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) -> float:
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     victim = at_batch(run_dir, 1, 30)
     frozen = devcluster.freeze_node(cluster, victim["node"])

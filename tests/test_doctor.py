@@ -22,12 +22,12 @@ import pytest
 
 import hpc_llm
 from hpc_llm.config.compose import compose
+from hpc_llm.doctor import checks, gather, profile, table
+from hpc_llm.doctor import probe as doctor_probe
+from hpc_llm.doctor.facts import Facts, Needs
+from hpc_llm.doctor.probe import Probe
+from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 from hpc_llm.slurm import query
-from hpc_llm.slurm.doctor import checks, gather, profile, table
-from hpc_llm.slurm.doctor import probe as doctor_probe
-from hpc_llm.slurm.doctor.facts import Facts, Needs
-from hpc_llm.slurm.doctor.probe import Probe
-from hpc_llm.slurm.doctor.row import FAIL, OK, WARN, Row
 from tests.conftest import explain, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
@@ -404,7 +404,7 @@ def test_the_dev_cluster_has_everything(version):
             "1 node(s) x 8 GPUs",
         ),
         (
-            # the submit path's own check (hpc_llm.slurm.checks.placement), word for word
+            # the submit path's own check (hpc_llm.launch.sbatch.checks.placement), word for word
             "an unknown partition",
             facts,
             lambda: needs(partition="gpu"),

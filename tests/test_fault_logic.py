@@ -323,7 +323,7 @@ def test_the_loss_history_spans_attempts_and_replayed_batches_replace_the_lost_o
 
 def test_only_usr2_is_a_stop_signal():
     from hpc_llm.errors import ConfigError
-    from hpc_llm.slurm.spec import stop_signal
+    from hpc_llm.launch.sbatch.spec import stop_signal
 
     assert stop_signal("SIGUSR2") == "USR2"
     for name, why in (

@@ -164,7 +164,7 @@ def cluster_of_its_own(pytestconfig, slurm: str = "22.05"):
     refused while it was DOWN, and its revival left the GPUs of the two other nodes booked for
     good (slurmctld: "gres/gpu: job 31 dealloc of node n1 bad node_offset 0 count is 0"; 22.05):
     every later job asking for GPUs waited forever."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
     from tests.conftest import _free_port_block
 
     root = shared_dir(pytestconfig) / f"devcluster-own-{slurm}-{os.getpid()}"
@@ -201,7 +201,7 @@ def test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_ot
     blamed the bystander too. Now the job finds the node dead itself (its agent's connection
     drops, its probe port refuses) within seconds, blames it alone and requeues without it,
     before Slurm's NODE_FAIL."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     ref = reference(SHORT, slurm_env, pytestconfig)  # on the shared cluster (the loss is the same)
     env = with_site(dict(app_env, **own_cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
@@ -243,7 +243,7 @@ def slow_cluster(pytestconfig):
     installs it): 22.05 needs the supervisor to hold a job it requeued around a dead node for
     SlurmdTimeout x 4/3 + cred_expire (docs/design.md, "Agents, detection and restarts"), seven minutes
     here even once the node is back. Started for the tests that use it."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
     from tests.conftest import _free_port_block, _slurm24_installed, _slurm_tests_wanted
 
     if not _slurm_tests_wanted(pytestconfig):
@@ -265,7 +265,7 @@ def test_a_frozen_node_is_found_by_the_job_not_as_a_hang_and_writes_nothing_afte
     unanswered) in seconds, blames it alone, never as a hang, and requeues without it. The
     requeued job waits for Slurm to release the frozen node (a user cannot mark a node DOWN);
     when the node comes back (SIGCONT), its ranks of the old generation write nothing more."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     env = with_site(dict(app_env, **slow_cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     # FSDP: every rank writes its own shard of each checkpoint, the frozen node's too

@@ -50,7 +50,7 @@ def test_the_walk_finds_the_login_side():
         "hpc_llm.results.status",
         "hpc_llm.rundir.record",
         "hpc_llm.launch.slurm",
-        "hpc_llm.slurm.render",
+        "hpc_llm.launch.sbatch.render",
         "hpc_llm.plugins.manager",
     ):
         assert expected in mods

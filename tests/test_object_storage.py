@@ -145,7 +145,7 @@ def s3_tiny(s3, cache_dir: Path, pytestconfig: pytest.Config) -> str:
 def test_the_dev_s3_server_takes_only_its_key_listens_on_localhost_and_phones_nobody(s3):
     import botocore.exceptions
 
-    from hpc_llm.slurm import s3_server
+    from hpc_llm.devcluster import s3_server
 
     s3_client(s3).list_objects_v2(Bucket=s3.bucket, MaxKeys=1)  # its own key: fine
     with pytest.raises(botocore.exceptions.ClientError) as wrong:
@@ -357,7 +357,7 @@ def test_dev_cluster_up_s3_prints_the_exports_a_client_needs_and_down_stops_it(a
     finally:
         off = run_cli(["dev-cluster", "down", "--root", str(root)], app_env, timeout=120)
     assert off.returncode == 0 and "weed mini (S3" in off.stdout, explain(off)
-    from hpc_llm.slurm import s3_server
+    from hpc_llm.devcluster import s3_server
 
     assert s3_server.pid_of(s3_server.load(root)) is None
 
@@ -532,7 +532,7 @@ def test_the_store_killed_then_frozen_for_a_minute_each_fails_nothing_and_blames
     killed for 60 s (connections refused) then frozen for 60 s (SIGSTOP: connections hang) while
     the run trains and saves every 5 batches. Uploads wait and retry; the link of latest catches up
     once the store is back; the run completes with the uninterrupted run's loss, no node blamed."""
-    from hpc_llm.slurm import s3_server
+    from hpc_llm.devcluster import s3_server
 
     ref = s3_reference(s3, s3_tiny, s3_slurm_env, pytestconfig)
     root, port = tmp_path / "store", _free_port_block(5)

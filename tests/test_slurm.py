@@ -202,7 +202,7 @@ def test_a_dry_run_with_slurmctld_down_asks_it_once_not_once_a_point(app_env, ru
 def test_dev_cluster_up_is_idempotent(dev_cluster, tmp_path):
     """On a cluster of its own (the session's is shared with tests that kill its nodes):
     a second ``up`` changes nothing; after a node's death it starts that slurmd alone."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
     from tests.conftest import _free_port_block
 
     # slurmctld + one slurmd per node, and with accounting MariaDB + slurmdbd
@@ -230,7 +230,7 @@ def test_a_job_larger_than_the_nodes_up_now_is_queued_not_refused(app_env, runs_
     while a real sbatch queues it. The pre-submit check submits it with one warning line (a CI
     run refused another test's job while a test had killed a node of the shared cluster); a job
     larger than the partition is still refused before anything exists."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
     from tests.conftest import _free_port_block
 
     own = devcluster.up(root=tmp_path / "own", nodes=2, ctld_port=_free_port_block(8), accounting=False)

@@ -93,7 +93,7 @@ def test_a_killed_node_is_swapped_for_the_spare_in_the_same_job(
     with --no-kill and the job with --no-kill: Slurm takes the node out of the job and keeps it
     RUNNING; the agents on the other nodes live on. The supervisor finds the node dead in
     seconds and starts the next generation with the spare in its place."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     ref = reference(SHORT, slurm24_env, pytestconfig)  # on the shared cluster (the loss is the same)
     env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
@@ -124,7 +124,7 @@ def test_a_frozen_node_is_swapped_for_the_spare_in_the_same_job(  # noqa: F811 -
 ):
     """SIGSTOP of a node (Slurm calls it down only after SlurmdTimeout=300): the job finds it
     dead in seconds and trains on with the spare; when it comes back its old ranks end."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     env = with_site(dict(app_env, **slow_cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     ref = reference(SHORT, dict(app_env, **slow_cluster.env()), pytestconfig)
@@ -235,7 +235,7 @@ def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(
     With 2 spares the job held the whole 3-node cluster: the agent also shrinks it to the 2
     nodes up, or it would pend until an operator returned the dead host. The agents write their
     own logs: srun, dead with the host, writes no more."""
-    from hpc_llm.slurm import devcluster
+    from hpc_llm.devcluster import cluster as devcluster
 
     base = [*ALONE, "train.max_duration=300ba"]
     ref = reference(base, slurm24_env, pytestconfig)

@@ -5,7 +5,7 @@ hydra-submitit-launcher), with per-job resources: each job reads its own
 ``resources.*`` from its composed config, so ``-m resources.nodes=1,2,4,8``
 submits four jobs of 1, 2, 4 and 8 nodes (Hydra cannot sweep
 ``hydra.launcher.*``). The batch script is rendered from
-``sbatch_templates/`` (hpc_llm.slurm.render) instead of submitit's built-in
+``sbatch_templates/`` (hpc_llm.launch.sbatch.render) instead of submitit's built-in
 one; submitit still pickles the callable, runs it in every srun task
 (``python -m submitit.core._submit``) and collects per-task results.
 
@@ -35,16 +35,17 @@ from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.launch.base import BaseLauncher, JobFailed, LazyJobReturn, copy_config, hydra_node_copy, shown
 from hpc_llm.launch.handover import RankEntry
 from hpc_llm.launch.hydra_files import HydraFiles
+from hpc_llm.launch.sbatch import checks, submit
+from hpc_llm.launch.sbatch.render import render
+from hpc_llm.launch.sbatch.spec import build_spec, job_resources, python_command
 from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
 from hpc_llm.results.failure import first_failure
 from hpc_llm.rundir import provenance, snapshot
 from hpc_llm.rundir.layout import PRIVATE, RunDir
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
-from hpc_llm.slurm import accounting, checks, query, submit
+from hpc_llm.slurm import accounting, query
 from hpc_llm.slurm.query import SlurmUnreachable
-from hpc_llm.slurm.render import render
-from hpc_llm.slurm.spec import build_spec, job_resources, python_command
 
 log = logging.getLogger(__name__)
 

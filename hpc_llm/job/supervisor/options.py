@@ -1,7 +1,7 @@
 """What the supervisor is told by the batch script: the run's fault policy and timings.
 
 ``python -m hpc_llm.job.supervisor --run-dir DIR [options] -- srun ...``: the options
-before ``--`` (rendered by hpc_llm.slurm.spec from the run's ``fault`` section) become a
+before ``--`` (rendered by hpc_llm.launch.sbatch.spec from the run's ``fault`` section) become a
 :class:`Policy`; what follows is the agent step's command. Stdlib only.
 """
 

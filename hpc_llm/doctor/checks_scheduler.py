@@ -5,10 +5,10 @@ the job, ``sbatch --test-only`` accepts it, its time limit, the nodes that are u
 
 from __future__ import annotations
 
+from hpc_llm.doctor.facts import Facts, Needs
+from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 from hpc_llm.errors import ConfigError
 from hpc_llm.slurm import query
-from hpc_llm.slurm.doctor.facts import Facts, Needs
-from hpc_llm.slurm.doctor.row import FAIL, OK, WARN, Row
 
 #: node states in which a node runs jobs (sinfo %T, without its flags)
 USABLE_STATES = ("idle", "mixed", "allocated", "completing", "planned", "reserved")
@@ -21,7 +21,7 @@ def gres_text(gpus: list[tuple[str | None, int]]) -> str:
 def hhmmss(s: int | None) -> str:
     if s is None:
         return "UNLIMITED"
-    from hpc_llm.slurm.spec import slurm_time
+    from hpc_llm.launch.sbatch.spec import slurm_time
 
     return slurm_time(s)
 
@@ -38,7 +38,7 @@ def check_slurm(facts: Facts, needs: Needs, part: str | None) -> Row:
 
 
 def check_partition(facts: Facts, needs: Needs, part: str | None) -> Row:
-    from hpc_llm.slurm import checks as submit_checks
+    from hpc_llm.launch.sbatch import checks as submit_checks
 
     try:  # the submit path's own check; Needs has the resources it reads (nodes, tasks, CPUs)
         found = submit_checks.placement(dict(facts.partitions), needs.partition, needs, needs.resources_key)
@@ -62,7 +62,7 @@ def check_partition(facts: Facts, needs: Needs, part: str | None) -> Row:
 
 def check_spares(facts: Facts, needs: Needs, part: str | None) -> Row | None:
     """Spare nodes (resources.spare_nodes) need Slurm >= 23.02.6; no row when none are asked for."""
-    from hpc_llm.slurm import checks as submit_checks
+    from hpc_llm.launch.sbatch import checks as submit_checks
 
     if not needs.spare_nodes:
         return None

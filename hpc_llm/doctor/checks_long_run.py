@@ -10,8 +10,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_llm.slurm.doctor.facts import Facts, Needs
-from hpc_llm.slurm.doctor.row import FAIL, OK, WARN, Row
+from hpc_llm.doctor.facts import Facts, Needs
+from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 
 #: Slurm's default AuthInfo cred_expire: a requeued job may start again this long after it stopped
 CRED_EXPIRE_DEFAULT_S = 120

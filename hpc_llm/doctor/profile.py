@@ -26,8 +26,8 @@ from typing import Any
 from hpc_llm.config.compose import compose
 from hpc_llm.config.site import user_dir
 from hpc_llm.errors import ConfigError
+from hpc_llm.launch.sbatch.spec import slurm_time
 from hpc_llm.slurm import query
-from hpc_llm.slurm.spec import slurm_time
 
 NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: what a GPU profile passes by name (as conf/cluster/h100.yaml)

@@ -43,12 +43,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``hpc-llm doctor``: the table (or JSON); 1 when a must-have is missing."""
-    from hpc_llm.slurm.doctor import profile
-    from hpc_llm.slurm.doctor.checks import evaluate, exit_code
-    from hpc_llm.slurm.doctor.checks_node import gpu_model
-    from hpc_llm.slurm.doctor.facts import partition_name
-    from hpc_llm.slurm.doctor.gather import compose_job, gather, needs_of
-    from hpc_llm.slurm.doctor.table import as_json, render
+    from hpc_llm.doctor import profile
+    from hpc_llm.doctor.checks import evaluate, exit_code
+    from hpc_llm.doctor.checks_node import gpu_model
+    from hpc_llm.doctor.facts import partition_name
+    from hpc_llm.doctor.gather import compose_job, gather, needs_of
+    from hpc_llm.doctor.table import as_json, render
 
     if args.write_profile:
         target = profile.target(args.write_profile, args.dir)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.config.plan import parse_time_limit
+from hpc_llm.launch.sbatch.render import SbatchSpec, render_array
 from hpc_llm.rundir.layout import RunDir
-from hpc_llm.slurm.render import SbatchSpec, render_array
 
 
 @dataclass

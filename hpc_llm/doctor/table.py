@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from hpc_llm.slurm.doctor.row import FAIL, OK, WARN, Row
+from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 
 _STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red"}
 

@@ -1,5 +1,5 @@
 """``hpc-llm doctor``'s checks of what a compute node sees, from the probe job's report
-(:mod:`hpc_llm.slurm.doctor.probe`): the run dir, ``--run``, the Python environment, the
+(:mod:`hpc_llm.doctor.probe`): the run dir, ``--run``, the Python environment, the
 container image, Apptainer, GPUs. Pure: facts and needs in, a row out.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import re
 
-from hpc_llm.slurm.doctor.facts import Facts, Needs
-from hpc_llm.slurm.doctor.probe import Probe
-from hpc_llm.slurm.doctor.row import FAIL, OK, WARN, Row
+from hpc_llm.doctor.facts import Facts, Needs
+from hpc_llm.doctor.probe import Probe
+from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 
 
 def _probed(facts: Facts) -> tuple[Probe | None, str]:

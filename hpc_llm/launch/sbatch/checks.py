@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from hpc_llm.errors import ConfigError, warn_once
-from hpc_llm.slurm import query, submit
-from hpc_llm.slurm.render import SbatchSpec
+from hpc_llm.launch.sbatch import submit
+from hpc_llm.launch.sbatch.render import SbatchSpec
+from hpc_llm.slurm import query
 
 #: sbatch --test-only's refusal of a job larger than the nodes up now (and of an impossible one)
 NOT_AVAILABLE = "Requested node configuration is not available"

@@ -30,8 +30,8 @@ def compose_job(overrides: Sequence[str]) -> Job:
 
     from hpc_llm.app import validate_job
     from hpc_llm.launch.options import SlurmLauncherConf
+    from hpc_llm.launch.sbatch.spec import build_spec
     from hpc_llm.launch.sweeper import job_run_dir
-    from hpc_llm.slurm.spec import build_spec
 
     overrides = list(overrides)
     if not any(o.startswith(("hydra/launcher=", "hydra.launcher=")) for o in overrides):

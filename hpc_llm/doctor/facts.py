@@ -1,6 +1,6 @@
 """What ``hpc-llm doctor`` checks against: :class:`Needs`, what the composed job asks of the
 cluster, and :class:`Facts`, what Slurm and the probe job said (parsed). Plain data; the checks
-read it and :mod:`hpc_llm.slurm.doctor.gather` fills it in.
+read it and :mod:`hpc_llm.doctor.gather` fills it in.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hpc_llm.doctor.probe import Probe
 from hpc_llm.slurm import query
-from hpc_llm.slurm.doctor.probe import Probe
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.config import stores
 from hpc_llm.config.plan import check_gpu_type, parse_time_limit
 from hpc_llm.errors import ConfigError
+from hpc_llm.launch.sbatch.render import SbatchSpec
 from hpc_llm.rundir.layout import RunDir
-from hpc_llm.slurm.render import SbatchSpec
 
 DEFAULT_TEMPLATE = "default.sh.j2"
 

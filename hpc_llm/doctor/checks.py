@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpc_llm.slurm.doctor.checks_long_run import (
+from hpc_llm.doctor.checks_long_run import (
     check_accounting,
     check_grace_time,
     check_kill_wait,
@@ -16,7 +16,7 @@ from hpc_llm.slurm.doctor.checks_long_run import (
     check_requeue,
     check_requeue_delay,
 )
-from hpc_llm.slurm.doctor.checks_node import (
+from hpc_llm.doctor.checks_node import (
     check_apptainer,
     check_image,
     check_node_gpus,
@@ -26,7 +26,7 @@ from hpc_llm.slurm.doctor.checks_node import (
     check_run_dir,
     check_store,
 )
-from hpc_llm.slurm.doctor.checks_scheduler import (
+from hpc_llm.doctor.checks_scheduler import (
     check_gres,
     check_nodes,
     check_partition,
@@ -35,8 +35,8 @@ from hpc_llm.slurm.doctor.checks_scheduler import (
     check_test_only,
     check_time_limit,
 )
-from hpc_llm.slurm.doctor.facts import Facts, Needs, partition_name
-from hpc_llm.slurm.doctor.row import FAIL, Row
+from hpc_llm.doctor.facts import Facts, Needs, partition_name
+from hpc_llm.doctor.row import FAIL, Row
 
 CHECKS = (
     check_slurm,
