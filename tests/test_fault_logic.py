@@ -604,7 +604,7 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
 
 def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():
     """The script's srun asks for the submit-time count; a shrunk requeue or a lost node needs fewer."""
-    from hpc_llm.job.supervisor.step import for_nodes, rendered_nodes
+    from hpc_llm.job.supervisor.agent_step import for_nodes, rendered_nodes
 
     rendered = [
         "srun",

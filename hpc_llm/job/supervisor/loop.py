@@ -28,7 +28,7 @@ generation of ranks after another (:mod:`hpc_llm.job.supervisor.generation`):
 
 A Slurm requeue it did not ask for leaves the last attempt "running" in
 attempts.json; the next start closes it as lost. The rest lives beside it:
-:mod:`~hpc_llm.job.supervisor.step` (the srun agent step),
+:mod:`~hpc_llm.job.supervisor.agent_step` (the srun agent step),
 :mod:`~hpc_llm.job.supervisor.options` (the policy the batch script passes),
 :mod:`~hpc_llm.job.supervisor.lost` (booking an allocation that ended unrecorded),
 :mod:`~hpc_llm.job.supervisor.slurm_job` (asking Slurm about this
@@ -58,7 +58,7 @@ from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.options import Policy, parse_args
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
-from hpc_llm.job.supervisor.step import Step, for_nodes, rendered_nodes
+from hpc_llm.job.supervisor.agent_step import Step, for_nodes, rendered_nodes
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")
