@@ -24,8 +24,24 @@ llmfoundry. Only ``hpc_llm.job`` and the ``prepare``/``after_train`` methods of
 plugins import the training stack, lazily.
 """
 
-from hpc_llm.plugins.markers import hookimpl
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc_llm.plugins.markers import hookimpl
 
 __version__ = "0.1.0"
 
 __all__ = ["hookimpl", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """``from hpc_llm import hookimpl`` (the plugins' marker) loads pluggy then, not on every import
+    of hpc_llm: the job's supervisor and agents import hpc_llm's stdlib-only modules and nothing
+    third-party (tests/test_layers.py)."""
+    if name == "hookimpl":
+        from hpc_llm.plugins.markers import hookimpl
+
+        return hookimpl
+    raise AttributeError(f"module 'hpc_llm' has no attribute {name!r}")

@@ -6,10 +6,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from hpc_llm import errors
+from hpc_llm.config.launcher_options import LocalLauncherConf, SlurmLauncherConf
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, shown
 from hpc_llm.launch.local import LocalLauncher
-from hpc_llm.launch.options import LocalLauncherConf, SlurmLauncherConf
 from hpc_llm.launch.slurm import SlurmLauncher
 
 

@@ -130,3 +130,77 @@ def test_login_path_with_plugins_loaded_imports_no_job_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+# -- the job's control plane: the supervisor and the agents' loop, stdlib only ---------------
+
+#: packages whose every module the supervisor or an agent's control loop imports: the batch host
+#: and the agents' loop run on the stdlib alone (the agent imports the training stack on purpose,
+#: in hpc_llm.job.agent.warm's functions, never by importing a module)
+CONTROL_PLANE_PACKAGES = ("hpc_llm.job.supervisor", "hpc_llm.slurm")
+CONTROL_PLANE_MODULES = (
+    "hpc_llm.job.agent.loop",
+    "hpc_llm.job.agent.forker",
+    "hpc_llm.job.agent.warm",
+    "hpc_llm.job.wire",
+    "hpc_llm.job.heartbeat",
+    "hpc_llm.job.env",
+    "hpc_llm.job.failures",
+    "hpc_llm.rundir.record",
+    "hpc_llm.rundir.layout",
+)
+
+
+def control_plane_modules() -> list[str]:
+    names = list(CONTROL_PLANE_MODULES)
+    for pkg in CONTROL_PLANE_PACKAGES:
+        path = importlib.util.find_spec(pkg).submodule_search_locations  # type: ignore[union-attr]
+        names += [pkg] + [m.name for m in pkgutil.walk_packages(path, f"{pkg}.")]
+    return sorted({n for n in names if not n.endswith(".__main__")})  # __main__ runs, not imports
+
+
+def test_the_control_plane_walk_finds_the_supervisor_and_the_agent():
+    mods = control_plane_modules()
+    for expected in ("hpc_llm.job.supervisor.fleet", "hpc_llm.job.supervisor.policy", "hpc_llm.job.agent.loop"):
+        assert expected in mods
+
+
+@pytest.mark.parametrize("module", control_plane_modules())
+def test_importing_the_control_plane_loads_nothing_third_party(module):
+    """Not pluggy (``from hpc_llm import hookimpl`` is lazy), not omegaconf or hydra (the plan's
+    ports live in hpc_llm.ports), not cloudpickle (the agent unpickles its payload when it warms)."""
+    code = (
+        "import importlib, sys\n"
+        "before = set(sys.modules)\n"
+        f"importlib.import_module({module!r})\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(n for n in new if n not in sys.stdlib_module_names and n != 'hpc_llm'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"import {module} loads {out.stdout.strip()}"
+
+
+def _imports_of_package(package: str) -> list[tuple[str, str]]:
+    """(module, what it imports) for every module of ``package``, lazy imports included."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations
+    found = []
+    for m in [package, *(m.name for m in pkgutil.walk_packages(spec.submodule_search_locations, f"{package}."))]:
+        origin = importlib.util.find_spec(m).origin  # type: ignore[union-attr]
+        found += [(m, target) for target in _imports(Path(origin))]
+    return found
+
+
+def test_config_does_not_import_launch():
+    """config/ composes and checks; launch/ launches what config/ made. The launcher's options
+    are config (hpc_llm.config.launcher_options)."""
+    bad = [f"{m} -> {t}" for m, t in _imports_of_package("hpc_llm.config") if t.startswith("hpc_llm.launch")]
+    assert not bad, bad
+
+
+def test_the_rank_side_never_imports_a_builtin_plugin():
+    """builtin/ imports job/rank (a plugin's in-job half); the way back would be a cycle, and core
+    code reaches the built-in plugins only through the plugin manager."""
+    bad = [f"{m} -> {t}" for m, t in _imports_of_package("hpc_llm.job") if t.startswith("hpc_llm.builtin")]
+    assert not bad, bad

@@ -303,7 +303,7 @@ def test_keep_last_k_unfinished_saves_and_the_owner_in_the_store(s3, s3_env):
     keep-last-K never removes the linked one, and another run's folder is refused."""
     code = """
 import json, sys
-from hpc_llm.builtin import checkpoint_store as cs
+from hpc_llm.job.rank import checkpoint_store as cs
 from hpc_llm.job.rank.object_store import Store
 store, loc = Store.of(sys.argv[1])
 cs.claim(store, loc, "run-a", "/runs/a", resume_other=False)

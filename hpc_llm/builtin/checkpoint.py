@@ -4,7 +4,7 @@ Both map to Composer's ``save_folder`` / ``save_interval`` / ``autoresume``. Com
 to s3/gs/oci/azure/dbfs itself (its RemoteUploader); for ``s3://`` the ``uri`` backend also
 does what hpc_llm does around a folder's checkpoints (a folder per run, whose checkpoints a
 folder holds, keep-last-K, unfinished saves set aside, ``latest`` linked by the stop that saved
-it): the in-job half is :mod:`hpc_llm.builtin.checkpoint_store`.
+it): the in-job half is :mod:`hpc_llm.job.rank.checkpoint_store`.
 """
 
 from __future__ import annotations
@@ -274,8 +274,7 @@ class Uri(CheckpointBackend):
         return out
 
     def prepare(self, section: DictConfig, ctx: JobContext) -> None:
-        from hpc_llm.builtin import checkpoint_store
-        from hpc_llm.job.rank import store_check
+        from hpc_llm.job.rank import checkpoint_store, store_check
 
         checkpoint_store.prepare_node(ctx.node_dir, ctx.dist.local_rank)
         if ctx.dist.rank != 0 or stores.scheme(str(section.location)) not in stores.MANAGED:
@@ -296,7 +295,7 @@ class Uri(CheckpointBackend):
         folder = self.folder(section, plan)
         if stores.scheme(folder) not in stores.MANAGED:
             return f"{folder}/{LATEST}"
-        from hpc_llm.builtin import checkpoint_store
+        from hpc_llm.job.rank import checkpoint_store
 
         return checkpoint_store.latest_uri(folder)
 
@@ -304,7 +303,7 @@ class Uri(CheckpointBackend):
         folder = self.folder(section, plan)
         if stores.scheme(folder) not in stores.MANAGED:
             return None
-        from hpc_llm.builtin import checkpoint_store
+        from hpc_llm.job.rank import checkpoint_store
 
         return checkpoint_store.latest_bytes(folder)
 

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
+from hpc_llm.config.launcher_options import launcher_hint
 from hpc_llm.errors import ConfigError, Failed, allowed
-from hpc_llm.launch.options import launcher_hint
 
 EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1

@@ -32,7 +32,7 @@ def _dict_fields(cls: type, prefix: str) -> Iterator[str]:
 
 def free_form_mappings() -> tuple[str, ...]:
     """Every mapping of the schema whose keys the user chooses (``cluster.env``, ``train``, ...)."""
-    from hpc_llm.launch.options import SlurmLauncherConf
+    from hpc_llm.config.launcher_options import SlurmLauncherConf
 
     return (*_dict_fields(HpcLlmConfig, ""), *_dict_fields(SlurmLauncherConf, "hydra.launcher."))
 

@@ -16,13 +16,6 @@ from hpc_llm.errors import ConfigError
 
 DEVICES = ("cpu", "gpu")
 
-#: The rendezvous port every rank of a job agrees on without talking:
-#: MASTER_PORT = PORT_BASE + job id % PORT_SPAN (the batch script computes the same).
-#: 20000-31999 stays below Linux's ephemeral range (32768-60999), where an
-#: outgoing connection of any process on the node could already hold it.
-PORT_BASE = 20000
-PORT_SPAN = 12000
-
 
 @dataclass(frozen=True)
 class JobPlan:

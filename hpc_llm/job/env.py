@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hpc_llm.config.plan import PORT_BASE, PORT_SPAN
+from hpc_llm.ports import PORT_BASE, PORT_SPAN
 
 # What the job's supervisor tells the ranks of a step it runs.
 #: set for every rank of a supervised step: a stop is recorded, and the supervisor acts on it

@@ -23,10 +23,10 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hpc_llm.config import foundry_yaml
+from hpc_llm.config.launcher_options import check_launcher_options
 from hpc_llm.config.store import require_schema
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, copy_config
-from hpc_llm.launch.options import check_launcher_options
 from hpc_llm.paths import claim_new_dir
 
 #: job_run_dir's answers, by id of the job config: (the config, what the answer was made from, the answer)

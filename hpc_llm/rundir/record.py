@@ -27,10 +27,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from hpc_llm.config.plan import JobPlan
 from hpc_llm.rundir.layout import RunDir
+
+if TYPE_CHECKING:  # the job's supervisor imports this module: no omegaconf (tests/test_layers.py)
+    from hpc_llm.config.plan import JobPlan
 
 SCHEMA_VERSION = 2
 

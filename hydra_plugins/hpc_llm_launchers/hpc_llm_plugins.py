@@ -4,8 +4,8 @@ Hydra only instantiates plugins whose class lives under ``hydra_plugins``,
 so these are thin subclasses of the implementations in ``hpc_llm.launch``.
 """
 
+from hpc_llm.config.launcher_options import register_launcher_configs
 from hpc_llm.launch import local, slurm, sweeper
-from hpc_llm.launch.options import register_launcher_configs
 
 
 class LocalLauncher(local.LocalLauncher):

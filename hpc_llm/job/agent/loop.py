@@ -39,11 +39,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.config.plan import PORT_BASE, PORT_SPAN
 from hpc_llm.job import heartbeat, wire
 from hpc_llm.job.agent import forker, warm
 from hpc_llm.job.agent.forker import RankProc
 from hpc_llm.job.env import FORKED_AT, JobEnv
+from hpc_llm.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.rundir.layout import RunDir
 
 log = logging.getLogger("hpc_llm.agent")
@@ -586,7 +586,7 @@ def free_port() -> int:
     connect to itself (TCP self-connect: connect() succeeds, no store answers). Seen under load
     on the dev cluster, where every node is one host: a generation stuck in start-up with both
     ranks in "build", and "Gloo connectFullMesh failed". The ports of the srun path
-    (``config.plan.PORT_BASE`` + ``PORT_SPAN``, below 32768) are used instead, from a random start
+    (``hpc_llm.ports.PORT_BASE`` + ``PORT_SPAN``, below 32768) are used instead, from a random start
     (two jobs on one node), the first that binds."""
     lo, hi = wire.ephemeral_ports()
     start = random.randrange(PORT_SPAN)

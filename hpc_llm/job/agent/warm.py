@@ -28,9 +28,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpc_llm.rundir.payload import Payload, read_payload
+if TYPE_CHECKING:
+    from hpc_llm.rundir.payload import Payload
 
 #: modules hpc_llm's task imports on its way to the first batch
 TRAINING_STACK = (
@@ -63,6 +64,10 @@ EXTRA_ENV = "HPC_LLM_AGENT_WARM"
 def warm(payload_path: Path | str) -> tuple[Payload, float]:
     """The payload, and the seconds spent loading it and what its ranks will import."""
     t0 = time.monotonic()
+    # the payload (cloudpickle, hydra) loads here, with the rest: the agent's control loop imports
+    # nothing third-party (tests/test_layers.py)
+    from hpc_llm.rundir.payload import read_payload
+
     payload = read_payload(payload_path)
     for name in filter(None, (m.strip() for m in os.environ.get(EXTRA_ENV, "").split(","))):
         importlib.import_module(name)

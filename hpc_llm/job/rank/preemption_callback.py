@@ -205,7 +205,7 @@ class PreemptionCallback(Callback):
         if not self._resumed_copy_dropped:
             self._resumed_copy_dropped = True
             if self.ctx.dist.local_rank == 0:
-                from hpc_llm.builtin import checkpoint_store
+                from hpc_llm.job.rank import checkpoint_store
 
                 checkpoint_store.drop_local_copy(self.ctx.node_dir)
 

@@ -14,7 +14,7 @@ raises out of ``fit``, was therefore never linked. What hpc_llm does instead (do
   :data:`~hpc_llm.job.rank.object_store.STORE_OUTAGE_S`), so a minute's outage fails nothing;
 - :class:`RemoteSaves`: the link is hpc_llm's. Each rank says, in the batch-end all-reduce the
   stop flag already rides on, up to which save its uploads have finished; once every rank's
-  have, rank 0 links it (:func:`hpc_llm.builtin.checkpoint_store.commit_latest`). A stop waits
+  have, rank 0 links it (:func:`hpc_llm.job.rank.checkpoint_store.commit_latest`). A stop waits
   for its save's uploads, links it and only then exits, and the save time it reports includes
   all of that.
 """
@@ -117,7 +117,7 @@ class RemoteSaves:
     (docs/design.md, upstream fix 14).
 
     Local copies and upload staging go to ``<node dir>/saves/rank<N>`` in node scratch (emptied
-    at each start by :func:`hpc_llm.builtin.checkpoint_store.prepare_node`) instead of Composer's
+    at each start by :func:`hpc_llm.job.rank.checkpoint_store.prepare_node`) instead of Composer's
     ``tempfile.mkdtemp()`` folders, so an attempt killed mid-upload leaves nothing that outlives the
     next start. Only these two folders move: the process's temp dir stays where it was
     (multiprocessing puts its AF_UNIX sockets there, and a long scratch path is too long for one).
@@ -223,7 +223,7 @@ class RemoteSaves:
     # -- the link: every rank agrees, rank 0 writes ----------------------------------------------
     def _link(self, batch: int, target: str) -> tuple[int, float]:
         """In rank 0's link thread: ``latest`` to ``batch``, then keep-last-K; when it was linked."""
-        from hpc_llm.builtin import checkpoint_store
+        from hpc_llm.job.rank import checkpoint_store
 
         checkpoint_store.commit_latest(self.store, self.symlink_key, target)
         linked_at = time.time()

@@ -23,8 +23,7 @@ import secrets
 import sys
 from typing import Any
 
-from hpc_llm.builtin import checkpoint_store
-from hpc_llm.job.rank import object_store
+from hpc_llm.job.rank import checkpoint_store, object_store
 from hpc_llm.job.rank.object_store import STORE_OUTAGE_S, Location, Store
 
 #: codes of a store that refused the credentials themselves

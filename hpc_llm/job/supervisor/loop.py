@@ -49,16 +49,16 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.config.plan import PORT_BASE, PORT_SPAN
 from hpc_llm.job import failures, heartbeat, wire
 from hpc_llm.job.env import JobEnv
 from hpc_llm.job.supervisor import lost, policy, slurm_job
+from hpc_llm.job.supervisor.agent_step import Step, for_nodes, rendered_nodes
 from hpc_llm.job.supervisor.fleet import Fleet
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.options import Policy, parse_args
 from hpc_llm.job.supervisor.slurm_job import SlurmJob
-from hpc_llm.job.supervisor.agent_step import Step, for_nodes, rendered_nodes
+from hpc_llm.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 
 log = logging.getLogger("hpc_llm.supervisor")

@@ -29,7 +29,7 @@ def compose_job(overrides: Sequence[str]) -> Job:
     from omegaconf import DictConfig, OmegaConf, open_dict
 
     from hpc_llm.app import validate_job
-    from hpc_llm.launch.options import SlurmLauncherConf
+    from hpc_llm.config.launcher_options import SlurmLauncherConf
     from hpc_llm.launch.sbatch.spec import build_spec
     from hpc_llm.launch.sweeper import job_run_dir
 

@@ -1,10 +1,11 @@
-"""Typed configs of hpc_llm's Hydra launchers and sweeper (ConfigStore group hydra/launcher)."""
+"""Typed configs of hpc_llm's Hydra launchers and sweeper (ConfigStore group hydra/launcher): the
+launcher's options are config like the rest, so config/ checks them without importing launch/."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
@@ -16,14 +17,14 @@ class LocalLauncherConf:
     # the Slurm launcher; a Hydra app without it runs one rank per job.
     resources_key: str = "resources"
     # Deprecated: the node and rank count keys before resources_key (still read, with a warning).
-    nodes_key: Optional[str] = None
-    tasks_key: Optional[str] = None
+    nodes_key: str | None = None
+    tasks_key: str | None = None
     # Seconds to wait for one job's ranks before killing them (0: no limit).
     timeout_s: int = 0
     # Copy rank 0's whole output to the console while it runs; null: only with -v
     # (or HPC_LLM_LOG_LEVEL=INFO), else a live progress line and a summary. All
     # ranks always log to <run dir>/logs/rank<N>.log.
-    stream: Optional[bool] = None
+    stream: bool | None = None
 
 
 @dataclass
@@ -36,17 +37,17 @@ class SlurmLauncherConf:
     dry_run: bool = False
     # Slurm placement; None falls back to the cluster profile, then the
     # cluster's default partition.
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
     # Time limit overriding the job's resources.time ([D-]HH:MM:SS).
-    time: Optional[str] = None
+    time: str | None = None
     # Signal Slurm sends before the time limit or at preemption, and how many
     # seconds before (sbatch --signal=SIG@LEAD). Never USR1: NCCL uses it.
     signal: str = "USR2"
     signal_lead_s: int = 120
     # Whole nodes only (sbatch --exclusive); null: the cluster profile's (GPU profiles: true).
-    exclusive: Optional[bool] = None
+    exclusive: bool | None = None
     # Extra #SBATCH flags, e.g. {constraint: h100, reservation: big}.
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
     # Extra srun arguments, e.g. ["--cpu-bind=cores"].
@@ -56,9 +57,9 @@ class SlurmLauncherConf:
     # Variables passed to the job by name only (secrets are never written out).
     env_passthrough: list[str] = field(default_factory=list)
     # How each task starts Python; None: this interpreter (on a shared filesystem).
-    python: Optional[str] = None
+    python: str | None = None
     # sbatch template; None: the cluster profile's (default.sh.j2).
-    template: Optional[str] = None
+    template: str | None = None
     # Config nodes holding each job's resources and cluster profile.
     resources_key: str = "resources"
     cluster_key: str = "cluster"
@@ -83,14 +84,14 @@ class SlurmLauncherConf:
 @dataclass
 class ValidatingSweeperConf:
     _target_: str = "hydra_plugins.hpc_llm_launchers.hpc_llm_plugins.ValidatingSweeper"
-    max_batch_size: Optional[int] = None
-    params: Optional[dict[str, str]] = field(default=None)
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = field(default=None)
     # Dotted path of callable(job_cfg, run_dir) run on every job of the sweep
     # before any directory is created; raise to stop the sweep.
-    validate: Optional[str] = None
+    validate: str | None = None
     # Dotted path of callable([(job_cfg, what validate returned, label)]) run once on the whole
     # sweep after every job is valid, before anything is created; raise to stop the sweep.
-    check: Optional[str] = None
+    check: str | None = None
 
 
 #: hydra-submitit-launcher's option names, which users bring by habit, and where

@@ -1,5 +1,8 @@
-"""A run's checkpoints in an S3 store: the in-job half of the ``uri`` backend (boto3, via
-:mod:`hpc_llm.job.rank.object_store`).
+"""A run's checkpoints in an S3 store, rank side (boto3, via :mod:`hpc_llm.job.rank.object_store`):
+the in-job half of the ``uri`` checkpoint backend (:mod:`hpc_llm.builtin.checkpoint`), and what
+the ranks' remote saves and the stop path call (:mod:`hpc_llm.job.rank.remote_saves`,
+:mod:`hpc_llm.job.rank.preemption_callback`). It lives on the rank side, not with the plugin:
+core code never imports a built-in plugin, and the plugin imports this.
 
 What Composer 0.32 leaves to us with a remote ``save_folder`` (docs/design.md, "Object
 stores, verified"), for ``s3://``:
