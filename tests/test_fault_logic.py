@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hpc_llm.job import failures, heartbeat
+from hpc_llm.job import failures, heartbeat, messages
 from hpc_llm.job.supervisor import hang_watch, policy, slurm_job
 from hpc_llm.job.supervisor import loop as supervisor
 from hpc_llm.rundir.record import Attempt, Attempts
@@ -539,7 +539,7 @@ def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, mo
     real_send = sup.fleet.send
 
     def send(node, msg):
-        if msg.get("t") == "signal":
+        if isinstance(msg, messages.Signal):
             order.append("forward")
         real_send(node, msg)
 

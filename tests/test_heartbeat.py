@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_llm.job import heartbeat, wire
-from hpc_llm.job.supervisor.fleet import Fleet
+from hpc_llm.job import heartbeat, messages
+from hpc_llm.job.supervisor.fleet import Dead, Fleet, FleetEvent, Joined, Suspect
 from hpc_llm.rundir.layout import RunDir
 
 NODES, PER_NODE = 64, 8
@@ -226,8 +226,7 @@ def _fleet_of_agents(port: int, agents: int, periods: int, report: int, hold: in
     for n in range(agents):
         s = socket.create_connection(("127.0.0.1", port))
         s.sendall(
-            wire.encode({"t": "hello", "token": "tok", "node": node(n), "node_id": n, "pid": n, "probe_port": 1})
-            + wire.encode({"t": "warm"})
+            messages.encode(messages.Hello("tok", node(n), n, n, "127.0.0.1", 1)) + messages.encode(messages.Warm())
         )
         socks.append(s)
     stop = threading.Event()
@@ -246,13 +245,10 @@ def _fleet_of_agents(port: int, agents: int, periods: int, report: int, hold: in
     for period in range(periods):
         t0 = time.monotonic()
         for n, s in enumerate(socks):
-            ranks = [
-                {"rank": n * 8 + r, "seq": period + 1, "batch": period, "phase": "train", "pid": r, "gen": 0}
-                for r in range(8)
-            ]
+            ranks = tuple(messages.RankBeat(n * 8 + r, period + 1, period, "train", r, 0) for r in range(8))
             with contextlib.suppress(BlockingIOError):
                 s.setblocking(True)
-                s.sendall(wire.encode({"t": "beat", "seq": period + 1, "ranks": ranks}))
+                s.sendall(messages.encode(messages.Beat(period + 1, ranks)))
                 s.setblocking(False)
         took = time.monotonic() - t0
         longest = max(longest, took)
@@ -290,8 +286,10 @@ def test_a_fleet_of_2048_agents_beating_every_second_raises_no_false_suspicion(t
         events = fleet.events()
         if not longest < 2.0:
             pytest.skip(f"this machine could not send 2,048 agents' beats in time (a period took {longest:.1f} s)")
-        assert not [e for e in events if e["t"] in ("suspect", "dead")], [e for e in events if e["t"] != "hello"][:5]
-        assert sum(e["t"] == "hello" for e in events) == agents
+        assert not [e for e in events if isinstance(e, Suspect | Dead)], [
+            e for e in events if not isinstance(e, Joined)
+        ][:5]
+        assert sum(isinstance(e, Joined) for e in events) == agents
         beats = fleet.beats()
         assert len(beats) == agents * 8 and {b.seq for b in beats.values()} == {periods}
         assert all(a.state == "warm" and a.last_ping > 0 for a in fleet.view().values())
@@ -315,23 +313,21 @@ def test_an_agent_that_says_hello_and_goes_at_once_is_probed_and_the_fleet_serve
     try:
         for n in range(20):  # hello, warm, then gone before the fleet reads a byte
             s = socket.create_connection(("127.0.0.1", fleet.port))
-            hello = {"t": "hello", "token": "tok", "node": node(n), "node_id": n, "pid": n, "probe_port": refusing}
-            s.sendall(wire.encode(hello) + wire.encode({"t": "warm"}))
+            hello = messages.Hello("tok", node(n), n, n, "127.0.0.1", refusing)
+            s.sendall(messages.encode(hello) + messages.encode(messages.Warm()))
             s.close()
         late = socket.create_connection(("127.0.0.1", fleet.port))
-        late.sendall(
-            wire.encode({"t": "hello", "token": "tok", "node": "late", "node_id": 99, "pid": 1, "probe_port": 1})
-        )
+        late.sendall(messages.encode(messages.Hello("tok", "late", 99, 1, "127.0.0.1", 1)))
         deadline = time.monotonic() + 10
-        events: list[dict] = []
+        events: list[FleetEvent] = []
         while time.monotonic() < deadline and (
-            sum(e["t"] == "dead" for e in events) < 20 or not fleet.view().get("late")
+            sum(isinstance(e, Dead) for e in events) < 20 or not fleet.view().get("late")
         ):
             events += fleet.events()
             time.sleep(0.05)
         assert fleet._thread.is_alive()
-        assert {e["node"] for e in events if e["t"] == "dead"} == {node(n) for n in range(20)}, events[:5]
-        assert fleet.view()["late"].alive and "late" not in {e["node"] for e in events if e["t"] in ("suspect", "dead")}
+        assert {e.node for e in events if isinstance(e, Dead)} == {node(n) for n in range(20)}, events[:5]
+        assert fleet.view()["late"].alive and "late" not in {e.node for e in events if isinstance(e, Suspect | Dead)}
         late.close()
     finally:
         fleet.close()

@@ -143,6 +143,7 @@ CONTROL_PLANE_MODULES = (
     "hpc_llm.job.agent.forker",
     "hpc_llm.job.agent.warm",
     "hpc_llm.job.wire",
+    "hpc_llm.job.messages",
     "hpc_llm.job.heartbeat",
     "hpc_llm.job.env",
     "hpc_llm.job.failures",

@@ -1,41 +1,25 @@
-"""The supervisor and the agents, over TCP: one JSON object per line.
+"""The supervisor and the agents, over TCP: one JSON object per line, on one connection per node.
 
 Each agent (:mod:`hpc_llm.job.agent`) connects to the supervisor
-(:mod:`hpc_llm.job.supervisor`) once per allocation and keeps the connection.
-Every message is a JSON object with a type ``t``, one per line:
+(:mod:`hpc_llm.job.supervisor`) once per allocation and keeps the connection; the messages it
+carries are the types of :mod:`hpc_llm.job.messages`. This module is the transport: a
+non-blocking :class:`Conn` for a ``selectors`` loop (both sides are single ``select`` loops)
+with a bounded input buffer, the listening and connecting sockets, and the environment the
+supervisor gives the agent step.
 
-=========  ==========================  =====================================================
-type       from                        what
-=========  ==========================  =====================================================
-hello      agent, first                token, node, node id, pid, probe port, address
-warm       agent                       the training stack is imported: generations start now
-beat       agent, every period         its ranks' heartbeats (rank, seq, batch, phase, pid)
-exit       agent                       a rank of a generation ended: its exit code or signal
-stopped    agent                       every rank of a generation it was told to kill is gone
-bye        agent, last                 the agent ends on purpose (and why: a bug, not the node)
-ping       supervisor, every period    its monotonic send time: the agent's lease runs from it
-start      supervisor                  start generation G: node rank, layout, rendezvous, env
-signal     supervisor                  pass a stop signal to the ranks of generation G
-kill       supervisor                  end generation G now (SIGKILL to each rank's group)
-end        supervisor                  the allocation is done: clean up and exit
-probe      supervisor, own connection  are you there? (answered ``pong``)
-=========  ==========================  =====================================================
-
-Why not a library: the supervisor must stay stdlib-only on the batch host (no
-training stack, nothing to install there), and the protocol is a dozen short
-messages on one connection per node; a line of JSON per message is what
-``nc`` and a person reading a capture understand. :class:`Conn` is a
-non-blocking connection for a ``selectors`` loop (both sides are single
-``select`` loops), with a bounded input buffer. Stdlib only.
+Why not a library: the supervisor must stay stdlib-only on the batch host (no training stack,
+nothing to install there), and the protocol is a dozen short messages on one connection per
+node; a line of JSON per message is what ``nc`` and a person reading a capture understand.
+Stdlib only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 from pathlib import Path
-from typing import Any
+
+from hpc_llm.job.messages import Message, decode, encode
 
 #: a line longer than this is not ours: the connection is closed
 MAX_LINE = 1 << 20
@@ -87,10 +71,6 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
-def encode(msg: dict[str, Any]) -> bytes:
-    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
-
-
 class Conn:
     """One end of a connection: messages queued by :meth:`send` and written as the socket
     takes them; :meth:`receive` returns the complete messages read so far."""
@@ -109,7 +89,7 @@ class Conn:
     def wants_write(self) -> bool:
         return bool(self._out) and not self.closed
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Message) -> None:
         if self.closed:
             return
         self._out += encode(msg)
@@ -126,9 +106,10 @@ class Conn:
                 return
             del self._out[:n]
 
-    def receive(self) -> list[dict[str, Any]]:
+    def receive(self) -> list[Message]:
         """The messages that arrived (call when the socket is readable); an EOF or error
-        closes the connection (``closed``), after what was read before it."""
+        closes the connection (``closed``), after what was read before it. A line that is no
+        message (:func:`hpc_llm.job.messages.decode`) is dropped."""
         while not self.closed:
             try:
                 chunk = self.sock.recv(65536)
@@ -147,11 +128,8 @@ class Conn:
         while b"\n" in self._in:
             line, _, rest = bytes(self._in).partition(b"\n")
             self._in = bytearray(rest)
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(msg, dict):
+            msg = decode(line)
+            if msg is not None:
                 out.append(msg)
         return out
 

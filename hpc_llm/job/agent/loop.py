@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import heartbeat, wire
+from hpc_llm.job import heartbeat, messages, wire
 from hpc_llm.job.agent import forker, warm
 from hpc_llm.job.agent.forker import RankProc
 from hpc_llm.job.env import FORKED_AT, JobEnv
@@ -113,21 +113,20 @@ class Agent:
         self.conn = conn
         self.sel.register(self.conn, selectors.EVENT_READ, "supervisor")
         self.conn.send(
-            {
-                "t": "hello",
-                "token": self.token,
-                "node": self.node,
-                "node_id": self.node_id,
-                "pid": os.getpid(),
-                "addr": self.conn.sock.getsockname()[0],
-                "probe_port": self.listener.getsockname()[1],
-            }
+            messages.Hello(
+                token=self.token,
+                node=self.node,
+                node_id=self.node_id,
+                pid=os.getpid(),
+                addr=self.conn.sock.getsockname()[0],
+                probe_port=self.listener.getsockname()[1],
+            )
         )
         self.payload, took = warm.warm(self.payload_path)
         log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, warm.describe(self.payload))
         if stale := heartbeat.remove_stale_boards(board_file().parent):
             log.info("hpc_llm agent on %s: removed %d board file(s) of agents gone", self.node, len(stale))
-        self.conn.send({"t": "warm", "import_s": round(took, 3)})
+        self.conn.send(messages.Warm(import_s=round(took, 3)))
         self.heard = time.monotonic()
         return self._loop()
 
@@ -204,8 +203,8 @@ class Agent:
             probe = found[0]
             msgs = probe.receive()
             for msg in msgs:
-                if msg.get("t") == "probe" and msg.get("token") == self.token:
-                    probe.send({"t": "pong", "node": self.node, "gen": self.gen})
+                if isinstance(msg, messages.Probe) and msg.token == self.token:
+                    probe.send(messages.Pong(self.node, self.gen))
             if msgs or probe.closed:
                 self._drop_probe(key.fd)
         elif what == "wake":
@@ -225,27 +224,27 @@ class Agent:
                 self._drop_probe(fd)
 
     # -- commands from the supervisor ------------------------------------------------
-    def _command(self, msg: dict[str, Any]) -> None:
-        kind = msg.get("t")
-        if kind == "ping":
-            self._renew()
-        elif kind == "port":
-            self._send({"t": "port", "gen": msg.get("gen"), "port": free_port()})
-        elif kind == "start":
-            self._start(msg)
-        elif kind == "signal":
-            self._signal(int(msg["gen"]), str(msg["signal"]))
-        elif kind == "kill":
-            self._kill(int(msg["gen"]))
-        elif kind == "end":
-            self._end()
+    def _command(self, msg: messages.Message) -> None:
+        match msg:
+            case messages.Ping():
+                self._renew()
+            case messages.FindPort(gen=gen):
+                self._send(messages.PortFound(gen, free_port()))
+            case messages.Start():
+                self._start(msg)
+            case messages.Signal(gen=gen, signal=name):
+                self._signal(gen, name)
+            case messages.Kill(gen=gen):
+                self._kill(gen)
+            case messages.End():
+                self._end()
 
     def _renew(self) -> None:
         if self.board is not None and self.live is not None:
             self.board.set_fence(self.live, time.monotonic() + self.lease_s)
 
-    def _start(self, msg: dict[str, Any]) -> None:
-        gen, node_rank, per_node = int(msg["gen"]), int(msg["node_rank"]), int(msg["tasks_per_node"])
+    def _start(self, msg: messages.Start) -> None:
+        gen, node_rank, per_node = msg.gen, msg.node_rank, msg.tasks_per_node
         warm.check_fork_safe()
         if self.board is None or self.board.slots < per_node:
             if self.board is not None:
@@ -254,7 +253,7 @@ class Agent:
         self.gen = self.live = gen
         self.stalled = False
         self.board.set_fence(gen, time.monotonic() + self.lease_s)
-        base = dict(msg.get("env") or {})
+        base = dict(msg.env)
         scratch = warm.scratch_dir(self.payload, self.run_dir, self.job_id, node_rank)
         if scratch is not None:
             self.scratch.add(scratch)
@@ -278,7 +277,7 @@ class Agent:
                 close_fds=close,
             )
             self.ranks[pid] = RankProc(gen, rank, local, pid)
-        self._send({"t": "started", "gen": gen, "pids": {str(p.rank): p.pid for p in self._of(gen)}})
+        self._send(messages.Started(gen, {p.rank: p.pid for p in self._of(gen)}))
 
     def _of(self, gen: int) -> list[RankProc]:
         return [p for p in self.ranks.values() if p.gen == gen]
@@ -306,12 +305,12 @@ class Agent:
             alive = [p for p in self._of(gen) if p.alive]
             if not alive or now - began > KILL_WAIT_S:
                 del self.killing[gen]
-                self._send({"t": "stopped", "gen": gen, "unreaped": [p.rank for p in alive]})
+                self._send(messages.Stopped(gen, tuple(p.rank for p in alive)))
 
     def _end(self) -> None:
         for gen in {p.gen for p in self.ranks.values() if p.alive}:
             self._kill(gen)
-        self._send({"t": "bye", "why": "ended"})
+        self._send(messages.Bye("ended"))
         self.done = True
 
     # -- what happens on its own ---------------------------------------------------
@@ -327,7 +326,7 @@ class Agent:
                     if p.alive:
                         p.killed = True
                         forker.kill_group(p.pid)
-                self._send({"t": "bye", "why": signal.Signals(sig).name})
+                self._send(messages.Bye(signal.Signals(sig).name))
                 self.done = True
 
     def _reap(self) -> None:
@@ -341,21 +340,11 @@ class Agent:
             p = self.ranks.get(pid)
             if p is None:
                 continue
-            p.status = os.waitstatus_to_exitcode(status)
+            p.status = code = os.waitstatus_to_exitcode(status)
             forker.kill_group(pid)  # whatever the rank started dies with it
             if self.board is not None and p.gen == self.gen:
                 self.board.clear(p.local_rank)  # an ended rank beats no more
-            self._send(
-                {
-                    "t": "exit",
-                    "gen": p.gen,
-                    "rank": p.rank,
-                    "node": self.node,
-                    "status": p.status,
-                    "what": forker.describe_status(p.status),
-                    "killed": p.killed,
-                }
-            )
+            self._send(messages.Exit(p.gen, p.rank, self.node, code, forker.describe_status(code), p.killed))
 
     def _stalled(self, gap: float) -> None:
         """The loop did not run for ``gap`` s, longer than the lease: the node was frozen or starved,
@@ -366,7 +355,7 @@ class Agent:
         self.stalled = True  # the node's file is left as it was: another generation may run elsewhere
         if self.gen is not None:
             self._kill(self.gen)
-            self._send({"t": "stalled", "gen": self.gen, "gap_s": round(gap, 3)})
+            self._send(messages.Stalled(self.gen, round(gap, 3)))
 
     def _supervisor_lost(self) -> None:
         if self.conn is None:
@@ -507,7 +496,7 @@ class Agent:
 
     def _beat(self) -> None:
         self._seq += 1
-        beats = []
+        beats: list[messages.RankBeat] = []
         slots: list[heartbeat.Beat | None] = []
         if self.board is not None:
             for local in range(self.board.slots):
@@ -517,12 +506,12 @@ class Agent:
                     continue
                 gen, rank, seq, batch, pid, ph = got
                 slots.append(heartbeat.Beat(rank, seq, batch, self.node, pid, ph, gen))
-                beats.append({"rank": rank, "seq": seq, "batch": batch, "phase": ph, "pid": pid, "gen": gen})
+                beats.append(messages.RankBeat(rank, seq, batch, ph, pid, gen))
         if any(slots) and not self.stalled:
             self.file.write(slots)
-        self._send({"t": "beat", "seq": self._seq, "ranks": beats})
+        self._send(messages.Beat(self._seq, tuple(beats)))
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: messages.Message) -> None:
         if self.conn is not None:
             self.conn.send(msg)
             if self.conn.closed:
@@ -555,10 +544,10 @@ def board_file() -> Path:
     return base / f"{heartbeat.BOARD_PREFIX}{os.getpid()}"
 
 
-def rank_env(msg: dict[str, Any], rank: int, local_rank: int, node_rank: int) -> dict[str, str]:
+def rank_env(msg: messages.Start, rank: int, local_rank: int, node_rank: int) -> dict[str, str]:
     """What srun gives task ``rank`` of a step of ``nnodes`` x ``tasks_per_node`` tasks, plus the
     rendezvous: every rank reads them through JobEnv, as it did as an srun task."""
-    per_node, nnodes = int(msg["tasks_per_node"]), int(msg["nnodes"])
+    per_node, nnodes = msg.tasks_per_node, msg.nnodes
     world = per_node * nnodes
     layout = f"{per_node}(x{nnodes})" if nnodes > 1 else str(per_node)
     return {
@@ -571,8 +560,8 @@ def rank_env(msg: dict[str, Any], rank: int, local_rank: int, node_rank: int) ->
         "SLURM_NNODES": str(nnodes),
         "SLURM_STEP_TASKS_PER_NODE": layout,
         "SLURM_TASKS_PER_NODE": layout,
-        "MASTER_ADDR": str(msg["master_addr"]),
-        "MASTER_PORT": str(msg["master_port"]),
+        "MASTER_ADDR": msg.master_addr,
+        "MASTER_PORT": str(msg.master_port),
     }
 
 
@@ -649,7 +638,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug of the agent, not a dead node: say so before going
         log.error("hpc_llm agent failed:\n%s", traceback.format_exc())
         if agent.conn is not None:
-            agent.conn.send({"t": "bye", "why": f"agent error: {type(exc).__name__}: {exc}"})
+            agent.conn.send(messages.Bye(f"agent error: {type(exc).__name__}: {exc}"))
             agent.conn.flush()
         for p in agent.ranks.values():
             if p.alive:

@@ -37,14 +37,73 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
 
-from hpc_llm.job import heartbeat, wire
+from hpc_llm.job import heartbeat, messages, wire
 
-#: what an agent is, as the supervisor knows it
 log = logging.getLogger("hpc_llm.supervisor")
 
-IMPORTING, WARM, SUSPECT, DEAD, GONE = "importing", "warm", "suspect", "dead", "gone"
+
+class AgentState(str, Enum):
+    """What an agent is, as the supervisor knows it."""
+
+    IMPORTING = "importing"
+    WARM = "warm"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    GONE = "gone"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+IMPORTING, WARM, SUSPECT, DEAD, GONE = AgentState
+
+
+# -- what the fleet tells the supervisor's main loop (its own events, not wire messages) ---------
+
+
+@dataclass(frozen=True)
+class Joined:
+    """An agent said hello with the allocation's token."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A message from an agent that needs the main loop (warm, port, started, exit, stopped,
+    stalled, bye); beats are kept in the fleet's view instead."""
+
+    node: str
+    msg: messages.Message
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """An agent went silent or its connection dropped: it is being probed."""
+
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """A suspect agent answered its probe: alive."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Dead:
+    """A suspect agent's probe failed: its node is dead; its lease ends ``lease_left_s`` from now."""
+
+    node: str
+    why: str
+    lease_left_s: float
+
+
+FleetEvent = Joined | Heard | Suspect | Cleared | Dead
 
 
 @dataclass
@@ -55,7 +114,7 @@ class AgentView:
     addr: str
     probe_port: int
     conn: wire.Conn
-    state: str = IMPORTING
+    state: AgentState = IMPORTING
     last_heard: float = field(default_factory=time.monotonic)
     last_ping: float = 0.0
     import_s: float | None = None
@@ -102,7 +161,7 @@ class Fleet:
         self.agents: dict[str, AgentView] = {}
         self._pending: dict[int, wire.Conn] = {}
         self._probes: dict[int, _Probe] = {}
-        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._events: queue.Queue[FleetEvent] = queue.Queue()
         self._lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
@@ -129,9 +188,9 @@ class Fleet:
             self.longest_stall = 0.0
         return out
 
-    def events(self, timeout: float = 0.0) -> list[dict[str, Any]]:
+    def events(self, timeout: float = 0.0) -> list[FleetEvent]:
         """What happened since the last call (waits up to ``timeout`` for the first)."""
-        out = []
+        out: list[FleetEvent] = []
         try:
             out.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
             while True:
@@ -140,7 +199,7 @@ class Fleet:
             pass
         return out
 
-    def send(self, node: str, msg: dict[str, Any]) -> None:
+    def send(self, node: str, msg: messages.Message) -> None:
         with self._lock:
             a = self.agents.get(node)
             if a is not None and a.alive:
@@ -198,7 +257,7 @@ class Fleet:
                     next_ping = now + self.beat_s
                     for a in self.agents.values():
                         if a.state in (IMPORTING, WARM):
-                            a.conn.send({"t": "ping"})
+                            a.conn.send(messages.Ping())
                             a.last_ping = now
                 for a in self.agents.values():
                     if a.conn.wants_write:
@@ -248,26 +307,31 @@ class Fleet:
             return
         self._pending.pop(fd, None)
         self._sel.unregister(c)
-        hello = msgs[0] if msgs else {}
-        if hello.get("t") != "hello" or hello.get("token") != self.token:
+        hello = msgs[0] if msgs else None
+        if not isinstance(hello, messages.Hello) or hello.token != self.token:
             c.close()
             return
-        node = str(hello["node"])
+        if hello.v != messages.VERSION:
+            # an agent of another hpc_llm (an image built from an older one) would misread us
+            log.error(
+                "hpc_llm supervisor: the agent on %s speaks wire version %s, this supervisor %s: refused",
+                hello.node,
+                hello.v,
+                messages.VERSION,
+            )
+            c.close()
+            return
+        node = hello.node
         old = self.agents.get(node)
         if old is not None and old.alive:
             # a second agent for one node is a mistake of the launch: keep the first
             c.close()
             return
         a = AgentView(
-            node=node,
-            node_id=int(hello.get("node_id", 0)),
-            pid=int(hello.get("pid", 0)),
-            addr=str(hello.get("addr", "")),
-            probe_port=int(hello.get("probe_port", 0)),
-            conn=c,
+            node=node, node_id=hello.node_id, pid=hello.pid, addr=hello.addr, probe_port=hello.probe_port, conn=c
         )
         self.agents[node] = a
-        self._events.put({"t": "hello", "node": node})
+        self._events.put(Joined(node))
         for msg in msgs[1:]:
             self._message(a, msg)
         if c.closed:
@@ -296,31 +360,21 @@ class Fleet:
             # dropped without a word: suspect at once, and ask it on a connection of its own
             self._suspect(a, "its connection dropped", time.monotonic())
 
-    def _message(self, a: AgentView, msg: dict[str, Any]) -> None:
-        kind = msg.get("t")
-        if kind == "beat":
-            for b in msg.get("ranks") or []:
-                beat = heartbeat.Beat(
-                    int(b["rank"]),
-                    int(b["seq"]),
-                    int(b["batch"]),
-                    a.node,
-                    int(b["pid"]),
-                    str(b["phase"]),
-                    int(b["gen"]),
-                )
-                a.beats[beat.rank] = beat
+    def _message(self, a: AgentView, msg: messages.Message) -> None:
+        if isinstance(msg, messages.Beat):
+            for b in msg.ranks:
+                a.beats[b.rank] = heartbeat.Beat(b.rank, b.seq, b.batch, a.node, b.pid, b.phase, b.gen)
             if a.state == SUSPECT and not a.conn.closed:
                 self._cleared(a)
             return
-        if kind == "warm":
-            a.state, a.import_s = WARM, msg.get("import_s")
-        elif kind == "bye":
-            a.state, a.why = GONE, str(msg.get("why") or "ended")
+        if isinstance(msg, messages.Warm):
+            a.state, a.import_s = WARM, msg.import_s
+        elif isinstance(msg, messages.Bye):
+            a.state, a.why = GONE, msg.why
             with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(a.conn)
             a.conn.close()
-        self._events.put({**msg, "node": a.node})
+        self._events.put(Heard(a.node, msg))
 
     def _judge(self, now: float) -> None:
         for a in self.agents.values():
@@ -334,7 +388,7 @@ class Fleet:
         if a.state == SUSPECT:
             return
         a.state, a.why, a.suspect_since = SUSPECT, why, now
-        self._events.put({"t": "suspect", "node": a.node, "why": why})
+        self._events.put(Suspect(a.node, why))
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         err = sock.connect_ex((a.addr or "127.0.0.1", a.probe_port))
@@ -356,7 +410,7 @@ class Fleet:
                 self._probe_done(fd, f"its probe port refused ({errno.errorcode.get(err, err)})")
                 return
             with contextlib.suppress(OSError):
-                p.sock.send(wire.encode({"t": "probe", "token": self.token}))
+                p.sock.send(messages.encode(messages.Probe(self.token)))
             p.sent = True
             self._sel.modify(p.sock, selectors.EVENT_READ, ("probe", p.node))
             return
@@ -367,7 +421,7 @@ class Fleet:
         except OSError:
             chunk = b""
         p.buf += chunk
-        if b"pong" in p.buf:
+        if any(isinstance(messages.decode(line), messages.Pong) for line in p.buf.split(b"\n")[:-1]):
             self._probe_done(fd, "answered")
         elif not chunk:
             self._probe_done(fd, "its probe connection closed unanswered")
@@ -393,7 +447,7 @@ class Fleet:
     def _cleared(self, a: AgentView) -> None:
         a.state, a.why, a.suspect_since = WARM, None, None
         a.last_heard = time.monotonic()
-        self._events.put({"t": "cleared", "node": a.node})
+        self._events.put(Cleared(a.node))
 
     def _dead(self, a: AgentView, why: str) -> None:
         a.state, a.why = DEAD, why
@@ -402,6 +456,4 @@ class Fleet:
         a.conn.close()
         # no ping has gone to it since it became suspect: its lease ends lease_s after the last one
         lease_ends = a.last_ping + self.lease_s
-        self._events.put(
-            {"t": "dead", "node": a.node, "why": why, "lease_left_s": max(0.0, lease_ends - time.monotonic())}
-        )
+        self._events.put(Dead(a.node, why, max(0.0, lease_ends - time.monotonic())))

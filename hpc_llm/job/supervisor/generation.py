@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from hpc_llm.job import messages
 from hpc_llm.job.failures import TaskError
 
 
@@ -93,17 +93,15 @@ class Generation:
     def all_started(self) -> bool:
         return set(self.layout) <= self.started
 
-    def on_started(self, node: str, pids: dict[str, Any]) -> None:
+    def on_started(self, node: str, pids: dict[int, int]) -> None:
         self.started.add(node)
-        self.pids.update({int(r): int(p) for r, p in pids.items()})
+        self.pids.update(pids)
 
-    def on_exit(self, msg: dict[str, Any]) -> RankExit | None:
-        rank = int(msg["rank"])
+    def on_exit(self, msg: messages.Exit) -> RankExit | None:
+        rank = msg.rank
         if rank not in self.expected or rank in self.exits:
             return None
-        e = RankExit(
-            rank, str(msg["node"]), msg.get("status"), str(msg.get("what") or ""), bool(msg.get("killed")), time.time()
-        )
+        e = RankExit(rank, msg.node, msg.status, msg.what, msg.killed, time.time())
         self.exits[rank] = e
         return e
 

@@ -49,11 +49,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job import failures, heartbeat, wire
+from hpc_llm.job import failures, heartbeat, messages, wire
 from hpc_llm.job.env import JobEnv
 from hpc_llm.job.supervisor import lost, policy, slurm_job
 from hpc_llm.job.supervisor.agent_step import Step, for_nodes, rendered_nodes
-from hpc_llm.job.supervisor.fleet import Fleet
+from hpc_llm.job.supervisor.fleet import Cleared, Dead, Fleet, FleetEvent, Heard, Suspect
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.options import Policy, parse_args
@@ -110,7 +110,7 @@ class Supervisor:
         #: nodes of this allocation a swap left out (their places taken by spares): never used again here
         self.left_out: set[str] = set()
         #: fleet events read while waiting for something else, for the generation's loop
-        self._held: list[dict[str, Any]] = []
+        self._held: list[FleetEvent] = []
 
     def _lead(self, attempts: Attempts) -> float:
         """How long before the time limit to stop: twice the longest save measured so far (a
@@ -237,7 +237,7 @@ class Supervisor:
         if self.fleet is not None:
             for node, a in self.fleet.view().items():
                 if a.alive:
-                    self.fleet.send(node, {"t": "end"})
+                    self.fleet.send(node, messages.End())
         step, self.agent_step = self.agent_step, None
         if step is not None and step.running and step.wait(timeout=END_WAIT_S) is None:
             step.kill()
@@ -284,16 +284,17 @@ class Supervisor:
         view = self.fleet.view()
         self.layout = next_layout(self.layout, self._warm_nodes(), self.policy.nodes)
         master = self.layout[0]
-        self.fleet.send(master, {"t": "port", "gen": self.step})
+        self.fleet.send(master, messages.FindPort(self.step))
         port = None
         deadline = time.monotonic() + PORT_WAIT_S
-        held: list[dict[str, Any]] = []
+        held: list[FleetEvent] = []
         while port is None and time.monotonic() < deadline:
             for ev in self.fleet.events(timeout=0.05):
-                if ev.get("t") == "port" and ev.get("gen") == self.step:
-                    port = int(ev["port"])
-                else:
-                    held.append(ev)
+                match ev:
+                    case Heard(msg=messages.PortFound(gen=self.step, port=found)):
+                        port = found
+                    case _:
+                        held.append(ev)
         self._held = held
         gen = Generation(self.step, {n: i for i, n in enumerate(self.layout)}, self.policy.tasks_per_node)
         env = JobEnv.current().for_step(
@@ -303,16 +304,15 @@ class Supervisor:
         for node_rank, node in enumerate(self.layout):
             self.fleet.send(
                 node,
-                {
-                    "t": "start",
-                    "gen": self.step,
-                    "node_rank": node_rank,
-                    "nnodes": len(self.layout),
-                    "tasks_per_node": self.policy.tasks_per_node,
-                    "master_addr": view[master].addr,
-                    "master_port": port or slurm_port(self.job.job_id, self.job.restart, self.step),
-                    "env": ours,
-                },
+                messages.Start(
+                    gen=self.step,
+                    node_rank=node_rank,
+                    nnodes=len(self.layout),
+                    tasks_per_node=self.policy.tasks_per_node,
+                    master_addr=view[master].addr,
+                    master_port=port or slurm_port(self.job.job_id, self.job.restart, self.step),
+                    env=ours,
+                ),
             )
         log.info(
             "hpc_llm supervisor: generation %d on %s (rendezvous %s:%s)",
@@ -450,7 +450,7 @@ class Supervisor:
                         f"; {self.job.end - time.time():.0f} s before the end time" if self.job.end else "",
                     )
                     for node in gen.layout:
-                        self.fleet.send(node, {"t": "signal", "gen": gen.gen, "signal": pending[0]})
+                        self.fleet.send(node, messages.Signal(gen.gen, pending[0]))
             if self._terminated and not end.terminated:
                 end.terminated = True
                 end.detected_at = end.detected_at or time.time()
@@ -492,38 +492,40 @@ class Supervisor:
         end.top_batch, end.heartbeat_train_s = watch.top_batch, watch.train_s
         return end
 
-    def _before_start(self, ev: dict[str, Any], end: GenerationEnd) -> None:
-        kind, node = ev.get("t"), str(ev.get("node"))
-        if kind == "dead":
-            end.dead_nodes[node] = str(ev.get("why"))
-            end.detected_at = end.detected_at or time.time()
-            log.error("hpc_llm supervisor: node %s is dead: %s", node, ev.get("why"))
-        elif kind == "bye" and ev.get("why") != "ended":
-            end.agent_errors[node] = str(ev.get("why"))
-            end.detected_at = end.detected_at or time.time()
-            log.error("hpc_llm supervisor: the agent on %s ended: %s", node, ev.get("why"))
+    def _before_start(self, ev: FleetEvent, end: GenerationEnd) -> None:
+        match ev:
+            case Dead(node=node, why=why):
+                end.dead_nodes[node] = why
+                end.detected_at = end.detected_at or time.time()
+                log.error("hpc_llm supervisor: node %s is dead: %s", node, why)
+            case Heard(node=node, msg=messages.Bye(why=why) as bye) if not bye.on_purpose:
+                end.agent_errors[node] = why
+                end.detected_at = end.detected_at or time.time()
+                log.error("hpc_llm supervisor: the agent on %s ended: %s", node, why)
 
-    def _during(self, ev: dict[str, Any], gen: Generation, end: GenerationEnd) -> None:
-        kind, node = ev.get("t"), str(ev.get("node"))
-        if kind in ("dead", "bye") and node in gen.layout:
-            self._before_start(ev, end)
-            if node in end.dead_nodes or node in end.agent_errors:
-                gen.lose(node, end.dead_nodes.get(node) or end.agent_errors[node])
-        elif kind == "started" and ev.get("gen") == gen.gen:
-            gen.on_started(node, ev.get("pids") or {})
-        elif kind == "exit" and ev.get("gen") == gen.gen:
-            e = gen.on_exit(ev)
-            if e is not None and not e.killed and e.status not in (0, None):
-                end.detected_at = end.detected_at or e.at
-                log.error("hpc_llm supervisor: rank %d on %s: %s", e.rank, e.node, e.what)
-        elif kind == "stopped" and ev.get("gen") == gen.gen:
-            gen.stopped.add(node)
-        elif kind == "stalled" and node in gen.layout:
-            # its loop stalled past the lease (a frozen or starved node) and it ended its ranks
-            end.hang = (f"the agent on {node} stalled for {ev.get('gap_s')}s (frozen?)", (node,))
-            end.detected_at = end.detected_at or time.time()
-        elif kind in ("suspect", "cleared"):
-            log.warning("hpc_llm supervisor: node %s %s", node, ev.get("why") or "answered: alive")
+    def _during(self, ev: FleetEvent, gen: Generation, end: GenerationEnd) -> None:
+        match ev:
+            case Dead(node=node) | Heard(node=node, msg=messages.Bye()) if node in gen.layout:
+                self._before_start(ev, end)
+                if node in end.dead_nodes or node in end.agent_errors:
+                    gen.lose(node, end.dead_nodes.get(node) or end.agent_errors[node])
+            case Heard(node=node, msg=messages.Started(gen=gen.gen, pids=pids)):
+                gen.on_started(node, pids)
+            case Heard(msg=messages.Exit(gen=gen.gen) as msg):
+                e = gen.on_exit(msg)
+                if e is not None and not e.killed and e.status not in (0, None):
+                    end.detected_at = end.detected_at or e.at
+                    log.error("hpc_llm supervisor: rank %d on %s: %s", e.rank, e.node, e.what)
+            case Heard(node=node, msg=messages.Stopped(gen=gen.gen)):
+                gen.stopped.add(node)
+            case Heard(node=node, msg=messages.Stalled(gap_s=gap_s)) if node in gen.layout:
+                # its loop stalled past the lease (a frozen or starved node) and it ended its ranks
+                end.hang = (f"the agent on {node} stalled for {gap_s}s (frozen?)", (node,))
+                end.detected_at = end.detected_at or time.time()
+            case Suspect(node=node, why=why):
+                log.warning("hpc_llm supervisor: node %s %s", node, why)
+            case Cleared(node=node):
+                log.warning("hpc_llm supervisor: node %s answered: alive", node)
 
     def _kill(self, gen: Generation, end: GenerationEnd) -> None:
         """End generation ``gen`` now: every agent kills its ranks' process groups."""
@@ -533,7 +535,7 @@ class Supervisor:
         for node in gen.layout:
             if node in end.dead_nodes or node in end.agent_errors:
                 continue
-            self.fleet.send(node, {"t": "kill", "gen": gen.gen})
+            self.fleet.send(node, messages.Kill(gen.gen))
 
     # -- what the end of a generation means ---------------------------------------------
     def decide(self, end: GenerationEnd) -> int | None:
@@ -683,7 +685,7 @@ class Supervisor:
         view = self.fleet.view()
         for node in d.swap_out:
             if node in view and view[node].alive:
-                self.fleet.send(node, {"t": "end"})
+                self.fleet.send(node, messages.End())
         update_results(self.run_dir, attempts, "restarting", {"error": d.reason})
         log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
 
