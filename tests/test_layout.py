@@ -30,6 +30,7 @@ RUN_DIR_NAMES = {
     "results.json",
     "attempts.json",
     "progress.json",
+    "trained.json",
     "provenance.json",
     "git.diff",
     "sbatch.sh",

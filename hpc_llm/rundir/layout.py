@@ -23,6 +23,7 @@ fails on a run-directory name literal anywhere else).
         job.pkl, return.pkl   the payload the ranks run, and rank 0's return value
         attempts.json         every start of the run and how it ended
         progress.json         the live batch counter
+        trained.json          what the run has trained so far (loss history, tokens/s, MFU)
         provenance.json, git.diff
         heartbeat/ failures/  the ranks' beats (one file per node) and failure reports
         code/, array/         the code snapshot and array logs (a sweep dir's)
@@ -126,6 +127,12 @@ class RunDir:
     @property
     def progress(self) -> Path:
         return self.private / "progress.json"
+
+    @property
+    def trained(self) -> Path:
+        """What the run has trained so far: its kept loss history, tokens/s and MFU, written by
+        rank 0 at every checkpoint, as training ends and at every close (hpc_llm.rundir.record)."""
+        return self.private / "trained.json"
 
     @property
     def provenance(self) -> Path:

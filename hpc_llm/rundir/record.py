@@ -13,9 +13,12 @@ progress, and closes the attempt through exactly one of
 (:mod:`hpc_llm.job.supervisor`) decides what happens next and records it
 in the attempts. Both end by writing results.json through
 :func:`update_results`, so the summary of the attempts (restarts by cause,
-goodput) is computed in one place. Files are replaced atomically (temp file +
-rename), so a reader never sees half a record. Pure (login node): no
-training stack.
+goodput) is computed in one place. What the run has trained (the loss history,
+tokens/s, MFU) rank 0 also keeps apart, in ``.hpc_llm/trained.json``, at every
+checkpoint and as training ends (:meth:`RunRecord.trained`): an attempt killed
+after that, before any close of its own, loses none of it. Files are replaced
+atomically (temp file + rename), so a reader never sees half a record. Pure
+(login node): no training stack.
 """
 
 from __future__ import annotations
@@ -373,6 +376,9 @@ def update_results(run_dir: Path | str, attempts: Attempts, status: str, fields_
     """Write results.json: what is there already, ``fields_`` and the summary of ``attempts``."""
     results = read_results(run_dir) or {"schema_version": SCHEMA_VERSION, "error": None}
     results.update(fields_)
+    # what rank 0 kept of the training: an attempt killed after it trained (in the post-train
+    # stage, before its save finished) wrote no results.json of its own
+    fold_trained(results, read_trained(run_dir))
     results.update(attempts.summary())
     results["status"] = status
     results["finished_at"] = time.time()
@@ -404,6 +410,41 @@ def carry_training(results: dict[str, Any], earlier: dict[str, Any], resumed_at:
         for key in CARRIED_FIGURES:
             if results.get(key) is None and earlier.get(key) is not None:
                 results[key] = earlier[key]
+
+
+#: what rank 0 keeps of the training apart from results.json (:func:`read_trained`)
+TRAINING_FIGURES = ("train_loss", "train_loss_first", "train_loss_history", *CARRIED_FIGURES)
+
+
+def read_trained(run_dir: Path | str) -> dict[str, Any] | None:
+    """What the run has trained so far (``.hpc_llm/trained.json``: :data:`TRAINING_FIGURES`),
+    kept by rank 0 at every checkpoint, as training ends and at every close; None before any."""
+    path = RunDir(run_dir).trained
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def kept_training(run_dir: Path | str) -> dict[str, Any]:
+    """The run's training figures so far: rank 0's kept ones, else (a run dir an older hpc_llm
+    began, which kept none) the loss of its results.json."""
+    kept = read_trained(run_dir)
+    return kept if kept is not None else (read_results(run_dir) or {})
+
+
+def fold_trained(results: dict[str, Any], kept: dict[str, Any] | None) -> None:
+    """``results`` (a record the supervisor writes) with the training rank 0 kept: its loss and
+    history (never older than any results.json rank 0 wrote: every close keeps them too), and
+    the throughput where ``results`` has none."""
+    if not kept:
+        return
+    if kept.get("train_loss_history"):
+        for key in ("train_loss", "train_loss_first", "train_loss_history"):
+            results[key] = kept.get(key)
+    for key in CARRIED_FIGURES:
+        if results.get(key) is None and kept.get(key) is not None:
+            results[key] = kept[key]
 
 
 class RunRecord:
@@ -459,6 +500,30 @@ class RunRecord:
             setattr(self.current, key, value)
         self.attempts.save()
 
+    def trained(self, figures: dict[str, Any]) -> dict[str, Any]:
+        """Keep what this attempt has trained so far (``figures``: its loss history, tokens/s,
+        MFU), with the run's earlier attempts' (as a close merges them, :func:`carry_training`).
+        Rank 0 calls it at every checkpoint and as training ends, before the post-train stage:
+        a stop that lands after that (a preemption or time limit in the post-train stage, where
+        no batch boundary is left to stop at, so the ranks are killed before any close; a dead
+        node) goes through no close of rank 0's, and the next close, and the supervisor's record
+        of the stop, find the training here."""
+        figures = {k: figures.get(k) for k in TRAINING_FIGURES}
+        earlier = kept_training(self.run_dir)
+        carry_training(figures, earlier, self.current.resumed_at_batch)
+        return self._keep(figures, earlier)
+
+    def _keep(self, figures: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+        """Write the run's kept training (:func:`read_trained`): ``figures``' loss and history,
+        and the last throughput measured, by this attempt or an earlier one."""
+        kept = {k: figures.get(k) for k in TRAINING_FIGURES}
+        kept["train_loss_history"] = [list(x) for x in kept["train_loss_history"] or []]
+        for key in CARRIED_FIGURES:
+            if kept[key] is None:
+                kept[key] = earlier.get(key)
+        _write_json(RunDir(self.run_dir).trained, kept)
+        return kept
+
     # -- the ways a step ends ---------------------------------------------------
     def completed(self, figures: dict[str, Any], *, batch: int) -> dict[str, Any]:
         """Training (and the post-train stage) finished: ``figures`` are the measurements."""
@@ -504,7 +569,8 @@ class RunRecord:
         if batch is not None:
             a.last_batch = batch
         self.attempts.save()
-        earlier = read_results(self.run_dir) or {}
+        # the training kept so far, not results.json: an attempt killed after training wrote none
+        earlier = kept_training(self.run_dir)
         results = skeleton(self.plan, status)
         results.update(self.info)
         results.update({k: v for k, v in figures.items() if v is not None or k not in results})
@@ -514,4 +580,5 @@ class RunRecord:
         results.update(self.attempts.summary())
         results["finished_at"] = time.time()
         write_results(self.run_dir, results)
+        self._keep(results, earlier)
         return results

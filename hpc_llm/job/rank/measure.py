@@ -61,6 +61,25 @@ def progress_figures(ctx: JobContext) -> dict[str, Any]:
     return out
 
 
+def throughput(ctx: JobContext, *, tokens: int | None = None, train_s: float | None = None) -> dict[str, Any]:
+    """tokens_per_sec and mfu of this attempt's training: Composer's SpeedMonitor, else
+    ``tokens / train_s``. None for an attempt that trained no batch (it resumed at max_duration,
+    after a stop in the post-train stage): the run's tokens over its load time is no throughput,
+    and the record keeps the figures of the attempt that trained (record.carry_training)."""
+    if not ctx.loss_history:
+        return {"tokens_per_sec": None, "mfu": None}
+    tps = ctx.metrics.get("throughput/tokens_per_sec")
+    if tps is None and tokens is not None and train_s:
+        tps = tokens / train_s
+    return {"tokens_per_sec": tps, "mfu": ctx.metrics.get("throughput/device/mfu")}
+
+
+def kept_figures(ctx: JobContext, *, tokens: int | None = None, train_s: float | None = None) -> dict[str, Any]:
+    """What this attempt has trained so far, for the record to keep whatever ends the attempt
+    next (RunRecord.trained): its loss history and throughput. Rank 0 alone; no collective."""
+    return {**progress_figures(ctx), **throughput(ctx, tokens=tokens, train_s=train_s)}
+
+
 def training_figures(ctx: JobContext, trainer: Any, *, train_s: float, job_s: float) -> dict[str, Any]:
     """Throughput, loss, memory and mesh of a finished fit (a collective: call on every rank)."""
     from composer.utils import dist
@@ -68,15 +87,13 @@ def training_figures(ctx: JobContext, trainer: Any, *, train_s: float, job_s: fl
     state = trainer.state
     out = progress_figures(ctx)
     tokens = int(state.timestamp.token)
-    tps = ctx.metrics.get("throughput/tokens_per_sec")
     out.update(
         batches_done=int(state.timestamp.batch),
         tokens_done=tokens,
         train_s=round(train_s, 3),
         fit_s=round(state.timestamp.total_wct.total_seconds(), 3),
         wallclock_s=round(job_s, 3),
-        tokens_per_sec=tps if tps is not None else (tokens / train_s if train_s else None),
-        mfu=ctx.metrics.get("throughput/device/mfu"),
+        **throughput(ctx, tokens=tokens, train_s=train_s),
         watchdog_events=ctx.watchdog_events,
     )
     if ctx.loss_history:

@@ -20,7 +20,7 @@ from composer.loggers import Logger
 from composer.utils import dist, format_name_with_dist
 
 from hpc_llm.job import heartbeat
-from hpc_llm.job.rank import context, disk, fence, preemption
+from hpc_llm.job.rank import context, disk, fence, measure, preemption
 from hpc_llm.job.rank.object_store import STORE_OUTAGE_S
 from hpc_llm.job.rank.remote_saves import NOTHING_PENDING, RemoteSaves
 
@@ -132,6 +132,7 @@ class PreemptionCallback(Callback):
                     self._longest_save = took
                     changes["checkpoint_save_s"] = round(took, 3)
                 self.ctx.record.note(**changes)
+                self._keep_training()
                 if saver.saved_checkpoints:
                     last = Path(saver.saved_checkpoints[-1])  # a sharded save: this rank's shard in its folder
                     warning = disk.room_warning(last.parent if state.fsdp_sharded_state_dict_enabled else last)
@@ -236,6 +237,14 @@ class PreemptionCallback(Callback):
             self._longest_save = took
             changes["checkpoint_save_s"] = round(took, 3)
         self.ctx.record.note(**changes)
+        self._keep_training()
+
+    def _keep_training(self) -> None:
+        """Rank 0 keeps the loss history up to a new checkpoint: an attempt killed before any
+        close of its own (its node dead, a stop that did not save in time) resumes from that
+        checkpoint, and the run's history up to it must outlive the attempt (RunRecord.trained)."""
+        assert self.ctx.record is not None
+        self.ctx.record.trained(measure.kept_figures(self.ctx))
 
 
 def _saver(state: State) -> CheckpointSaver | None:

@@ -31,7 +31,7 @@ from hpc_llm.job import heartbeat
 from hpc_llm.job.env import DistEnv, JobEnv
 from hpc_llm.job.rank import context, fence, preemption, preflight
 from hpc_llm.job.rank.context import JobContext
-from hpc_llm.job.rank.measure import progress_figures, training_figures
+from hpc_llm.job.rank.measure import kept_figures, progress_figures, training_figures
 from hpc_llm.rundir import provenance
 from hpc_llm.rundir.layout import RunDir, job_scratch
 from hpc_llm.rundir.record import RunRecord, run_info
@@ -183,16 +183,23 @@ def train(cfg: DictConfig, job: ResolvedJob, ctx: JobContext) -> tuple[Any, floa
     t0 = time.time()
     with training_done_goes_on(), noting_the_rendezvous(ctx):
         trainer = foundry_train(OmegaConf.create(train_cfg))
-    note_training_end(ctx, trainer)
-    return trainer, time.time() - t0
+    train_s = time.time() - t0
+    note_training_end(ctx, trainer, train_s)
+    return trainer, train_s
 
 
-def note_training_end(ctx: JobContext, trainer: Any) -> None:
+def note_training_end(ctx: JobContext, trainer: Any, train_s: float) -> None:
     """The attempt's record as training ends, before the post-train stage: the final checkpoint
     (Composer's saver writes it in its own fit_end, after hpc_llm's callback has run its, so
     that callback cannot see it) and, for an attempt that found training done, where it
     resumed (no fit ran, so no fit_start noted it). Without them a preemption in the
-    post-train stage looked like an attempt that saved nothing, resumed at batch 0."""
+    post-train stage looked like an attempt that saved nothing, resumed at batch 0.
+
+    And what it trained (the loss history, tokens/s, MFU), kept now: a preemption or time limit
+    in the post-train stage finds no batch boundary to stop at, so the ranks are killed after
+    the grace time and this attempt never reaches a close of its own (nor does one whose node
+    dies there). Kept only at the close, the loss was lost, and a run completed by an attempt
+    that resumed at max_duration said train_loss: null (issue #43)."""
     from composer.callbacks import CheckpointSaver
 
     if ctx.record is None:
@@ -205,6 +212,8 @@ def note_training_end(ctx: JobContext, trainer: Any) -> None:
     if saver is not None and saver.last_checkpoint_batch is not None:
         changes["checkpoint_batch"] = int(saver.last_checkpoint_batch)
     ctx.record.note(**changes)
+    # after the note: the history is merged at the batch this attempt resumed at
+    ctx.record.trained(kept_figures(ctx, tokens=int(trainer.state.timestamp.token), train_s=train_s))
 
 
 @contextlib.contextmanager
