@@ -22,7 +22,7 @@ from tests.conftest import ROOT, explain, results_of, run_app, run_cli
 
 PRETRAIN = ROOT / "tests" / "yamls" / "mpt-tiny-pretrain.yaml"
 FINETUNE = ROOT / "tests" / "yamls" / "llama-tiny-finetune.yaml"
-DOC = ROOT / "docs" / "llmfoundry-yaml.md"
+DOC = ROOT / "docs" / "guides" / "your-yaml.md"
 
 
 def corpus(cache_dir: Path) -> Path:

@@ -1,7 +1,8 @@
-"""Every command in the README is run by a test: docs drift otherwise.
+"""Every command in the README and in docs/ is run by a test: docs drift otherwise.
 
-``COVERED`` maps each command of the README's ```bash blocks (continuations
-joined, comments dropped, whitespace collapsed) to how it is run:
+``COVERED`` maps each command of the ```bash blocks of README.md and of every
+Markdown file under docs/ (the guides above all; continuations joined,
+comments dropped, whitespace collapsed) to how it is run:
 
 - :class:`Run`: this file runs it, placeholders (``<run id>``, ``<date_time>``)
   filled in from what ran before, optional ``[...]`` parts dropped, and the
@@ -11,9 +12,10 @@ joined, comments dropped, whitespace collapsed) to how it is run:
 - :class:`By`: another test runs it (the heavy local training runs, the
   plugin install); the test must exist and its source must hold the command's
   own arguments.
+- :class:`Skip`: run by no test, for the reason it gives (one a reader can check).
 
-A README command missing here, or an entry whose command left the README,
-fails :func:`test_every_readme_command_is_covered`.
+A command of the docs missing here, or an entry whose command left every
+doc, fails :func:`test_every_readme_command_is_covered`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, ROOT, _free_port_block, explain
+from tests.conftest import PY, ROOT, _free_port_block, explain, with_site
+from tests.jobs import beat, paced, wait_for
 
 README = ROOT / "README.md"
+#: the Markdown files whose bash blocks are commands a reader runs
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 QUICK = ["train.max_duration=2ba", "eval=none"]  # appended to training commands: seconds, not minutes
 
 
@@ -48,14 +53,25 @@ class By:
     tokens: tuple[str, ...] = field(default=())
 
 
-def readme_commands() -> list[str]:
-    cmds = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            tokens = shlex.split(line, comments=True)
-            if tokens:
-                cmds.append(" ".join(tokens))
+@dataclass(frozen=True)
+class Skip:
+    reason: str
+
+
+def doc_commands() -> dict[str, str]:
+    """Every command of the docs' bash blocks -> the first doc (relative path) that has it."""
+    cmds: dict[str, str] = {}
+    for doc in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                tokens = shlex.split(line, comments=True)
+                if tokens:
+                    cmds.setdefault(" ".join(tokens), str(doc.relative_to(ROOT)))
     return cmds
+
+
+def readme_commands() -> list[str]:
+    return list(doc_commands())
 
 
 def _program(cmd: str) -> tuple[str, list[str]]:
@@ -68,8 +84,13 @@ def _program(cmd: str) -> tuple[str, list[str]]:
 
 
 SITE_TEST = "tests/test_site_profiles.py::test_the_example_site_profile_carries_the_seeds_fabric"
+#: the README tour's run that a job of the partition high preempts
+PREEMPTED = (
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=1 hydra.launcher.exclusive=true "
+    "train.max_duration=300ba"
+)
 
-COVERED: dict[str, Run | By] = {
+COVERED: dict[str, Run | By | Skip] = {
     # -- first lines ---------------------------------------------------------------
     "python3 -m venv .venv && .venv/bin/pip install -e .[train] && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
         "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
@@ -93,6 +114,27 @@ COVERED: dict[str, Run | By] = {
     ),
     "hpc-llm plugins": Run(("plugins",), out="data source"),
     "hpc-llm config +experiment=mpt_tiny": Run(("config", "+experiment=mpt_tiny"), out="max_duration"),
+    # -- the README's tour: a fault survived (test_readme_tour_a_preemption_survived) ------
+    PREEMPTED: Run(
+        (
+            "+experiment=mpt_tiny",
+            "hydra/launcher=slurm",
+            "resources.nodes=1",
+            "hydra.launcher.exclusive=true",
+            "train.max_duration=300ba",
+        ),
+        needs="slurm",
+        append=("resources.tasks_per_node=1", "eval=none", "checkpoint.interval=5ba", *paced(0.1)),
+        out="submitted Slurm job",
+    ),
+    "squeue -h -o %N -j <job id>": Run(("squeue", "-h", "-o", "%N", "-j", "{job_id}"), needs="slurm", out="n"),
+    "sbatch -p high --exclusive -w <node> --wrap sleep 2": Run(
+        ("sbatch", "-p", "high", "--exclusive", "-w", "{node}", "--wrap", "sleep 2"),
+        needs="slurm",
+        out="Submitted batch job",
+    ),
+    "hpc-llm wait <job id>": Run(("wait", "{job_id}", "--poll", "1"), needs="slurm"),
+    "hpc-llm status <job id>": Run(("status", "{job_id}"), needs="slurm", out="preemption"),
     # -- your own LLM Foundry yaml ----------------------------------------------------
     "python -m hpc_llm yaml=mpt-125m.yaml train.variables.data_local=/scratch/c4": By(
         "tests/test_foundry_yaml.py::test_a_foundry_pretraining_yaml_runs_unchanged_with_only_its_variables_pointed_at_the_data",  # noqa: E501
@@ -110,6 +152,9 @@ COVERED: dict[str, Run | By] = {
     ),
     "hpc-llm config +experiment=mpt7b_dolly --as-yaml > mine.yaml": By(
         "tests/test_foundry_yaml.py::test_a_preset_written_out_as_yaml_trains_the_same", ('"--as-yaml"', "mine.yaml")
+    ),
+    "hpc-llm estimate yaml=mpt-125m.yaml cluster=h100 --nodes 8 64": By(
+        "tests/test_foundry_yaml.py::test_estimate_reads_the_model_of_a_yaml", ('"estimate"', "yaml=")
     ),
     # -- on Slurm ----------------------------------------------------------------------
     "eval $(hpc-llm dev-cluster up --nodes 3)": Run(("dev-cluster", "up", "--nodes", "3"), needs="cluster-root"),
@@ -293,11 +338,18 @@ COVERED: dict[str, Run | By] = {
 
 
 def test_every_readme_command_is_covered():
-    commands = readme_commands()
-    missing = [c for c in commands if c not in COVERED]
+    commands = doc_commands()
+    missing = [f"{where}: {c}" for c, where in commands.items() if c not in COVERED]
     stale = [c for c in COVERED if c not in commands]
-    assert not missing, "README commands no test runs (add them to COVERED):\n" + "\n".join(missing)
-    assert not stale, "COVERED entries the README no longer has:\n" + "\n".join(stale)
+    assert not missing, "commands of the docs no test runs (add them to COVERED):\n" + "\n".join(missing)
+    assert not stale, "COVERED entries no doc has any more:\n" + "\n".join(stale)
+    assert len(DOCS) > 10 and any("guides" in d.parts for d in DOCS), DOCS  # README.md and docs/, guides included
+
+
+def test_every_skip_says_why():
+    for cmd, spec in COVERED.items():
+        if isinstance(spec, Skip):
+            assert len(spec.reason.split()) >= 3, f"{cmd}: skipped without a reason"
 
 
 def _function_source(path: Path, name: str) -> str:
@@ -332,6 +384,8 @@ def _argv(spec: Run, cmd: str, values: dict[str, str]) -> list[str]:
     args = [a.format(**values) for a in spec.argv] + list(spec.append)
     if kind == "app":
         return [PY, "-m", "hpc_llm", *args]
+    if kind == "other":  # a Slurm client command, as the reader types it
+        return args
     return [PY, "-c", "from hpc_llm.cli import main; main()", *args]
 
 
@@ -426,3 +480,25 @@ def test_readme_slurm_commands_in_order(slurm_env, runs_dir, tmp_path):
     _run(
         "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm hydra.launcher.snapshot=true", slurm_env, tmp_path
     )
+
+
+@pytest.mark.slurm
+def test_readme_tour_a_preemption_survived(slurm_env, test_site, tmp_path):
+    """The README tour's fault: a run alone on its node of the partition low, a job of the
+    partition high on that node, the run saved, requeued under the same job id and resumed.
+    Paced (0.1 s a batch) so that the preemption finds it training on any machine."""
+    env = with_site(slurm_env, test_site)
+    values: dict[str, str] = {}
+    sub = _run(PREEMPTED, env, tmp_path)
+    values["job_id"], run_dir = re.search(r"submitted Slurm job (\d+), run dir (\S+)", sub.stdout).groups()
+    wait_for(lambda: beat(Path(run_dir), 0).get("batch", -1) >= 20, 240, "rank 0 to pass batch 20")
+    node = _run("squeue -h -o %N -j <job id>", env, tmp_path, values)
+    values["node"] = node.stdout.strip()
+    _run("sbatch -p high --exclusive -w <node> --wrap sleep 2", env, tmp_path, values)
+    _run("hpc-llm wait <job id>", env, tmp_path, values, timeout=400)
+    shown = _run("hpc-llm status <job id>", env, tmp_path, values)
+    r = json.loads((Path(run_dir) / "results.json").read_text())
+    assert r["status"] == "completed" and r["restarts_by_cause"] == {"preemption": 1}, explain(shown)
+    first, second = r["attempts"]
+    assert first["cause"] == "preemption" and second["resumed_at_batch"] == first["stopped_at_batch"] > 0
+    assert r["slurm_job_ids"] == [values["job_id"]]

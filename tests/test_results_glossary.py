@@ -1,4 +1,4 @@
-"""docs/results-json.md names every field a run's results.json can contain.
+"""docs/reference/results-json.md names every field a run's results.json can contain.
 
 The record written here goes through the real writers (rank 0's RunRecord, then
 the supervisor's update_results) with a real plan, run info and provenance;
@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.conftest import ROOT
 
-GLOSSARY = ROOT / "docs" / "results-json.md"
+GLOSSARY = ROOT / "docs" / "reference" / "results-json.md"
 #: lists of records and objects of a fixed shape: each of their keys is a field of its own in
 #: the glossary; other objects map names chosen at run time (a cause, a package, a check)
 FIXED_LISTS = ("attempts", "ranks", "watchdog_events")
@@ -43,7 +43,7 @@ def fields_of(results: dict[str, Any]) -> set[str]:
 
 def assert_documented(results: dict[str, Any]) -> None:
     missing = sorted(fields_of(results) - set(documented()))
-    assert not missing, f"results.json fields that docs/results-json.md does not list: {missing}"
+    assert not missing, f"results.json fields that docs/reference/results-json.md does not list: {missing}"
 
 
 def _record(run_dir: Path) -> dict[str, Any]:
@@ -124,4 +124,4 @@ def test_every_documented_field_is_one_the_code_writes():
         return re.search(rf"""["']{leaf}["']|\b{leaf}\s*[=:]""", source) is not None
 
     stale = [name for name in documented() if not written(name)]
-    assert not stale, f"docs/results-json.md lists fields no code in hpc_llm writes: {stale}"
+    assert not stale, f"docs/reference/results-json.md lists fields no code in hpc_llm writes: {stale}"

@@ -45,7 +45,7 @@ def check_completed(r: dict, *, parallelism: str, world_size: int) -> None:
     assert r["mfu"] is None  # no GPU peak FLOPs on CPU
     assert len(r["peak_memory_bytes_per_rank"]) == world_size
     assert r["restarts"] == 0 and r["slurm_job_ids"] == []
-    assert_documented(r)  # every field a real run writes is in docs/results-json.md
+    assert_documented(r)  # every field a real run writes is in docs/reference/results-json.md
 
 
 def test_ddp_two_ranks(app_env, runs_dir, tmp_path):
