@@ -56,7 +56,7 @@ Inputs, cited or marked as assumptions:
   GPU cluster's): a killed rank to training again 2.9 s with the agents, 12.8 s with a cold
   start; a dead node found by the job in 1.0 s, a frozen one in 4.5 s; Slurm finds either
   after SlurmdTimeout (300 s by default) and up to a third more: 400 s, and holds a
-  requeue of the job until then (docs/design.md, "Agents, detection and restarts"). A hang
+  requeue of the job until then (docs/design/control-plane.md, "Agents, detection and restarts"). A hang
   is found after ``fault.hang_floor_s`` (60 s; assumed: ten steps of a 405B are within
   it), before the agents after 30 minutes of silence (``fault.hang_timeout_s``).
 * ``--restart-s``: the site's cost of every start (NCCL's initialisation and the load at

@@ -9,7 +9,7 @@ machine's cores with the training), in one run:
    (``CheckpointSaver._save_checkpoint``, what a periodic save or a stop runs): on the folder,
    ``torch.save`` and the ``latest`` link; on S3, ``torch.save`` plus the staging of each file for
    its background upload, with Composer's own staging (a copy) and with hpc_llm's (a hard link,
-   docs/design.md, upstream fix 13), alternated. It also prints how long the upload itself takes
+   docs/upstream-fixes.md, upstream fix 13), alternated. It also prints how long the upload itself takes
    (the part of a stop that waits for it, and what ``checkpoint_save_s`` includes for a store).
 2. **Streaming from S3**: ``python -m hpc_llm +experiment=mpt_tiny`` (local ranks) reading
    pre-tokenized MDS shards (64 of them: enough for the downloads to overlap training) either

@@ -88,7 +88,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     if cfg.yaml:
         from hpc_llm.config.foundry_yaml import changes
 
-        sys.stdout.write(f"\n# what hpc_llm added or changed against {cfg.yaml} (docs/llmfoundry-yaml.md):\n")
+        sys.stdout.write(f"\n# what hpc_llm added or changed against {cfg.yaml} (docs/guides/your-yaml.md):\n")
         sys.stdout.write(changes(str(cfg.yaml), train))
     return 0
 

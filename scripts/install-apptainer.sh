@@ -10,7 +10,7 @@
 # both into a private prefix, and point exactly two binaries (apptainer,
 # starter) at that private glibc with patchelf. The tools apptainer runs
 # (mksquashfs, squashfuse_ll) are the system's and keep the system glibc.
-# See docs/design.md, "Apptainer, verified".
+# See docs/design/verified/apptainer.md.
 #
 #   scripts/install-apptainer.sh [PREFIX]     (default /opt/apptainer; env APPTAINER_PREFIX)
 #

@@ -3,7 +3,7 @@
 # Debian bookworm dev machine or CI runner, without touching the system's Slurm or glibc.
 # Idempotent; safe to re-run (it does nothing when the installed version is the one trixie
 # has now). A dev cluster runs on it with `devcluster.up(slurm="24.11")`
-# (hpc_llm/devcluster/cluster.py); see docs/design.md, "Slurm 24.11 beside 22.05, verified".
+# (hpc_llm/devcluster/cluster.py); see docs/design/verified/slurm.md, "Slurm 24.11 beside 22.05, verified".
 #
 # Why by hand: trixie's Slurm binaries need glibc >= 2.38 (bookworm has 2.36), and
 # installing them as packages would replace bookworm's slurm-wlm. So, as

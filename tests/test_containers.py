@@ -352,7 +352,7 @@ def test_container_build_inspect_check_through_spython(sif, app_env, tmp_path):
     """A real ``apptainer build`` of a definition with %files/%post/%test, driven by spython.
 
     Wrapped in ``unshare -U -r``: this VM's capability bounding set lacks CAP_SYS_RESOURCE,
-    so a root build's %post dies (docs/design.md, "Apptainer, verified"); in a user
+    so a root build's %post dies (docs/design/verified/apptainer.md); in a user
     namespace it builds as an unprivileged user's would.
     """
     definition = tmp_path / "test.def"

@@ -3,7 +3,7 @@
 Every test submits a run through ``python -m hpc_llm ... hydra/launcher=slurm``,
 does to it what a cluster does (SIGKILL a rank, freeze one, kill a node's
 daemons, let the time limit hit, preempt it, raise in user code) and checks
-that it ends as docs/design.md ("Long runs and failures") says: with the same
+that it ends as docs/design/decision-table.md says: with the same
 final training loss as an uninterrupted run of the same config (1e-5
 relative), the batches lost being replayed from the last checkpoint. The
 uninterrupted reference runs are shared, one per config for the session.
@@ -227,7 +227,7 @@ def test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_ot
     # accounting: the attempt that finished, without the dead node. The requeued one's row is there
     # only when Slurm's NODE_FAIL came first: a job requeued while a dead node holds it COMPLETING
     # (until Slurm calls the node DOWN) gets its accounting row reused by the next start on 22.05
-    # (sacct -D: one row, REQUEUED on n[1-2], then RUNNING and COMPLETED on n[1,3]; docs/design.md)
+    # (sacct -D: one row, REQUEUED on n[1-2], then RUNNING and COMPLETED on n[1,3]; docs/design/control-plane.md)
     wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
     rows = slurm_attempts(job_id, env)
     assert rows[-1][0] == "COMPLETED" and victim["node"] not in rows[-1][1], rows
@@ -241,7 +241,7 @@ def slow_cluster(pytestconfig):
     """A 3-node dev cluster of its own with Slurm's default SlurmdTimeout=300 (no accounting):
     a frozen node stays "up" for Slurm for five minutes. Slurm 24.11 where it is installed (CI
     installs it): 22.05 needs the supervisor to hold a job it requeued around a dead node for
-    SlurmdTimeout x 4/3 + cred_expire (docs/design.md, "Agents, detection and restarts"), seven minutes
+    SlurmdTimeout x 4/3 + cred_expire (docs/design/control-plane.md, "Agents, detection and restarts"), seven minutes
     here even once the node is back. Started for the tests that use it."""
     from hpc_llm.devcluster import cluster as devcluster
     from tests.conftest import _free_port_block, _slurm24_installed, _slurm_tests_wanted

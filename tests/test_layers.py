@@ -1,4 +1,4 @@
-"""The layers the folders promise (docs/design.md, "Two process worlds").
+"""The layers the folders promise (docs/design/overview.md, "Two process worlds").
 
 * The login side (everything but ``hpc_llm.job``, ``hpc_llm.builtin`` and the
   built-in data helpers ``hpc_llm.data``) imports neither the in-job side

@@ -5,7 +5,7 @@ The same scenarios as on 22.05, through the same helpers and, where a test is ab
 that, the 22.05 test itself run against this cluster: a sweep that is one array, a dry run that
 asks ``sbatch --test-only``, a preemption resumed exactly, a node death requeued, a killed rank
 restarted in place, and what ``hpc-llm status`` reads from sacct. What differs between the
-versions is in docs/design.md ("Slurm 24.11 beside 22.05, verified"); the parsers are checked
+versions is in docs/design/verified/slurm.md ("Slurm 24.11 beside 22.05, verified"); the parsers are checked
 on both versions' captured outputs in test_slurm_parsers.py. Marked slurm24 (and slurm): a
 session that selects one of these tests starts the 24.11 cluster (tests/conftest.py).
 """

@@ -2,8 +2,8 @@
 
 The outputs were captured from the two dev clusters by ``tests/fixtures/slurm/capture.py``
 (tests/fixtures/slurm/README.md): the same jobs, the same faults, on each version. Where the
-versions differ, the test says what each printed (docs/design.md, "Slurm 24.11 beside 22.05,
-verified").
+versions differ, the test says what each printed (docs/design/verified/slurm.md, "Slurm 24.11
+beside 22.05, verified").
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def test_the_time_limit_signal_is_sent_again_after_a_requeue(version):
     """A 2-minute job with --signal=B:USR2@100 requeues itself on the signal: the next attempt
     gets the signal again (what a run that meets many time limits needs). Due 20 s after the
     start, it came after 6-23 s: slurmctld checks for due signals every few seconds, and may
-    send one early (docs/design.md, "Long runs and failures")."""
+    send one early (docs/design/control-plane.md, "Agents, detection and restarts")."""
     log = text(version, "signal_rearm.txt").splitlines()
     started = {ln.split()[1]: int(ln.split()[-1]) for ln in log if " started " in ln}
     signalled = {ln.split()[1]: int(ln.split()[-1]) for ln in log if " got USR2 " in ln}

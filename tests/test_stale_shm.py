@@ -1,4 +1,4 @@
-"""hpc_llm.job.rank.stale_shm against real Streaming (docs/design.md, upstream fix 8): a killed
+"""hpc_llm.job.rank.stale_shm against real Streaming (docs/upstream-fixes.md, upstream fix 8): a killed
 rank's registration is removed, a live one is kept, and no peer is needed to do it."""
 
 from __future__ import annotations

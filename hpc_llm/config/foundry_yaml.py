@@ -9,7 +9,7 @@ sections then follow the yaml, so what hpc_llm does around the run (the
 checkpoint folder it prunes and resumes from, the parallelism plugin, the
 evaluators) agrees with it: :data:`FOLLOWS`. What hpc_llm itself sets in the
 train config is listed once, in :data:`OWNED` (and in
-docs/llmfoundry-yaml.md, which a test compares with it); ``hpc-llm config
+docs/guides/your-yaml.md, which a test compares with it); ``hpc-llm config
 yaml=PATH`` shows every line it added or changed.
 """
 

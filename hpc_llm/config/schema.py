@@ -34,7 +34,7 @@ class ResourcesConfig:
     time: str = "01:00:00"
     # Spare nodes (issue #30): the job asks for nodes + spare_nodes with --no-kill, trains on
     # `nodes` and keeps the spares warm; a dead or blamed node's place is taken by a spare in the
-    # same job, without a requeue. Needs Slurm >= 23.02.6 (docs/design.md, "Spare nodes").
+    # same job, without a requeue. Needs Slurm >= 23.02.6 (docs/design/control-plane.md, "Spare nodes").
     spare_nodes: int = 0
 
 
@@ -45,7 +45,7 @@ class ClusterConfig:
     # "cpu" or "gpu": picks Composer's device, the dist backend and FSDP defaults.
     device: str = "cpu"
     # Node-local scratch directory for each rank's working directory; None uses
-    # $TMPDIR or /tmp. Must not be a shared filesystem (docs/design.md, upstream fix 1).
+    # $TMPDIR or /tmp. Must not be a shared filesystem (docs/upstream-fixes.md, upstream fix 1).
     scratch: Optional[str] = None
     # Environment exported into every rank (NCCL / network knobs as settings).
     env: dict[str, str] = field(default_factory=dict)
@@ -146,11 +146,11 @@ class EvalConfig:
 
 @dataclass
 class FaultConfig:
-    # Survive what a cluster does to long runs (docs/design.md, "Long runs"): save on
+    # Survive what a cluster does to long runs (docs/guides/long-runs.md): save on
     # the Slurm stop signal (hydra.launcher.signal) and requeue; restart after an
     # infrastructure failure or a hang. false: one attempt, no signal, no restart.
     enabled: bool = True
-    # Budgets (hpc_llm/job/supervisor/policy.py; docs/design.md, "The decision table"). A long run
+    # Budgets (hpc_llm/job/supervisor/policy.py; docs/design/decision-table.md). A long run
     # lives with failures: what ends it is failing again and again without progress.
     # Infrastructure failures in a row without a new checkpoint (a rank killed by a
     # signal, an NCCL/CUDA/network error, a hang, a node that died): a new checkpoint
@@ -177,7 +177,7 @@ class FaultConfig:
     # After a failure with no suspect node, restart inside the same allocation (no
     # queue wait); a node that fails twice is suspect and the job is requeued without it.
     restart_in_place: bool = True
-    # The period of every heartbeat (docs/design.md, "Agents, detection and restarts"):
+    # The period of every heartbeat (docs/design/control-plane.md, "Agents, detection and restarts"):
     # each rank into its node agent's shared memory, each agent to the supervisor over the
     # network (a node's file in the run dir shows them too).
     heartbeat_s: float = 1.0
@@ -323,7 +323,7 @@ class HpcLlmConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     precheck: PrecheckConfig = field(default_factory=PrecheckConfig)
     # An LLM Foundry train yaml (the file `composer train/train.py` takes), run as written:
-    # it becomes `train` whole (docs/llmfoundry-yaml.md). None: train comes from the presets.
+    # it becomes `train` whole (docs/guides/your-yaml.md). None: train comes from the presets.
     yaml: Optional[str] = None
     # LLM Foundry train config (model, optimizer, max_duration, ...).
     train: dict[str, Any] = field(default_factory=dict)

@@ -27,7 +27,7 @@ WATCHDOG_CALLBACK = "hpc_llm_watchdog"
 
 
 def check_owned_keys(cfg: DictConfig) -> None:
-    """``train.*`` keys that hpc_llm owns (docs/llmfoundry-yaml.md), given to a preset
+    """``train.*`` keys that hpc_llm owns (docs/guides/your-yaml.md), given to a preset
     experiment: refused or reconciled in one line, never taken silently."""
     train = cfg.train
     if train.get("run_name") is not None:  # null (LLM Foundry's yamls: "read from $RUN_NAME") sets nothing

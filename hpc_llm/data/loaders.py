@@ -7,7 +7,7 @@ from typing import Any
 #: dataloader worker processes per rank on GPU nodes (LLM Foundry's yamls use 8)
 GPU_WORKERS = 8
 #: attempts at each shard download from a remote (Streaming's ``download_retry``, default 2;
-#: docs/design.md, upstream fix 19): Streaming waits 1, 2, 4, ... s between them, so 10 rides
+#: docs/upstream-fixes.md, upstream fix 19): Streaming waits 1, 2, 4, ... s between them, so 10 rides
 #: out a store that is down or frozen for about 8 minutes instead of failing the run after 3 s
 REMOTE_DOWNLOAD_RETRY = 10
 

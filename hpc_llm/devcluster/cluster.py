@@ -19,7 +19,7 @@ Each node declares ``gpus_per_node`` GPUs as GRES (``gres/gpu``, device files
 ``EnforcePartLimits=ALL`` rejects a job no node can hold at submit time.
 
 The recipe (auth/none, job_container/tmpfs, partition-priority preemption with
-REQUEUE and preempt_send_user_signal) is the one described in docs/design.md.
+REQUEUE and preempt_send_user_signal) is the one described in docs/guides/slurm.md.
 Partitions: ``low`` (default, preemptable, GraceTime) and ``high``.
 
 Two Slurm versions (``up(slurm=...)``): "22.05", the system's (Debian bookworm's

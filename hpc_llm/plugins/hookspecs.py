@@ -17,7 +17,7 @@ llmfoundry: they also run on the login node. Heavy work belongs in a
 component's ``prepare``/``after_train`` methods, which run inside the job.
 
 The component interfaces are in :mod:`hpc_llm.plugins.base`. Plugin authors:
-see ``docs/plugins.md``.
+see ``docs/reference/plugins.md``.
 """
 
 from __future__ import annotations

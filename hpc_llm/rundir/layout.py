@@ -181,7 +181,7 @@ class RunDir:
 def job_scratch(base: str | None, job_id: str | None, run_dir: str | os.PathLike[str]) -> Path:
     """A job's node-local scratch: ``<base, else $TMPDIR, else /tmp>/hpc_llm-<job id>`` (a run off
     Slurm: a hash of its run dir). Each node's ranks work in ``node<node rank>`` inside it
-    (docs/design.md, upstream fix 1); the node's agent, or the local launcher, removes it."""
+    (docs/upstream-fixes.md, upstream fix 1); the node's agent, or the local launcher, removes it."""
     root = base or os.environ.get("TMPDIR") or tempfile.gettempdir()
     name = job_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
     return Path(root) / f"hpc_llm-{name}"

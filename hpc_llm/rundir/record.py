@@ -143,7 +143,7 @@ def iso(epoch: Any) -> str | None:
 
 def with_iso_times(data: dict[str, Any]) -> dict[str, Any]:
     """Every epoch timestamp results.json carries gets a readable twin beside it, ``<name>_iso``
-    (docs/results-json.md): a person reading the file should not have to convert floats."""
+    (docs/reference/results-json.md): a person reading the file should not have to convert floats."""
     data["finished_at_iso"] = iso(data.get("finished_at"))
     prov = data.get("provenance")
     if isinstance(prov, dict) and "submitted_at" in prov:

@@ -4,8 +4,7 @@ the ranks' remote saves and the stop path call (:mod:`hpc_llm.job.rank.remote_sa
 :mod:`hpc_llm.job.rank.preemption_callback`). It lives on the rank side, not with the plugin:
 core code never imports a built-in plugin, and the plugin imports this.
 
-What Composer 0.32 leaves to us with a remote ``save_folder`` (docs/design.md, "Object
-stores, verified"), for ``s3://``:
+What Composer 0.32 leaves to us with a remote ``save_folder`` (docs/design/verified/object-stores.md), for ``s3://``:
 
 - whose checkpoints a folder holds: :func:`owner` reads, :func:`claim` writes
   ``<folder>/hpc_llm-run.json`` (the run's name and run dir) at the first start; another run's
@@ -123,7 +122,7 @@ def commit_latest(store: Store, symlink_key: str, target_key: str) -> None:
 
 def set_aside_unfinished(store: Store, loc: Location) -> list[str]:
     """Move saves newer than the one ``latest`` names (or every save, without a link) to
-    ``<folder>/unfinished/`` (commit points; docs/design.md, upstream fix 17). Nothing is
+    ``<folder>/unfinished/`` (commit points; docs/upstream-fixes.md, upstream fix 17). Nothing is
     deleted here; :func:`prune` keeps the newest of them."""
     found = latest(store, loc)
     newest = found[1] if found is not None else -1
@@ -145,8 +144,8 @@ def set_aside_unfinished(store: Store, loc: Location) -> list[str]:
 
 
 def prune(store: Store, loc: Location, keep: int) -> list[str]:
-    """Keep-last-K over the run's life, in the store (commit points; docs/design.md, upstream
-    fix 16): finished saves beyond the
+    """Keep-last-K over the run's life, in the store (commit points; docs/upstream-fixes.md,
+    upstream fix 16): finished saves beyond the
     ``keep`` newest, never the one ``latest`` names; ``unfinished/`` keeps only its newest save."""
     if keep <= 0:
         return []
@@ -244,5 +243,5 @@ def prepare_node(node_dir: Path, local_rank: int) -> None:
 
 def drop_local_copy(node_dir: Path) -> None:
     """The copy of the loaded checkpoint autoresume downloaded into the node's working dir
-    (docs/design.md, upstream fix 15)."""
+    (docs/upstream-fixes.md, upstream fix 15)."""
     shutil.rmtree(local_copy_root(node_dir), ignore_errors=True)

@@ -1,6 +1,6 @@
 """Patches for upstream bugs that a real multi-node cluster hits (in-job only).
 
-docs/design.md ("Upstream fixes") keeps the one numbered list of them: what
+docs/upstream-fixes.md keeps the one numbered list of them: what
 breaks, the upstream version each patch was written against, and how it is
 fixed. Each patch below cites its entry there as "upstream fix N" and says
 why it is written the way it is; this module keeps no numbering of its own.
@@ -23,7 +23,7 @@ _APPLIED = False
 
 
 def _patch_signal_file_name() -> None:
-    """Put the real node rank in Composer's node signal-file name (docs/design.md, upstream fix 1).
+    """Put the real node rank in Composer's node signal-file name (docs/upstream-fixes.md, upstream fix 1).
 
     The random part stays broadcast from rank 0: every rank of a node must agree on the
     name; only the node rank, which Composer took from rank 0 too, must differ per node.
@@ -40,7 +40,7 @@ def _patch_signal_file_name() -> None:
 
 
 def _patch_fsdp2_hsdp() -> None:
-    """Keep the HSDP degrees through Composer's FSDP2 config (docs/design.md, upstream fix 2).
+    """Keep the HSDP degrees through Composer's FSDP2 config (docs/upstream-fixes.md, upstream fix 2).
 
     A subclass carries ``data_parallel_shard_degree`` / ``data_parallel_replicate_degree``
     (which ``FSDP2Config`` drops), so Composer builds the 2-D (replicate, shard) device
@@ -83,8 +83,8 @@ def _patch_fsdp2_hsdp() -> None:
 
 
 def _patch_fsdp2_gloo_average() -> None:
-    """FSDP2 HSDP on Gloo: sum then divide instead of ``ReduceOp.AVG`` (docs/design.md,
-    upstream fix 3), and a CPU stream event that exists (docs/design.md, upstream fix 4).
+    """FSDP2 HSDP on Gloo: sum then divide instead of ``ReduceOp.AVG`` (docs/upstream-fixes.md,
+    upstream fix 3), and a CPU stream event that exists (upstream fix 4).
 
     Both are needed for HSDP on CPU, so they are applied together. Summing and dividing
     afterwards is the path torch itself takes for fp16; only Gloo process groups take it,
@@ -115,7 +115,7 @@ def _patch_fsdp2_gloo_average() -> None:
 
 
 def _patch_sharded_load_integrations() -> None:
-    """Leave ``state/integrations`` out of a sharded load (docs/design.md, upstream fix 5).
+    """Leave ``state/integrations`` out of a sharded load (docs/upstream-fixes.md, upstream fix 5).
 
     The integrations (the tokenizer's files) are metadata for exporting the model, not
     training state, and they legitimately differ between the save and the resume. The
@@ -146,7 +146,7 @@ def _patch_sharded_load_integrations() -> None:
 
 
 def _patch_wandb_download() -> None:
-    """W&B holds no checkpoints: downloads answer "not here" (docs/design.md, upstream fix 6).
+    """W&B holds no checkpoints: downloads answer "not here" (docs/upstream-fixes.md, upstream fix 6).
 
     hpc_llm keeps checkpoints in its checkpoint backend, never in W&B (no
     ``log_artifacts``), so there is nothing to ask W&B for, and asking would need W&B
@@ -167,7 +167,7 @@ def _patch_wandb_download() -> None:
 
 
 def _patch_streaming_epoch_boundary() -> None:
-    """At an epoch boundary, save the epoch that comes next (docs/design.md, upstream fix 7).
+    """At an epoch boundary, save the epoch that comes next (docs/upstream-fixes.md, upstream fix 7).
 
     Composer asks for the state at sample 0 after an epoch's iteration finished; the
     resumed run must iterate the next epoch's order, as the uninterrupted run does.
@@ -191,7 +191,7 @@ def _patch_streaming_epoch_boundary() -> None:
 
 
 def _patch_cpu_model_query() -> None:
-    """Ask for the CPU model once per process (docs/design.md, upstream fix 20).
+    """Ask for the CPU model once per process (docs/upstream-fixes.md, upstream fix 20).
 
     Composer's Trainer logs ``get_composer_env_dict()`` at every construction, and its
     ``get_cpu_model`` calls py-cpuinfo's ``get_cpu_info()``, which starts a Python
@@ -216,7 +216,7 @@ def _patch_cpu_model_query() -> None:
 
 
 def _patch_remote_uploader() -> None:
-    """Stage an upload by hard link, and survive a store outage (docs/design.md, upstream fix 13).
+    """Stage an upload by hard link, and survive a store outage (docs/upstream-fixes.md, upstream fix 13).
 
     Composer's ``RemoteUploader.upload_file_async`` copies every file it uploads into its staging
     folder (a second local write of each save, while training waits) and its worker tries an

@@ -16,7 +16,7 @@ class JobContext:
     plan: JobPlan
     dist: DistEnv
     run_dir: Path
-    #: node-local working directory of this rank (docs/design.md, upstream fix 1)
+    #: node-local working directory of this rank (docs/upstream-fixes.md, upstream fix 1)
     node_dir: Path
     #: the job's composed config (hpc_llm keys and ``train``)
     cfg: Any = None

@@ -19,7 +19,7 @@ algorithms, built; callbacks, loggers, loaders and the model looked up in LLM Fo
 registries (their arguments checked against the constructor's signature: none is built, some
 contact a service); a torch ``DataLoader`` over a dummy dataset with each loader's arguments
 and the defaults LLM Foundry's builder fills in. What this cannot see (data shards, the
-tokenizer against the vocabulary, memory) is listed in docs/llmfoundry-yaml.md.
+tokenizer against the vocabulary, memory) is listed in docs/guides/your-yaml.md.
 """
 
 from __future__ import annotations

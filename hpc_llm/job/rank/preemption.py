@@ -57,7 +57,7 @@ def install(sig_name: str | None = None) -> str | None:
 
 
 def _spawned_children_keep_out(signum: int) -> None:
-    """Processes a rank spawns start with the stop signal blocked (docs/design.md, upstream fix 18).
+    """Processes a rank spawns start with the stop signal blocked (docs/upstream-fixes.md, upstream fix 18).
 
     Slurm signals every process of the step (slurmstepd's proctrack sends to the whole
     container), and a process a rank starts with multiprocessing's spawn (Composer's upload

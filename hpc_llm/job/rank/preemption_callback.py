@@ -37,7 +37,7 @@ def _remember_earlier_saves(state: State) -> None:
     """Keep-last-K over the run's life: Composer's saver starts each process with an empty
     ``saved_checkpoints`` and so rotates only what this attempt saved (Composer issue #2087).
     Hand it the earlier attempts' saves this rank owns, oldest first, up to the one resumed
-    from, so its own rotation deletes them in turn (docs/design.md, "Long runs and failures")."""
+    from, so its own rotation deletes them in turn (docs/design/decision-table.md)."""
     saver = next((cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)), None)
     if saver is None or saver.num_checkpoints_to_keep < 0 or saver.saved_checkpoints:
         return

@@ -5,8 +5,8 @@ save with ``torch.save`` into a local temp folder, copies every file into its Re
 staging folder, and uploads from spawned worker processes, each tried 3 times within seconds;
 its link (``latest-rank0.pt.symlink``) goes up from its own ``batch_end``/``fit_end`` once a
 polling process (every 30 s) has seen every file in the store. A preemption's save, which
-raises out of ``fit``, was therefore never linked. What hpc_llm does instead (docs/design.md,
-"Object stores, verified", and upstream fix 13):
+raises out of ``fit``, was therefore never linked. What hpc_llm does instead (docs/design/verified/object-stores.md,
+and docs/upstream-fixes.md, upstream fix 13):
 
 - :func:`stage`: the staging copy is a hard link (node scratch holds both): one local write
   of each file, not two;
@@ -114,7 +114,7 @@ class _Save:
 
 class RemoteSaves:
     """One rank's saves to an S3 folder: which are uploaded, and (rank 0) which one is linked
-    (docs/design.md, upstream fix 14).
+    (docs/upstream-fixes.md, upstream fix 14).
 
     Local copies and upload staging go to ``<node dir>/saves/rank<N>`` in node scratch (emptied
     at each start by :func:`hpc_llm.job.rank.checkpoint_store.prepare_node`) instead of Composer's

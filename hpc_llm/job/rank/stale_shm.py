@@ -1,5 +1,5 @@
 """Streaming's shared memory that no process uses any more, removed before a rank's loaders start
-(docs/design.md, upstream fix 8).
+(docs/upstream-fixes.md, upstream fix 8).
 
 A ``StreamingDataset`` registers its local dirs under a numbered prefix in ``/dev/shm``
 (``000003_locals``, ``000003_barrier``, ...: ``streaming.base.constant.SHM_TO_CLEAN``) and

@@ -119,7 +119,7 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
 
 
 def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
-    """Per-node working directory outside the shared run dir (docs/design.md, upstream fix 1)."""
+    """Per-node working directory outside the shared run dir (docs/upstream-fixes.md, upstream fix 1)."""
     path = scratch_path(cfg, run_dir, JobEnv.current().job_id, dist.node_rank)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -251,7 +251,7 @@ def training_done_goes_on() -> Iterator[None]:
     checkpoint at max_duration (a preemption or time limit hit the post-train stage) goes on
     to the post-train stage. Composer's fit would raise "max_duration ... is less than or
     equal to the elapsed training duration", and the run would fail after every batch was
-    trained (docs/design.md, "Long runs and failures")."""
+    trained (docs/design/decision-table.md)."""
     from composer import Trainer
 
     original = Trainer.fit

@@ -125,7 +125,7 @@ def python_command(opts: DictConfig) -> list[str]:
 #: Signals srun passes to the tasks unchanged: it kills the step on TERM, HUP and
 #: QUIT, prints a status on the first INT and aborts on the second, and keeps
 #: CONT, ALRM and PIPE to itself (Slurm's src/srun/srun_job.c, _srun_signal_mgr;
-#: docs/design.md). Of USR1 and USR2, NCCL uses USR1.
+#: docs/design/control-plane.md). Of USR1 and USR2, NCCL uses USR1.
 STOP_SIGNALS = ("USR2",)
 
 
@@ -277,7 +277,8 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         "export": export_list(passthrough),
     }
     if res.spare_nodes:
-        # a dead node leaves the job instead of ending it: a spare takes its place (docs/design.md)
+        # a dead node leaves the job instead of ending it: a spare takes its place
+        # (docs/design/control-plane.md, "Spare nodes")
         flags["no_kill"] = True
     if res.gpus_flag is not None:
         flags["gpus_per_node"] = res.gpus_flag
