@@ -27,7 +27,7 @@ from hpc_llm.doctor import probe as doctor_probe
 from hpc_llm.doctor.facts import Facts, Needs
 from hpc_llm.doctor.probe import Probe
 from hpc_llm.doctor.row import FAIL, OK, WARN, Row
-from hpc_llm.slurm import query
+from hpc_llm.slurm import parse, query
 from tests.conftest import explain, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
@@ -46,8 +46,8 @@ def captured(version: str) -> tuple[str, str, str]:
 CONFIG, PARTITIONS, NODES = captured("22.05")
 #: what query.partitions() reads from this cluster's sinfo
 SINFO_PARTITIONS = {
-    "low": query.Partition("low", 2, 16, True, "up"),
-    "high": query.Partition("high", 2, 16, False, "up"),
+    "low": parse.Partition("low", 2, 16, True, "up"),
+    "high": parse.Partition("high", 2, 16, False, "up"),
 }
 #: a node's report when every node-side check passes
 PROBED = Probe(
@@ -84,10 +84,10 @@ def with_partition(text: str, partition: str, key: str, value: str) -> str:
 
 def facts(config: str = CONFIG, partitions: str = PARTITIONS, nodes: str = NODES, **kw) -> Facts:
     return Facts(
-        config=query.parse_show_config(config),
+        config=parse.show_config(config),
         partitions=SINFO_PARTITIONS,
-        partition_info=query.parse_show_partitions(partitions),
-        nodes=query.parse_nodes(nodes),
+        partition_info=parse.show_partitions(partitions),
+        nodes=parse.nodes(nodes),
         **{"probe": PROBED, **kw},
     )
 
@@ -118,13 +118,13 @@ def row(rows: list[Row], check: str) -> Row:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_show_config_is_read_as_its_key_value_lines(version):
-    c = query.parse_show_config(captured(version)[0])
+    c = parse.show_config(captured(version)[0])
     assert c["SLURM_VERSION"].startswith(version + ".")
     assert c["SlurmctldParameters"] == "preempt_send_user_signal"
     assert (c["PreemptMode"], c["PreemptType"], c["JobRequeue"]) == ("REQUEUE", "preempt/partition_prio", "1")
     assert c["KillWait"] == "10 sec" and c["AuthInfo"] == "cred_expire=10"
     assert c["SlurmctldHost[0]"].startswith("vm")
-    assert query.parse_show_config("PowerPlugin             = \nMailDomain = (null)\n") == {
+    assert parse.show_config("PowerPlugin             = \nMailDomain = (null)\n") == {
         "PowerPlugin": "",
         "MailDomain": "(null)",
     }
@@ -134,7 +134,7 @@ def test_show_config_is_read_as_its_key_value_lines(version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_show_partition_records_and_nodes(version):
     _config, partitions, nodes_text = captured(version)
-    parts = query.parse_show_partitions(partitions)
+    parts = parse.show_partitions(partitions)
     assert sorted(parts) == ["high", "low"]
     assert (parts["low"]["GraceTime"], parts["low"]["PreemptMode"], parts["low"]["MaxTime"]) == (
         "20",
@@ -142,7 +142,7 @@ def test_show_partition_records_and_nodes(version):
         "UNLIMITED",
     )
     assert (parts["high"]["PriorityTier"], parts["high"]["PreemptMode"]) == ("2", "OFF")
-    nodes = query.parse_nodes(nodes_text)
+    nodes = parse.nodes(nodes_text)
     assert sorted((n.name, n.partition, n.cpus, n.mem_mb, n.gpus) for n in nodes)[:2] == [
         ("n1", "high", 16, 24105, [(None, 8)]),
         ("n1", "low", 16, 24105, [(None, 8)]),
@@ -160,11 +160,11 @@ def test_show_partition_records_and_nodes(version):
     ],
 )
 def test_gres_gpus(gres, gpus):
-    assert query.Node("n", "p", gres, 1, 1, "idle").gpus == gpus
+    assert parse.Node("n", "p", gres, 1, 1, "idle").gpus == gpus
 
 
 def test_associations():
-    a = query.parse_associations("root|normal,high|normal\nproj|normal|\n", "proj\n")
+    a = parse.associations("root|normal,high|normal\nproj|normal|\n", "proj\n")
     assert (a.default_account, a.accounts, a.qos, a.default_qos) == (
         "proj",
         ("root", "proj"),
@@ -681,7 +681,7 @@ def test_a_profile_from_what_was_found_composes(tmp_path, monkeypatch):
         partition="gpu",
         partition_info=f.partition_info["gpu"],
         nodes=f.nodes,
-        assoc=query.Associations("proj", ("proj",), ("normal",), None),
+        assoc=parse.Associations("proj", ("proj",), ("normal",), None),
         gpu_model="NVIDIA H100 80GB HBM3",
     )
     assert "# scratch:" in text  # unknown: a commented placeholder

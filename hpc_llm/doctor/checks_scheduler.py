@@ -8,7 +8,7 @@ from __future__ import annotations
 from hpc_llm.doctor.facts import Facts, Needs
 from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 from hpc_llm.errors import ConfigError
-from hpc_llm.slurm import query
+from hpc_llm.slurm import parse, query
 
 #: node states in which a node runs jobs (sinfo %T, without its flags)
 USABLE_STATES = ("idle", "mixed", "allocated", "completing", "planned", "reserved")
@@ -31,7 +31,7 @@ def check_slurm(facts: Facts, needs: Needs, part: str | None) -> Row:
     host = next((v for k, v in c.items() if k.startswith("SlurmctldHost")), "?")
     return Row(
         "Slurm",
-        f"{c.get(query.VERSION_KEY, '?')}, cluster {c.get('ClusterName', '?')}, slurmctld {host}",
+        f"{c.get(parse.VERSION_KEY, '?')}, cluster {c.get('ClusterName', '?')}, slurmctld {host}",
         OK,
         "scontrol, sinfo and sbatch answer from this machine",
     )
@@ -66,7 +66,7 @@ def check_spares(facts: Facts, needs: Needs, part: str | None) -> Row | None:
 
     if not needs.spare_nodes:
         return None
-    version = facts.config.get(query.VERSION_KEY)
+    version = facts.config.get(parse.VERSION_KEY)
     value = f"{needs.spare_nodes} beside {needs.nodes} training node(s), --no-kill"
     why = submit_checks.spares_refused(needs, needs.resources_key, version)
     if why:

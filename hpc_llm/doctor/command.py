@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from hpc_llm.errors import ConfigError
-from hpc_llm.slurm import query
+from hpc_llm.slurm import parse, query
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         title = (
             f"hpc-llm doctor: cluster {facts.config.get('ClusterName', '?')} "
-            f"(Slurm {facts.config.get(query.VERSION_KEY, '?')}), partition {part or '?'}"
+            f"(Slurm {facts.config.get(parse.VERSION_KEY, '?')}), partition {part or '?'}"
         )
         sys.stdout.write(render(rows, title))
     if args.write_profile:

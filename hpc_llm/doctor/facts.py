@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpc_llm.doctor.probe import Probe
-from hpc_llm.slurm import query
+from hpc_llm.slurm import parse, query
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,9 @@ class Facts:
     """What Slurm said (parsed), and the probe job's report."""
 
     config: Mapping[str, str]
-    partitions: Mapping[str, query.Partition]
+    partitions: Mapping[str, parse.Partition]
     partition_info: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    nodes: Sequence[query.Node] = ()
+    nodes: Sequence[parse.Node] = ()
     #: None: sacct answered; else why it did not
     accounting: str | None = None
     #: None: ``sbatch --test-only`` accepted the job; else its refusal (one line)

@@ -18,7 +18,7 @@ from hpc_llm.doctor.facts import Facts, Needs, partition_name
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.sbatch import preview
 from hpc_llm.launch.sbatch.preview import Job
-from hpc_llm.slurm import query
+from hpc_llm.slurm import commands, query
 
 
 def job_overrides(overrides: Sequence[str]) -> list[str]:
@@ -120,12 +120,10 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
 def sacct_answers() -> str | None:
     """None when ``sacct`` answers; else its last error line."""
     try:
-        out = query._run(["sacct", "-n", "-X", "-j", "1", "-o", "JobID"], timeout=30)
-    except query.SlurmUnreachable as exc:
-        return query.unreachable_why(exc)
-    if out.returncode == 0:
-        return None
-    return (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        out = commands.run(["sacct", "-n", "-X", "-j", "1", "-o", "JobID"], timeout=30)
+    except commands.SlurmUnreachable as exc:
+        return commands.unreachable_why(exc)
+    return None if out.returncode == 0 else commands.said(out)
 
 
 def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) -> Facts:

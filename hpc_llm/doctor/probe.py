@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_llm.slurm.query import HOW_TO_START, SlurmUnreachable
+from hpc_llm.slurm.commands import HOW_TO_START, SlurmUnreachable
 
 PREFIX = "@@hpc_llm "
 #: the job's #SBATCH flags that decide where the probe may run, besides its partition

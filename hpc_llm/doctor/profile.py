@@ -27,7 +27,7 @@ from hpc_llm.config.compose import compose
 from hpc_llm.config.site import user_dir
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.sbatch.spec import slurm_time
-from hpc_llm.slurm import query
+from hpc_llm.slurm import parse, query
 
 NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: what a GPU profile passes by name (as conf/cluster/h100.yaml)
@@ -89,8 +89,8 @@ def build(
     config: Mapping[str, str],
     partition: str,
     partition_info: Mapping[str, str],
-    nodes: Sequence[query.Node],
-    assoc: query.Associations | None,
+    nodes: Sequence[parse.Node],
+    assoc: parse.Associations | None,
     gpu_model: str | None = None,
 ) -> str:
     """The profile's YAML text, with comments saying where each value came from. ``config``:
@@ -112,7 +112,7 @@ def build(
     lines = [
         "# @package _global_",
         f"# Cluster profile '{name}', written by `hpc-llm doctor --write-profile {name}` on {when} from",
-        f"# Slurm cluster {config.get('ClusterName', '?')} (Slurm {config.get(query.VERSION_KEY, '?')}), "
+        f"# Slurm cluster {config.get('ClusterName', '?')} (Slurm {config.get(parse.VERSION_KEY, '?')}), "
         f"partition {partition}: {len(nodes)} node(s),",
         f"# {cpus} CPUs and {mem} MB each, GRES {', '.join(sorted({n.gres for n in nodes}))}, MaxTime {max_text}.",
         f"# Use it with cluster={name}; read it through before the first long run.",

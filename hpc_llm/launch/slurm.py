@@ -44,8 +44,8 @@ from hpc_llm.results.failure import first_failure
 from hpc_llm.rundir import provenance, snapshot
 from hpc_llm.rundir.layout import PRIVATE, RunDir
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
-from hpc_llm.slurm import accounting, query
-from hpc_llm.slurm.query import SlurmUnreachable
+from hpc_llm.slurm import accounting, parse, query
+from hpc_llm.slurm.commands import SlurmUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class SlurmLauncher(BaseLauncher):
     def __init__(self, **options: Any) -> None:
         super().__init__()
         self.opts = OmegaConf.create(options)
-        self._partitions: dict[str, query.Partition] | None = None
+        self._partitions: dict[str, parse.Partition] | None = None
         self._unreachable: str | None = None  # why Slurm did not answer, once it did not
         self._verdicts = checks.SchedulerVerdicts()
         self._stores = stores.StoreVerdicts()
@@ -67,7 +67,7 @@ class SlurmLauncher(BaseLauncher):
         self._hydra_files = HydraFiles()
 
     # -- checks, before anything is created (called by the sweeper) ----------
-    def partitions(self) -> dict[str, query.Partition]:
+    def partitions(self) -> dict[str, parse.Partition]:
         if self._partitions is None:
             if self._unreachable is not None:
                 # asked once a sweep: a controller that does not answer costs each sinfo its

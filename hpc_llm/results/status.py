@@ -24,7 +24,7 @@ from hpc_llm.results import ledger
 from hpc_llm.results.failure import one_prefix
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import SETTLED, read_results
-from hpc_llm.slurm import accounting, query
+from hpc_llm.slurm import accounting, commands, query
 
 #: the ledger's name for Slurm's answers ("last seen")
 SLURM = "slurm"
@@ -111,8 +111,8 @@ def refresh(limit: int | None = None, ids: set[int] | None = None) -> Snapshot:
     if slurm_ids:
         try:
             states = query.queue(slurm_ids)
-        except query.SlurmUnreachable as exc:
-            states, unreachable = None, query.unreachable_why(exc)
+        except commands.SlurmUnreachable as exc:
+            states, unreachable = None, commands.unreachable_why(exc)
         else:
             ledger.seen(SLURM)
     gone = [
@@ -357,8 +357,8 @@ class LogSource:
             return True, None
         try:
             return bool(self.job_ids) and not query.queue(list(self.job_ids)), None
-        except query.SlurmUnreachable as exc:  # unknown: keep following
-            snap = Snapshot([], query.unreachable_why(exc), ledger.last_seen(SLURM))
+        except commands.SlurmUnreachable as exc:  # unknown: keep following
+            snap = Snapshot([], commands.unreachable_why(exc), ledger.last_seen(SLURM))
             return False, snap.slurm_line(FOLLOWING_WITHOUT_SLURM)
 
 
@@ -394,8 +394,8 @@ def run_dir_of_job(job_id: str) -> Path:
     why = None
     try:
         fields = query.show_job(job_id)
-    except query.SlurmUnreachable as exc:
-        fields, why = None, query.unreachable_why(exc)
+    except commands.SlurmUnreachable as exc:
+        fields, why = None, commands.unreachable_why(exc)
     refs = [job_id]
     if fields:
         places = [fields.get(k) for k in ("StdOut", "StdErr", "Command", "WorkDir")]

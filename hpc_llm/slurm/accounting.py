@@ -20,11 +20,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 
 from hpc_llm import errors
+from hpc_llm.slurm.commands import SlurmUnreachable, run
 
 FIELDS = (
     "JobID",
@@ -131,8 +131,8 @@ def available() -> bool:
 
 def _sacct(args: list[str], timeout: float = 20) -> str | None:
     try:
-        out = subprocess.run(["sacct", *args], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
+        out = run(["sacct", *args], timeout=timeout)
+    except SlurmUnreachable:
         return None
     if out.returncode != 0:
         return None  # slurmdbd down, accounting disabled ("Slurm accounting storage is disabled")

@@ -15,7 +15,7 @@ from typing import Any
 from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.launch.sbatch import submit
 from hpc_llm.launch.sbatch.render import SbatchSpec
-from hpc_llm.slurm import query
+from hpc_llm.slurm import parse, query
 
 #: sbatch --test-only's refusal of a job larger than the nodes up now (and of an impossible one)
 NOT_AVAILABLE = "Requested node configuration is not available"
@@ -23,7 +23,7 @@ NOT_AVAILABLE = "Requested node configuration is not available"
 _ASKED = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem", "qos", "account", "time")
 
 
-def placement(parts: dict[str, query.Partition], partition: str | None, res: Any, key: str) -> query.Partition:
+def placement(parts: dict[str, parse.Partition], partition: str | None, res: Any, key: str) -> parse.Partition:
     """The partition a job goes to, after checking it can hold the job (``key``: the config
     node of its resources, for the message)."""
     if partition is None:
@@ -82,7 +82,7 @@ def spares_refused(res: Any, key: str, version: str | None) -> str | None:
 def spare_nodes(res: Any, key: str) -> None:
     """Refuse spares on a Slurm too old for them (asks slurmctld only when spares are asked for)."""
     if int(getattr(res, "spare_nodes", 0) or 0):
-        why = spares_refused(res, key, query.show_config().get(query.VERSION_KEY))
+        why = spares_refused(res, key, query.show_config().get(parse.VERSION_KEY))
         if why:
             raise ConfigError(why)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -167,5 +166,7 @@ def submit_all(points: list[Point], *, sweep_dir: str, parallelism: int, python:
 
 def cancel(job_ids: list[str]) -> None:
     """``scancel`` the jobs (or arrays) this toolkit submitted: the inverse of :func:`submit_all`."""
-    if job_ids:
-        subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60, check=False)
+    from hpc_llm.slurm import commands, query
+
+    with contextlib.suppress(commands.SlurmUnreachable):  # nothing more to do for a Slurm that is gone
+        query.cancel(job_ids)

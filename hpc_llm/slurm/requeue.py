@@ -1,0 +1,251 @@
+"""Putting this job back in the queue, from inside it: one sequence for the supervisor and for an
+orphaned agent.
+
+:func:`requeue` is what both call (the supervisor when its policy decides a requeue; an agent
+whose supervisor's host died, for a ``--no-kill`` job Slurm keeps RUNNING without its batch
+script): the caller sizes the job to what its partition still holds (:func:`fit_partition`,
+decided before anything is asked: the requeue ends the caller's own step within seconds), then
+:func:`requeue` runs ``scontrol requeue``,
+then one ``scontrol update`` of the pending job (its ``ExcNodeList`` and size:
+:func:`update_pending`), then, on Slurm < 24.05 after a node death, a hold until that node is
+let go (:func:`hold_if_dead_node_lingers`). :func:`ending_for_good` is the other end: a job that
+must not come back. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hpc_llm.slurm import parse
+from hpc_llm.slurm.allocation import nodes_up, preempting, show_job, slurm_config, slurm_version, slurmd_timeout_s
+from hpc_llm.slurm.commands import SlurmUnreachable, all_said, run, unreachable_why
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a requeued job's size is decided from (:func:`fit_partition`): the nodes it asks for
+    now, the nodes it was submitted with (``needed`` and its spares), the nodes the run needs,
+    its partition, and the nodes it will not get (its ExcNodeList after the requeue)."""
+
+    asked: int
+    full: int
+    needed: int
+    partition: str | None
+    excluded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """How a :func:`requeue` went. ``refused``: Slurm did not requeue the job (it runs on, or
+    ends with this allocation); the rest are about the pending job it became."""
+
+    refused: str | None = None
+    #: the pending job's new size and why (fit_partition), when it changed
+    resized: str | None = None
+    #: Slurm refused the pending job's new ExcNodeList or size
+    update_error: str | None = None
+    #: Slurm refused the hold after a dead node (< 24.05)
+    hold_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None
+
+
+def requeue(
+    ref: str,
+    *,
+    exclude: list[str] | None,
+    resize: tuple[int, str] | None,
+    per_node: int,
+    after_dead_node: bool,
+    by_ending: bool = False,
+) -> Requeued:
+    """Requeue job ``ref``: ``exclude`` becomes its ExcNodeList (None: unchanged); ``resize``, the
+    nodes it now asks for and why (:func:`fit_partition`, decided by the caller before anything
+    is asked: the requeue ends the caller's own step within seconds); ``after_dead_node``: a node
+    of it died (hold it on Slurm < 24.05). ``by_ending``: the end of the batch script is the
+    requeue (:func:`requeued_by_ending`): nothing to ask but the hold."""
+    if not by_ending:
+        refused = requeue_job(ref)
+        if refused is not None:
+            return Requeued(refused=refused)
+    update_error = None
+    if exclude is not None or resize:
+        update_error = update_pending(ref, exclude=exclude, nodes=resize[0] if resize else None, per_node=per_node)
+    hold_error = hold_if_dead_node_lingers(ref) if after_dead_node else None
+    return Requeued(resized=resize[1] if resize else None, update_error=update_error, hold_error=hold_error)
+
+
+def requeue_job(ref: str) -> str | None:
+    """``scontrol requeue``: None when Slurm accepted it, else its one-line complaint."""
+    try:
+        out = run(["scontrol", "requeue", ref], timeout=60)
+    except SlurmUnreachable as exc:
+        return unreachable_why(exc)
+    said = " ".join(out.stderr.split())
+    if out.returncode == 0 or "Job is pending execution" in said:
+        # ESLURM_JOB_PENDING (job_mgr.c, _job_requeue_op): slurmctld requeued the job itself first
+        # (a preemption whose grace time ended, a node failure) while this stop was decided; what
+        # we asked for has happened (seen on the dev cluster: a preemption in the post-train
+        # stage was failed for it)
+        return None
+    return said or f"exit {out.returncode}"
+
+
+def fit_partition(size: Size) -> tuple[int, str] | None:
+    """How many nodes a requeued job should ask for, and why; None when it fits as it is (or
+    sinfo cannot tell). With fewer up in its partition outside its exclusions than it asks for, it
+    asks for what is up, never fewer than it needs: the run starts with fewer spares rather than
+    pending for nodes that may never come back (a dead node stays DOWN until an operator
+    returns it). With more up again, a job shrunk before asks for its spares back. Decided
+    before the requeue (the requeue ends the agents' step), applied after it by
+    :func:`update_pending` (only a pending job's size can change)."""
+    up = nodes_up(size.partition)
+    if not up or size.full <= size.needed:
+        return None
+    free = len([n for n in up if n not in size.excluded])
+    want = min(size.full, max(free, size.needed))
+    if want == size.asked:
+        return None
+    if want < size.asked:
+        why = (
+            f"only {free} node(s) of partition {size.partition} are up outside the excluded: the job now asks "
+            f"for {want} ({want - size.needed} spare(s) instead of {size.asked - size.needed})"
+        )
+    else:
+        why = (
+            f"{free} node(s) of partition {size.partition} are up again: the job asks for {want} "
+            f"({want - size.needed} spare(s))"
+        )
+    return want, why
+
+
+#: tries of ``scontrol update`` a second apart while the requeued job is not pending yet
+UPDATE_TRIES = 5
+
+
+def update_pending(
+    ref: str, exclude: list[str] | None = None, nodes: int | None = None, per_node: int = 1
+) -> str | None:
+    """One ``scontrol update`` of the job just requeued: its ``ExcNodeList`` and/or its size
+    (``NumNodes`` and ``NumTasks``: see :func:`fit_partition`). None when Slurm took it, else
+    its one-line complaint. Asked again for a few seconds while slurmctld does not see the job
+    pending yet. One call, not one per field: after an agent's requeue, Slurm is ending the
+    agent's own step.
+
+    Verified on the dev cluster (22.05), as a user who is not an operator, on a pending 3-node
+    job with ``--ntasks-per-node=1``: ``NumNodes=2 NumTasks=2`` is accepted and the job starts
+    on 2 nodes; ``NumNodes`` alone only lowers ``min_nodes`` (slurmctld: "setting min_nodes from
+    3 to 2") and the job, still ``NumTasks=3``, waits for a third; ``NumNodes=3 NumTasks=3``
+    afterwards is accepted too (a pending job's size is the user's to change both ways)."""
+    fields = [f"ExcNodeList={','.join(exclude)}"] if exclude is not None else []
+    if nodes is not None:
+        fields += [f"NumNodes={nodes}", f"NumTasks={nodes * per_node}"]
+    if not fields:
+        return None
+    for attempt in range(UPDATE_TRIES):
+        try:
+            out = run(["scontrol", "update", f"JobId={ref}", *fields], timeout=60)
+        except SlurmUnreachable as exc:
+            return unreachable_why(exc)
+        said = " ".join(out.stderr.split())
+        # a job just requeued may not be pending yet in slurmctld's view: ask again, briefly
+        if out.returncode == 0 or "pending" not in said.lower() or attempt == UPDATE_TRIES - 1:
+            break
+        time.sleep(1.0)
+    return None if out.returncode == 0 else (said or f"exit {out.returncode}")
+
+
+#: Slurm >= 24.05 books a batch job that ends after its preemption's grace-time signal as
+#: PREEMPTED and requeues it (proc_req.c, the job's GRACE_PREEMPT flag: SchedMD commit a689104d,
+#: "Treat jobs completing after being signalled for GraceTime as preempted"). The flag is cleared
+#: on that path only: neither `scontrol requeue` nor slurmctld's own requeue at the end of the
+#: grace time clears it. Seen on 24.11.5 (22.05 has no such flag): after the supervisor's own
+#: `scontrol requeue` of a preempted run, the next attempt trained to the end and was booked
+#: PREEMPTED and requeued once more (a third attempt, "nothing to do"); with Requeue=0 set before
+#: that end it was not requeued but still booked PREEMPTED. So on >= 24.05 the supervisor ends the
+#: batch script in the grace time instead of `scontrol requeue` (:func:`requeued_by_ending`: one
+#: PREEMPTED row, then COMPLETED), and sets Requeue=0 before any end for good
+#: (:func:`ending_for_good`), for a flag left by slurmctld's own requeue (a save longer than the
+#: grace time): such a run is not started again, only booked PREEMPTED.
+GRACE_PREEMPT_REQUEUES_SINCE = (24, 5)
+
+
+def requeued_by_ending(job_id: str | None, partition: str | None = None) -> bool:
+    """Whether the end of this batch script is itself the job's requeue: on Slurm >= 24.05, in a
+    preemption's grace time (PreemptTime set), for a --requeue job on a partition that preempts by
+    REQUEUE. Slurm then books the attempt PREEMPTED, requeues the job and clears its grace-time
+    flag; `scontrol requeue` instead would leave the flag set (GRACE_PREEMPT_REQUEUES_SINCE).
+    False when any of it is not so, or cannot be asked: `scontrol requeue` as on 22.05. (A new
+    ExcNodeList needs that too: Slurm takes it only once the job is pending again, "Job is no
+    longer pending execution" on a running one, seen on 24.11; 22.05's job_mgr.c has the same
+    ESLURM_JOB_NOT_PENDING check.)"""
+    version = slurm_version()
+    if not job_id or version is None or version < GRACE_PREEMPT_REQUEUES_SINCE:
+        return False
+    info = show_job(job_id)
+    if not preempting(info) or info.get("Requeue") != "1":
+        return False
+    part = info.get("Partition") or partition
+    try:
+        out = run(["scontrol", "show", "partition", "-o", part], timeout=10) if part else None
+    except SlurmUnreachable:
+        return False
+    return out is not None and "REQUEUE" in parse.show_job(out.stdout).get("PreemptMode", "")
+
+
+def ending_for_good(ref: str) -> str | None:
+    """The batch script is about to end and the job must not come back (the run is done, or
+    failed): on Slurm >= 24.05 set the job's Requeue=0, so that an earlier preemption's grace-time
+    flag cannot requeue it (GRACE_PREEMPT_REQUEUES_SINCE). None when done or not needed, else
+    Slurm's complaint (the run's outcome stands either way)."""
+    version = slurm_version()
+    if version is None or version < GRACE_PREEMPT_REQUEUES_SINCE:
+        return None
+    try:
+        out = run(["scontrol", "update", f"JobId={ref}", "Requeue=0"], timeout=10)
+    except SlurmUnreachable as exc:
+        return unreachable_why(exc)
+    return None if out.returncode == 0 else all_said(out)
+
+
+#: Slurm < 24.05, seen on 22.05.8: a job requeued (`scontrol requeue`) while a dead node still
+#: holds it COMPLETING is started again the moment Slurm calls that node DOWN (its begin time was
+#: set at the requeue, long past by then), racing the survivors' clean-up of the old allocation:
+#: the new batch step failed in job_container/tmpfs ("container_p_join: open failed for
+#: .../<job>/.ns") and the job ended FAILED, the run lost. 24.11 requeues at the DOWN and waits
+#: cred_expire before the next start (slurmctld: "Requeuing JobId=2" then "Allocate" 11 s later).
+REQUEUE_DELAY_SINCE = (24, 5)
+
+
+def hold_after_dead_node(conf: dict[str, str]) -> int:
+    """Seconds a job requeued around a dead node must not start again (Slurm < 24.05,
+    REQUEUE_DELAY_SINCE): until Slurm can have called the node DOWN (SlurmdTimeout and up to a
+    third more), plus the cred_expire Slurm's own requeue would wait after that."""
+    slurmd = slurmd_timeout_s(conf)
+    cred = 120
+    for part in (conf.get("AuthInfo") or "").split(","):
+        if part.strip().startswith("cred_expire="):
+            cred = int(part.split("=", 1)[1])
+    return int(slurmd * 4 / 3) + cred
+
+
+def hold_if_dead_node_lingers(ref: str) -> str | None:
+    """On Slurm < 24.05 (REQUEUE_DELAY_SINCE), hold a job just requeued around a dead node until
+    Slurm has let that node go (:func:`hold_after_dead_node`); None when held or not needed,
+    else why it could not be."""
+    version = slurm_version()
+    if version is None or version >= REQUEUE_DELAY_SINCE:
+        return None
+    return hold_start(ref, hold_after_dead_node(slurm_config()))
+
+
+def hold_start(ref: str, seconds: int) -> str | None:
+    """The requeued job may not start before ``seconds`` from now (its StartTime)."""
+    try:
+        out = run(["scontrol", "update", f"JobId={ref}", f"StartTime=now+{seconds}"], timeout=10)
+    except SlurmUnreachable as exc:
+        return unreachable_why(exc)
+    return None if out.returncode == 0 else all_said(out)
