@@ -36,6 +36,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
     from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
+    from hpc_llm.launch.precheck import warm_up
 
     if cfg.hydra.job.chdir:
         raise ConfigError(
@@ -43,6 +44,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
             "must not be shared between nodes) and write to the run dir by its absolute path; allowed: false"
         )
     job = resolve_job(cfg, run_dir, preview=preview)
+    warm_up(cfg)  # the check's stack imports while the other points are composed (at the first one)
     train = build_train_config(cfg, job, run_name="validate")
     # binds depend on the whole config (data, checkpoints, run dir): conflicts show here
     job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
@@ -54,8 +56,9 @@ def check_sweep(points: list[tuple[DictConfig, Any, str]]) -> None:
     LLM Foundry's and Composer's own code in the job's environment (hpc_llm/launch/precheck.py)."""
     from hpc_llm.launch.precheck import check_sweep as check
     from hpc_llm.launch.precheck import point_of
+    from hpc_llm.launch.sweeper import job_run_dir
 
-    check([point_of(cfg, train, label) for cfg, train, label in points if isinstance(train, dict)])
+    check([point_of(cfg, train, label, job_run_dir(cfg)) for cfg, train, label in points if isinstance(train, dict)])
 
 
 #: the command line as the user typed it, for hpc_llm.rundir.provenance

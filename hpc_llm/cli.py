@@ -3,6 +3,7 @@
     hpc-llm plugins                 every registered plugin, per kind, with its package
     hpc-llm config [overrides]      the LLM Foundry train config a run would get (YAML)
     hpc-llm render [overrides]      the exact sbatch script a Slurm run would submit
+    hpc-llm check [overrides] | --status | --stop   the check before the queue; its warm checkers
     hpc-llm status [--all]          the run ledger, refreshed from Slurm (a sweep is one line)
     hpc-llm wait SWEEP_DIR|RUN      until every run has ended, with a live line per run
     hpc-llm logs RUN [--rank N] [-f]
@@ -105,8 +106,39 @@ def cmd_render(args: argparse.Namespace) -> int:
     from hpc_llm.launch.sbatch.render import render
 
     job = compose_job(args.overrides)
-    check_sweep([point_of(job.cfg, job.train)])  # what the job's own code would refuse (precheck.enabled)
+    check_sweep([point_of(job.cfg, job.train, run_dir=job.run_dir)])  # what the job's own code would refuse
     sys.stdout.write(render(job.spec))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """The check before the queue of a config, as a submit runs it; or the warm checkers."""
+    import time
+
+    from hpc_llm.launch import checker_client as checkers
+
+    if args.stop:
+        stopped = checkers.stop()
+        print(f"stopped {len(stopped)} warm checker(s)" + "".join(f"\n  {one.record.get('name')}" for one in stopped))
+        return 0
+    if args.status:
+        found = checkers.running()
+        print(f"warm checkers of this user on this host: {len(found)} (in {checkers.checkers_dir()})")
+        for one in found:
+            said = one.hello
+            idle = f"idle {said.get('idle_for_s', 0):.0f} s of {said.get('idle_s', 0):.0f}"
+            print(
+                f"  {said.get('name')}: pid {said.get('pid')}, {said.get('state')}, {said.get('stack') or '?'}, "
+                f"{idle}, {said.get('rss_mb') or '?'} MB, up {time.time() - float(said.get('started', 0)):.0f} s, "
+                f"socket {one.place.socket}"
+            )
+        print(f"verdicts in the cache: {checkers.cached_verdicts()} (in {checkers.cache_dir()})")
+        return 0
+    from hpc_llm.launch.precheck import check_sweep, point_of
+    from hpc_llm.launch.sbatch.preview import compose_job
+
+    job = compose_job([*args.overrides, "precheck.enabled=true"])
+    check_sweep([point_of(job.cfg, job.train, run_dir=job.run_dir)])
     return 0
 
 
@@ -386,6 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the sbatch script a Slurm run would submit")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
     p.set_defaults(func=cmd_render)
+    p = sub.add_parser(
+        "check",
+        help="the check before the queue of a config, as a submit runs it (through the warm checker); "
+        "or the warm checkers: --status, --stop",
+    )
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m hpc_llm")
+    p.add_argument("--status", action="store_true", help="the warm checkers of this user on this host, the cache")
+    p.add_argument("--stop", action="store_true", help="stop the warm checkers of this user on this host")
+    p.set_defaults(func=cmd_check)
     p = sub.add_parser("status", help="runs in the ledger, with their Slurm state (a sweep is one line)")
     p.add_argument("--limit", type=int, default=500, help="at most this many of the latest runs (default 500)")
     p.add_argument("--dry-runs", action="store_true", help="also the dry runs (hydra.launcher.dry_run=true)")

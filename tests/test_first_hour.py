@@ -40,6 +40,15 @@ def checked(env: dict[str, str]) -> dict[str, str]:
     return {**env, "HPC_LLM_PRECHECK": "1"}
 
 
+@pytest.fixture(autouse=True)
+def no_checker_left(app_env: dict[str, str]):
+    """The warm checkers a test's submits started (docs/guides/precheck.md), stopped after it."""
+    yield
+    if (Path(app_env["HPC_LLM_HOME"]) / "precheck" / "checkers").is_dir():  # the check ran
+        proc = run_cli(["check", "--stop"], app_env)
+        assert proc.returncode == 0, explain(proc)
+
+
 def errors(proc: subprocess.CompletedProcess) -> list[str]:
     return [ln.removeprefix("hpc_llm: error: ") for ln in proc.stderr.splitlines() if ln.startswith("hpc_llm: error:")]
 
@@ -135,6 +144,12 @@ def test_the_check_runs_in_the_image_through_the_container_runtime(apptainer, sa
     assert proc.returncode == 2, explain(proc)
     assert errors(proc)[0].startswith("train.max_duration='1xx': ValueError: Invalid time string: 1xx"), proc.stderr
     assert not runs_dir.exists()
+    # the image's warm checker (its directories bound in) answers the same again from the cache
+    again = run_app([*args, "train.max_duration=1xx"], checked(app_env), cwd=tmp_path)
+    assert again.returncode == 2 and errors(again) == errors(proc), explain(again)
+    assert "1 point, from the cache; " in again.stderr and f"(the image {sandbox})" in again.stderr, again.stderr
+    status = run_cli(["check", "--status"], app_env)
+    assert f"the image {sandbox}: pid" in status.stdout, explain(status)
     missing = run_app([*args, "container.executable=/nowhere/apptainer"], checked(app_env), cwd=tmp_path)
     assert "/nowhere/apptainer (container.executable) is not on this machine" in missing.stderr, explain(missing)
 

@@ -297,6 +297,14 @@ class PrecheckConfig:
     # arguments, registry names, loader arguments and batch splits are refused here instead
     # of after the queue wait. false (or HPC_LLM_PRECHECK=0 in the environment): skip it.
     enabled: bool = True
+    # Keep the stack imported between submits in a warm checker of the user's on this host (one
+    # per environment; docs/guides/precheck.md); false: one process per submit.
+    warm: bool = True
+    # The warm checker ends itself after this many seconds without a submit (it holds ~1 GB).
+    idle_s: float = 600
+    # Answer a point already checked with the same stack (and environment) from the cache of
+    # verdicts in <hpc_llm home>/precheck/cache; false: check every point again.
+    cache: bool = True
 
 
 @dataclass

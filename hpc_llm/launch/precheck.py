@@ -1,22 +1,30 @@
-"""The check before the queue, login side: every point of a sweep, in one process of the job's
-own environment.
+"""The check before the queue, login side: every point of a sweep, in the job's own environment.
 
 The login node never imports the training stack. What LLM Foundry and Composer would refuse
 at the job's start (a time string, a precision, an optimizer argument, a registry name, a
 loader's arguments, the batch split at the point's world size) is asked of that stack where
 the job will run it: the venv the ranks use (``hydra.launcher.python``, else this
 interpreter), or the image through the container runtime (``container=apptainer``), running
-:mod:`hpc_llm.job.rank.foundry_check` once for all points of the sweep. One bad point stops
+:mod:`hpc_llm.job.rank.foundry_check`'s code on all points of the sweep. One bad point stops
 the whole sweep: nothing is created or submitted. Each problem is one line naming the key the
 user set (``checkpoint.interval`` for a preset's ``save_interval``, ``train.variables.x``
 where the value comes from a yaml variable). Where that environment is missing here (no
 such python, no apptainer on the login node, a stack that does not import), it says so once
 and the sweep goes on unchecked. ``precheck.enabled=false`` (or ``HPC_LLM_PRECHECK=0``)
 turns it off.
+
+How it runs (docs/guides/precheck.md): a point already checked with the same stack is answered
+from the cache of verdicts (``precheck.cache``); the others go to the environment's warm
+checker (:mod:`hpc_llm.launch.checker_client`), which keeps the stack imported between submits
+and ends after ``precheck.idle_s`` without one; it is started as the sweep's first point is
+validated, so a cold start imports the stack while the other points are composed. Where no
+checker can start (``precheck.warm=false``, an image whose hpc_llm has none) the check runs as
+one process, as before. One line on stderr says how it ran and what it took.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,13 +32,15 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.errors import ConfigError, warn_once
+from hpc_llm.launch import checker_client
 
 MODULE = "hpc_llm.job.rank.foundry_check"
 #: hpc_llm.job.rank.foundry_check.EXIT_NO_STACK (the login side never imports hpc_llm.job)
@@ -61,14 +71,25 @@ class Point:
     #: "job 3 [train.optimizer.lr=1e-4]"; empty for a single run
     label: str = ""
     world_size: int = 1
+    #: the point's run dir, written as :data:`RUN_DIR` in what is checked (and cached)
+    run_dir: str | None = None
+
+
+#: what a point's run dir is called in the train config the check gets: no verdict depends on
+#: where the run will be (the check reads no path), so a submit of the same config into a new
+#: sweep dir is answered from the cache; ``hpc-llm config`` shows train configs with it
+RUN_DIR = "<run dir>"
 
 
 @dataclass
 class Environment:
-    """Where the job's code runs: a command prefix, and what to call it in messages."""
+    """Where the job's code runs, and what to call it in messages."""
 
-    command: list[str]
     name: str
+    #: names its warm checker and its verdicts (:func:`checker_client.identity`)
+    identity: str = ""
+    #: the job's python running ARGS, with the host directories BINDS visible (an image binds them)
+    run: Callable[[list[str], list[str]], list[str]] | None = None
     missing: str | None = None
     points: list[int] = field(default_factory=list)
 
@@ -78,7 +99,7 @@ def enabled(cfg: DictConfig) -> bool:
 
 
 def environment(cfg: DictConfig) -> Environment:
-    """The job's Python, as the launcher will start it, running :data:`MODULE`."""
+    """The job's Python, as the launcher will start it."""
     container = cfg.container
     if container.name != "none":
         return _container_environment(cfg)
@@ -87,40 +108,94 @@ def environment(cfg: DictConfig) -> Environment:
     exe = command[0]
     found = shutil.which(exe) if "/" not in exe else (exe if os.access(exe, os.X_OK) else None)
     missing = None if found else f"{exe} (hydra.launcher.python) is not on this machine"
-    return Environment([*command, "-m", MODULE], f"the job's python ({exe})", missing)
+    if "/" in exe:
+        command[0] = os.path.abspath(exe)  # a warm checker starts in /
+    return Environment(
+        f"the job's python ({exe})",
+        checker_client.identity("python", command),
+        lambda args, binds: [*command, *args],
+        missing,
+    )
 
 
 def _container_environment(cfg: DictConfig) -> Environment:
     from hpc_llm.config.validate import components
     from hpc_llm.paths import cache_dir
-    from hpc_llm.plugins.base import Mounts
+    from hpc_llm.plugins.base import HostPath, Mounts
 
     container = cfg.container
     name = f"the image {container.image}"
     exe = str(container.executable)
     if shutil.which(exe) is None:
-        return Environment([], name, f"{exe} (container.executable) is not on this machine")
+        return Environment(name, missing=f"{exe} (container.executable) is not on this machine")
     here = str(cache_dir().expanduser().resolve())
     os.makedirs(here, exist_ok=True)  # bound: it must exist
     job = components(cfg, here)
-    # binds that exist here (the run dir and scratch do not yet); the image as given, not a staged copy
+    # the image as given, not a staged copy; bound: the user's binds (where the stack may live)
+    # and the check's own directories, not the run's data (the check reads none)
     section: DictConfig = OmegaConf.merge(container, {"stage": False})  # type: ignore[assignment]
-    paths = tuple(p for p in job.mounts(cfg).paths if os.path.exists(p.path))
-    mounts = Mounts(run_dir=here, paths=paths, scratch=None, gpus=False)
-    command = job.container.wrap(section, mounts, [str(container.python), "-m", MODULE])
-    return Environment(command, name)
+
+    def run(args: list[str], binds: list[str]) -> list[str]:
+        paths = tuple(HostPath(b, "the check before the queue") for b in binds)
+        mounts = Mounts(run_dir=here, paths=paths, scratch=None, gpus=False)
+        return job.container.wrap(section, mounts, [str(container.python), *args])
+
+    image = os.path.realpath(os.path.expanduser(str(container.image)))
+    try:
+        st = os.stat(image)
+        made: list[int] = [st.st_ino, st.st_size, st.st_mtime_ns]
+    except OSError:
+        made = []
+    identity = checker_client.identity("image", [OmegaConf.to_container(section, resolve=True), image, made])
+    return Environment(name, identity, run)
+
+
+def _settings(cfg: DictConfig) -> tuple[bool, float, bool]:
+    """``precheck.warm``, ``precheck.idle_s``, ``precheck.cache``."""
+    idle_s = float(OmegaConf.select(cfg, "precheck.idle_s", default=600))
+    if not idle_s > 0:
+        raise ConfigError(
+            f"precheck.idle_s={idle_s:g}: the warm checker would end before it is asked; "
+            "allowed: seconds > 0 (precheck.warm=false: no warm checker)"
+        )
+    warm = bool(OmegaConf.select(cfg, "precheck.warm", default=True))
+    return warm, idle_s, bool(OmegaConf.select(cfg, "precheck.cache", default=True))
+
+
+def _starter(env: Environment, cfg: DictConfig) -> checker_client.Starter:
+    if env.run is None:
+        raise checker_client.Unavailable(env.missing or "no environment")
+    _warm, idle_s, cache = _settings(cfg)
+    return checker_client.Starter(env.identity, env.name, env.run, idle_s, cache)
+
+
+_WARMING = False
+
+
+def warm_up(cfg: DictConfig) -> None:
+    """Start the warm checker of ``cfg``'s environment unless it is up, without waiting for it:
+    the stack imports while the other points of the sweep are composed and validated (once a
+    process, at its first point)."""
+    global _WARMING
+    if _WARMING or not enabled(cfg) or not _settings(cfg)[0]:
+        return
+    _WARMING = True
+    env = environment(cfg)
+    if env.missing is None:
+        with contextlib.suppress(checker_client.Unavailable, OSError):
+            checker_client.start(_starter(env, cfg))
 
 
 def check_sweep(points: Sequence[Point]) -> None:
-    """Every point whose ``precheck.enabled`` through the job's own code, one process per
+    """Every point whose ``precheck.enabled`` through the job's own code, one checker per
     environment (one for a sweep); a ConfigError with one line per problem, or nothing."""
     todo = [p for p in points if enabled(p.cfg)]
     if not todo:
         return
-    envs: dict[tuple[str, ...], Environment] = {}
+    envs: dict[str, Environment] = {}
     for i, p in enumerate(todo):
         env = environment(p.cfg)
-        envs.setdefault(tuple(env.command) or (env.name,), env).points.append(i)
+        envs.setdefault(env.identity or env.name, env).points.append(i)
     lines: list[str] = []
     for env in envs.values():
         if env.missing:
@@ -133,14 +208,72 @@ def check_sweep(points: Sequence[Point]) -> None:
         raise ConfigError(lines[0], lines[1:])
 
 
+def _payload(p: Point) -> dict[str, Any]:
+    train = _masked(p.train, p.run_dir) if p.run_dir else p.train
+    return {"train": train, "world_size": p.world_size, "device": str(p.cfg.cluster.device)}
+
+
+def _masked(node: Any, run_dir: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _masked(v, run_dir) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_masked(v, run_dir) for v in node]
+    if isinstance(node, str) and (node == run_dir or node.startswith(run_dir.rstrip("/") + "/")):
+        return RUN_DIR + node[len(run_dir) :]
+    return node
+
+
 def _run(env: Environment, points: list[Point]) -> list[list[Any]] | None:
-    payload = {
-        "points": [{"train": p.train, "world_size": p.world_size, "device": str(p.cfg.cluster.device)} for p in points]
-    }
+    payload = [_payload(p) for p in points]
+    warm, _idle_s, cache = _settings(points[0].cfg)
+    t0 = time.perf_counter()
+    checker: checker_client.Warm | None = None
+    said: dict[str, Any] | None = None
+    why = "precheck.warm=false"
+    if warm:
+        try:
+            checker, said = checker_client.check(_starter(env, points[0].cfg), payload, TIMEOUT_S)
+        except checker_client.Unavailable as exc:
+            why = f"no warm checker: {exc}"
+        except checker_client.NoAnswer as exc:
+            warn_once(f"{env.name} could not check the train configs ({exc}); submitting them unchecked")
+            return None
+    if said is None:
+        said = _one_shot(env, payload, cache)
+        if said is None:
+            return None
+    if "missing" in said:
+        warn_once(
+            f"{env.name} has no training stack on this machine (no module {said['missing']}): train configs not "
+            "checked before submitting (precheck.enabled=false hides this)"
+        )
+        return None
+    if "problems" not in said:
+        warn_once(f"{env.name} could not check the train configs ({said.get('error')}); submitting them unchecked")
+        return None
+    _say(env, len(points), said, checker, why, time.perf_counter() - t0)
+    return [[i, key, _unmasked(points[int(i)], str(message))] for i, key, message in said["problems"]]
+
+
+def _unmasked(p: Point, message: str) -> str:
+    return message.replace(RUN_DIR, p.run_dir) if p.run_dir else message
+
+
+def _one_shot(env: Environment, payload: list[dict[str, Any]], cache: bool) -> dict[str, Any] | None:
+    """The check as one process of the job's environment (no warm checker)."""
+    if env.run is None:
+        return {"error": env.missing}
+    args = ["-m", MODULE]
+    binds: list[str] = []
+    if cache:
+        with contextlib.suppress(checker_client.Unavailable):
+            where = checker_client.private_dir(checker_client.cache_dir())
+            args += ["--cache", str(where), "--environment", env.identity]
+            binds.append(str(where))
     try:
         proc = subprocess.run(
-            env.command,
-            input=json.dumps(payload),
+            env.run(args, binds),
+            input=json.dumps({"points": payload}),
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -151,17 +284,38 @@ def _run(env: Environment, points: list[Point]) -> list[list[Any]] | None:
         return None
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     if proc.returncode == EXIT_NO_STACK:
-        missing = _json(last).get("missing", "?")
-        warn_once(
-            f"{env.name} has no training stack on this machine (no module {missing}): train configs not "
-            "checked before submitting (precheck.enabled=false hides this)"
-        )
-        return None
+        return {"missing": _json(last).get("missing", "?")}
     if proc.returncode != 0 or "problems" not in _json(last):
         tail = " ".join((proc.stderr.strip().splitlines() or ["(no output)"])[-1].split())
-        warn_once(f"{env.name} could not check the train configs ({tail[-300:]}); submitting them unchecked")
-        return None
-    return list(_json(last)["problems"])
+        return {"error": tail[-300:]}
+    return _json(last)
+
+
+def _say(
+    env: Environment,
+    n: int,
+    said: dict[str, Any],
+    checker: checker_client.Warm | None,
+    why: str,
+    wall: float,
+) -> None:
+    """The one line that says the check ran, how (from the cache, warm, cold) and what it took."""
+    cached, checked = int(said.get("cached", 0)), int(said.get("checked", n))
+    points = f"{n} point{'s' if n != 1 else ''}"
+    from_cache = f", {cached} from the cache" if cached else ""
+    done = f"{checked} checked in {float(said.get('check_s', 0)):.2f} s{from_cache}"
+    imported = float(said.get("import_s", 0))
+    if not checked:
+        how = "from the cache"
+    elif checker is None:
+        how = f"cold, one process ({why}): the stack imported in {imported:.1f} s, {done}"
+    elif checker.started_here or float(said.get("waited_s", 0)) > 0.05:
+        beside = max(0.0, imported - float(said.get("waited_s", 0)))
+        how = f"cold, started the warm checker: the stack imported in {imported:.1f} s"
+        how += f" ({beside:.1f} s of it while the points were composed), {done}" if beside >= 0.05 else f", {done}"
+    else:
+        how = f"warm, {done}"
+    sys.stderr.write(f"hpc_llm: check before the queue: {points}, {how}; {wall:.2f} s in all ({env.name})\n")
 
 
 def _json(line: str) -> dict[str, Any]:
@@ -245,7 +399,7 @@ def _interpolated_variable(raw: Any) -> str | None:
     return m.group(1) if m else None
 
 
-def point_of(cfg: DictConfig, train: dict[str, Any], label: str = "") -> Point:
+def point_of(cfg: DictConfig, train: dict[str, Any], label: str = "", run_dir: str | None = None) -> Point:
     from hpc_llm.config.plan import make_plan
 
-    return Point(cfg, train, label, make_plan(cfg).world_size)
+    return Point(cfg, train, label, make_plan(cfg).world_size, run_dir)

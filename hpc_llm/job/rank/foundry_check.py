@@ -20,16 +20,24 @@ registries (their arguments checked against the constructor's signature: none is
 contact a service); a torch ``DataLoader`` over a dummy dataset with each loader's arguments
 and the defaults LLM Foundry's builder fills in. What this cannot see (data shards, the
 tokenizer against the vocabulary, memory) is listed in docs/guides/your-yaml.md.
+
+With ``--cache DIR --environment ID`` a point already checked with this stack is answered from
+:mod:`hpc_llm.job.rank.verdict_cache` and the stack is imported only for the others; the last
+line then also says how many were ``cached`` and ``checked`` and what importing the stack cost
+(``import_s``). The warm checker (:mod:`hpc_llm.job.rank.check_server`) runs the same
+:func:`check_points` without starting the stack at every submit.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import inspect
 import json
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -119,6 +127,8 @@ def check_foundry_config(train: dict[str, Any], world_size: int, problems: Probl
     :func:`_shape` of config)."""
     shape = _shape(train, world_size)
     if shape not in _SAID:
+        if len(_SAID) > 4096:  # a warm checker lives for many sweeps: bounded
+            _SAID.clear()
         said = Problems()
         _foundry_config(train, world_size, said)
         _SAID[shape] = said.found
@@ -350,23 +360,73 @@ def check_loader(key: str, loader: Any, problems: Problems) -> None:
         problems.add(where, f"{shown}{said}: torch refuses it ({_first_line(exc)}); allowed: {allowed}")
 
 
-def main() -> int:
-    points = json.load(sys.stdin)["points"]
-    try:
-        import composer  # noqa: F401
-        import llmfoundry  # noqa: F401
-    except ImportError as exc:
-        print(json.dumps({"missing": f"{exc.name or exc}"}))
-        return EXIT_NO_STACK
-    found: list[list[Any]] = []
+def import_stack() -> None:
+    """Everything :func:`check_point` imports, once (ImportError where the stack is missing):
+    what a cold check spends most of its time on, paid before the first point."""
+    import composer  # noqa: F401
+    import llmfoundry  # noqa: F401
+    import torch.utils.data  # noqa: F401
+    from composer.core import Time  # noqa: F401
+    from composer.core.precision import Precision  # noqa: F401
+    from composer.devices import DeviceCPU  # noqa: F401
+    from llmfoundry.models.mpt import MPTConfig  # noqa: F401
+    from llmfoundry.utils.builders import build_optimizer  # noqa: F401
+    from llmfoundry.utils.config_utils import TrainConfig  # noqa: F401
+
+    from hpc_llm.job.rank import foundry
+
+    foundry.register()
+
+
+def check_points(points: list[dict[str, Any]]) -> list[list[tuple[str, str]]]:
+    """Each point's problems (``{"train", "world_size", "device"}`` as on stdin)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the stack's deprecation notices are not the user's problems
-        for i, point in enumerate(points):
-            for key, message in check_point(point["train"], int(point["world_size"]), str(point["device"])):
-                found.append([i, key, message])
-    sys.stdout.write("\n" + json.dumps({"problems": found}) + "\n")
+        return [check_point(p["train"], int(p["world_size"]), str(p["device"])) for p in points]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hpc_llm.job.rank.stack_fingerprint import describe, fingerprint, sources, versions
+    from hpc_llm.job.rank.verdict_cache import VerdictCache
+
+    parser = argparse.ArgumentParser(prog="python -m hpc_llm.job.rank.foundry_check")
+    parser.add_argument("--cache", help="the verdicts' directory (hpc_llm.job.rank.verdict_cache)")
+    parser.add_argument("--environment", default="", help="the environment as the login side names it")
+    args = parser.parse_args(argv)
+    points = json.load(sys.stdin)["points"]
+    cache = VerdictCache(args.cache, args.environment, fingerprint() if args.cache else "")
+    keys = [cache.key(p) for p in points]
+    verdicts = [cache.get(k) for k in keys]
+    todo = [i for i, v in enumerate(verdicts) if v is None]
+    t0 = time.perf_counter()
+    if todo:
+        try:
+            import_stack()
+        except ImportError as exc:
+            print(json.dumps({"missing": f"{exc.name or exc}"}))
+            return EXIT_NO_STACK
+    t1 = time.perf_counter()
+    found = check_points([points[i] for i in todo])
+    made_with = sources()
+    for i, problems in zip(todo, found, strict=True):
+        verdicts[i] = [list(p) for p in problems]
+        cache.put(keys[i], problems, made_with)
+    said = {
+        "problems": [[i, key, message] for i, found in enumerate(verdicts) for key, message in found or ()],
+        "cached": len(points) - len(todo),
+        "checked": len(todo),
+        "import_s": round(t1 - t0, 3),
+        "check_s": round(time.perf_counter() - t1, 3),
+        "stack": describe(versions()),
+    }
+    sys.stdout.write("\n" + json.dumps(said) + "\n")
     return 0
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a module by the login side
-    raise SystemExit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # without the interpreter's teardown: with the stack loaded it takes ~2 s (7,000 modules'
+    # objects freed one by one) that nobody waits for
+    os._exit(code)
