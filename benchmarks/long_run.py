@@ -90,8 +90,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc_llm.config.schema import FaultConfig  # noqa: E402
-from hpc_llm.job.failures import RankFailure, TaskError  # noqa: E402
+from hpc_llm.job.failures import RankExit, RankFailure  # noqa: E402
 from hpc_llm.job.supervisor import policy  # noqa: E402
+from hpc_llm.job.supervisor.history import excluded_by_history  # noqa: E402
 from hpc_llm.results.estimate import KEEP_CHECKPOINTS, NODE_MTBF_DAYS, checkpoint_save_s  # noqa: E402
 from hpc_llm.rundir.record import Attempt  # noqa: E402
 
@@ -305,7 +306,7 @@ def simulate(
                 for node, back in list(down.items()):
                     if back <= r.t:
                         del down[node]
-                left_out = policy.excluded_by_history(history, r.t, s)
+                left_out = excluded_by_history(history, r.t, s.forgive_after_s)
                 usable = [x for x in names if x not in down and x not in left_out]
                 # Slurm starts the job when N + S nodes are usable: a repair or an exclusion's end
                 nxt = min(down.values(), default=math.inf)
@@ -372,9 +373,9 @@ def simulate(
                 facts.update(
                     returncode=1,
                     failures=(f,),
-                    task_errors=(
-                        TaskError(victim, str(rank), "Exited with exit code 1"),
-                        TaskError(bystander, "0-7", "Terminated"),
+                    rank_exits=(
+                        RankExit(rank, victim, 1, "exited with 1"),
+                        RankExit(0, bystander, -9, "killed by SIGKILL", killed=True),
                     ),
                 )
             elif kind == "hang":

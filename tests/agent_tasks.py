@@ -34,7 +34,7 @@ def _record(cfg: Any, env: JobEnv) -> RunRecord | None:
     plan = JobPlan("agent_test", int(cfg.nodes), world // int(cfg.nodes), 0, 1, world, "cpu", "ddp", 3600, str(run_dir))
     resumed = int(cfg.get("resume", 0))
     record = RunRecord.open(
-        run_dir, plan, {}, job_id=env.job_id, restart=env.restart, started_at=time.time(), step=env.step
+        run_dir, plan, {}, job_id=env.job_id, restart=env.restart, started_at=time.time(), step=env.generation
     )
     record.note(resumed_at_batch=resumed, forked_at=env.forked_at)
     return record
@@ -45,20 +45,20 @@ def train(cfg: Any) -> dict[str, Any]:
     out = Path(cfg.out)
     record = _record(cfg, env)
     heartbeat.phase("train")
-    mine = out / f"g{env.step}.r{env.rank}"
+    mine = out / f"g{env.generation}.r{env.rank}"
     for b in range(1, int(cfg.batches) + 1):
         got = preemption.received()
         if got:
             fence.check("the stop's record")
-            (out / f"stopped.g{env.step}.r{env.rank}").write_text(str(b - 1))
+            (out / f"stopped.g{env.generation}.r{env.rank}").write_text(str(b - 1))
             if record is not None:
                 record.note(signal=got.get("signal"), signal_time=got.get("time"))
                 record.stopped({}, batch=b - 1, cause=None)
             raise SystemExit(0)
         time.sleep(float(cfg.batch_s))
-        if env.step == 0 and cfg.get("crash") and [env.rank, b] == list(cfg.crash):
+        if env.generation == 0 and cfg.get("crash") and [env.rank, b] == list(cfg.crash):
             raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered (rank {env.rank}, batch {b})")
-        if env.step == 0 and cfg.get("stall") and b == int(cfg.stall[0]):
+        if env.generation == 0 and cfg.get("stall") and b == int(cfg.stall[0]):
             time.sleep(float(cfg.stall[1]))  # the main thread stuck; the heartbeat thread beats on
         heartbeat.progress(b)
         if record is not None and b == 1:
@@ -98,7 +98,9 @@ def stack(cfg: Any) -> dict[str, Any]:
     tdist.all_reduce(t)
     tdist.destroy_process_group()
     threads = torch.get_num_threads()
-    (out / f"stack.g{env.step}.r{env.rank}").write_text(f"{t.item()} {len(encoded)} {threads} {float(a.sum()):.3f}")
+    (out / f"stack.g{env.generation}.r{env.rank}").write_text(
+        f"{t.item()} {len(encoded)} {threads} {float(a.sum()):.3f}"
+    )
     if env.rank == 0:
         record = _record(cfg, env)
         if record is not None:

@@ -139,16 +139,16 @@ def _free_port_block(n: int) -> int:
     Below the kernel's ephemeral range: blocks drawn from 30000-55000 all failed once beside the
     2,048-agent fleet test, whose thousands of connections left their source ports in TIME_WAIT
     ("no free port block" after 200 draws). And below the jobs' rendezvous ports
-    (``hpc_llm.ports.PORT_BASE``, 20000 and up), which the tests' own runs use on this same host:
+    (``hpc_llm.config.ports.PORT_BASE``, 20000 and up), which the tests' own runs use on this same host:
     a daemon started on a port an agent had just found free, before its rank 0 bound it, fails
     that rank's rendezvous. So the block lies in 1100-9999 (its gRPC ports in 11100-19999).
     SO_REUSEADDR as slurmctld, slurmd and the S3 server bind."""
     import random
     import socket
 
+    from hpc_llm.config.ports import PORT_BASE
     from hpc_llm.devcluster.s3_server import GRPC_OFFSET
     from hpc_llm.job.wire import ephemeral_ports
-    from hpc_llm.ports import PORT_BASE
 
     top = min(ephemeral_ports()[0], PORT_BASE) - GRPC_OFFSET - n
     for _ in range(200):

@@ -187,7 +187,7 @@ def test_a_killed_rank_restarts_in_place_from_the_same_warm_agents(job):
     assert j.wait() == 0, j.text()
     first, second = j.attempts()
     assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", ["n2"])
-    assert "Killed" in first["error"] and second["step"] == 1 and second["state"] == "completed"
+    assert "killed by SIGKILL" in first["error"] and second["step"] == 1 and second["state"] == "completed"
     assert j.batch(1, 3) == 60 and j.batch(1, 0) == 60
     # generation 1 was forked by the same agents, within a second of the kill
     assert all(alive(p) for p in agents) or j.proc.returncode == 0

@@ -12,9 +12,12 @@ import time
 import pytest
 
 from hpc_llm.job import failures, heartbeat, messages
-from hpc_llm.job.supervisor import hang_watch, policy, slurm_job
-from hpc_llm.job.supervisor import loop as supervisor
+from hpc_llm.job.failures import RankExit
+from hpc_llm.job.supervisor import hang_watch, main, policy
+from hpc_llm.job.supervisor.options import Policy
+from hpc_llm.job.supervisor.watch import GenerationRun
 from hpc_llm.rundir.record import Attempt, Attempts
+from hpc_llm.slurm import parse
 
 
 def failure(rank=0, type_="RuntimeError", message="boom", batch=7, node="n1", t=None):
@@ -39,7 +42,7 @@ def in_process(tmp_path, monkeypatch, *, nodes=1, per_node=1, **policy_kw):
     logs.mkdir(parents=True, exist_ok=True)
     for k, v in agents_env(logs).items():
         monkeypatch.setenv(k, v)
-    policy = supervisor.Policy(
+    policy = Policy(
         run_dir=run_dir,
         nodes=nodes,
         tasks_per_node=per_node,
@@ -49,9 +52,7 @@ def in_process(tmp_path, monkeypatch, *, nodes=1, per_node=1, **policy_kw):
         hang_floor_s=5,
         **policy_kw,
     )
-    sup = supervisor.Supervisor(policy, agents_command(job, nodes))
-    sup.fleet = sup.new_fleet()
-    return sup
+    return main.Supervisor(policy, agents_command(job, nodes))
 
 
 def generation_signalled(sup, after_s=1.5):
@@ -64,53 +65,47 @@ def generation_signalled(sup, after_s=1.5):
     sup._install_handlers()
     threading.Timer(after_s, lambda: sig.raise_signal(sig.SIGUSR2)).start()
     try:
-        return sup.run_generation()
+        return GenerationRun(sup).run()
     finally:
         for s, handler in saved.items():
             sig.signal(s, handler)
-        sup._end_agents()
-        sup.fleet.close()
+        sup.agents.close()
 
 
 def one_generation(sup):
     try:
-        return sup.run_generation()
+        return GenerationRun(sup).run()
     finally:
-        sup._end_agents()
-        sup.fleet.close()
+        sup.agents.close()
 
 
-SRUN_KILLED = [
-    "srun: error: n2: task 1: Killed",
-    "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
-    "srun: error: n1: task 0: Terminated",
-]
+#: rank 1 on n2 killed by the OOM killer; the supervisor then killed rank 0 on n1 (a bystander)
+KILLED = (
+    RankExit(1, "n2", -9, "killed by SIGKILL", killed=False, at=1.0),
+    RankExit(0, "n1", -9, "killed by SIGKILL", killed=True, at=2.0),
+)
 
 
-def test_srun_stderr_names_the_task_that_died_first():
-    tasks, nodes = failures.parse_srun_errors(SRUN_KILLED)
-    assert [(t.node, t.tasks, t.what) for t in tasks] == [("n2", "1", "Killed"), ("n1", "0", "Terminated")]
-    assert nodes == []
-    assert tasks[0].killed_by_signal
-    [exited], _ = failures.parse_srun_errors(["srun: error: n1: task 0: Exited with exit code 1"])
-    assert not exited.killed_by_signal
+def test_a_rank_killed_by_a_signal_or_lost_with_its_node_wrote_no_report():
+    assert KILLED[0].by_signal and RankExit(0, "n1", None, "lost with the node").by_signal
+    assert not RankExit(0, "n1", 1, "exited with 1").by_signal
+    assert str(KILLED[0]) == "rank 1 on n2: killed by SIGKILL"
 
 
-def classify(fs, tasks=(), nodes=(), resumed_at_batch=0, earlier=()):
+def classify(fs, exits=(), nodes=(), resumed_at_batch=0, earlier=()):
     stop = policy.Stop(
-        returncode=1, now=time.time(), failures=tuple(fs), task_errors=tuple(tasks), failed_nodes=tuple(nodes)
+        returncode=1, now=time.time(), failures=tuple(fs), rank_exits=tuple(exits), failed_nodes=tuple(nodes)
     )
     current = Attempt("1", 0, 0.0, resumed_at_batch=resumed_at_batch)
     return policy.classify_failure(stop, current, list(earlier))
 
 
 def test_a_killed_rank_is_an_infrastructure_failure_blaming_its_node():
-    tasks, nodes = failures.parse_srun_errors(SRUN_KILLED)
     # the survivors saw their peer vanish: gloo/NCCL errors, not a user error, and not their node
     peers = [failure(rank=0, message="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer", node="n1")]
-    cause, reason, node = classify(peers, tasks, nodes)
+    cause, reason, node = classify(peers, KILLED)
     assert (cause, node) == ("failure", "n2")
-    assert "task 1 on n2: Killed" in reason
+    assert "rank 1 on n2: killed by SIGKILL" in reason
 
 
 @pytest.mark.parametrize(
@@ -160,15 +155,15 @@ def test_the_same_exception_at_the_same_batch_twice_is_a_user_error():
 
 
 def test_a_node_failure_reported_by_slurm_blames_that_node():
-    tasks, nodes = failures.parse_srun_errors(["srun: error: Node failure on n3"])
-    cause, _reason, node = classify([], tasks, nodes)
+    nodes = failures.failed_nodes(["srun: error: Node failure on n3"])
+    cause, _reason, node = classify([], (), nodes)
     assert (cause, node) == ("node_failure", "n3")
 
 
 def test_failure_reports_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    monkeypatch.setenv("HPC_LLM_STEP", "2")
+    monkeypatch.setenv("HPC_LLM_GENERATION", "2")
     try:
         raise ValueError("bad\nvalue")
     except ValueError as exc:
@@ -342,7 +337,7 @@ def test_the_supervisor_forwards_the_stop_signal_it_received(tmp_path, monkeypat
     through its agent; they save and exit 0."""
     sup = in_process(tmp_path, monkeypatch, nodes=2, per_node=2, stop_signal="USR2", signal_lead_s=60, recover=False)
     end = generation_signalled(sup)
-    assert end.stop == "SIGUSR2" and end.returncode == 0 and end.task_errors == []
+    assert end.stop == "SIGUSR2" and end.returncode == 0 and end.rank_exits == []
     assert sorted(p.name for p in (tmp_path / "out").glob("stopped.*")) == [f"stopped.g0.r{r}" for r in range(4)]
 
 
@@ -351,15 +346,15 @@ def test_the_supervisor_stops_the_ranks_at_the_lead_when_slurms_signal_never_com
     30 s, up to that much early), and then it is lost: at the stop lead the supervisor stops the
     ranks itself, as for the time-limit signal. Real forked ranks, no signal sent."""
     sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
-    sup.lead_s = 10
-    sup.job.end = time.time() + 14  # the time limit in 14 s: the lead is reached in 4
+    sup.timing.lead_s = 10
+    sup.timing.end = time.time() + 14  # the time limit in 14 s: the lead is reached in 4
     started = time.monotonic()
     end = one_generation(sup)
     assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
     assert 3.5 < time.monotonic() - started < 12
     # and not while more than the lead is left
-    sup.job.end = time.time() + 3600
-    assert not sup._time_is_up()
+    sup.timing.end = time.time() + 3600
+    assert not sup.timing.time_is_up()
 
 
 @pytest.mark.stack  # Composer, in this process
@@ -516,35 +511,37 @@ def test_a_time_limit_shortened_mid_step_is_read_again_and_the_ranks_stop_at_the
     """An admin's ``scontrol update TimeLimit=`` moves the end: the supervisor reads the end time
     again while the generation runs, and stops the ranks the lead before the new end, as a time
     limit (before: the end read at start was kept, the job was killed unsaved and recorded cancelled)."""
+    from hpc_llm.job.supervisor import timing
+
     sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=30, stop_lead_s=10)
-    sup.lead_s = 10
+    sup.timing.lead_s = 10
     sup.job.job_id = "7"
-    sup.job.end = time.time() + 3600  # what the start saw
+    sup.timing.end = time.time() + 3600  # what the start saw
     shortened = time.time() + 15
-    monkeypatch.setattr(supervisor, "END_REFRESH_S", 0.5)
-    monkeypatch.setattr(sup, "_job_info", lambda: {"EndTime": str(int(shortened))})  # scontrol, SLURM_TIME_FORMAT=%s
+    monkeypatch.setattr(timing, "END_REFRESH_S", 0.5)
+    sup.timing.ask = lambda: {"EndTime": str(int(shortened))}  # scontrol, SLURM_TIME_FORMAT=%s
     started = time.monotonic()
     end = one_generation(sup)
     assert end.stop == "SIGUSR2" and end.stop_cause == "time_limit" and end.returncode == 0
     assert time.monotonic() - started < 30  # not at the hour the start saw
-    assert sup.job.end == float(int(shortened))
+    assert sup.timing.end == float(int(shortened))
 
 
 def test_a_preemption_signal_is_passed_on_before_slurmctld_is_asked(tmp_path, monkeypatch):
     """A slow slurmctld must not hold the signal path: far from the end time the stop goes to the
     ranks first, and scontrol is asked afterwards only to record why it came."""
     sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60, recover=False)
-    sup.job.end = time.time() + 3600
+    sup.timing.end = time.time() + 3600
     order = []
-    real_send = sup.fleet.send
+    real_send = sup.agents.fleet.send
 
     def send(node, msg):
         if isinstance(msg, messages.Signal):
             order.append("forward")
         real_send(node, msg)
 
-    monkeypatch.setattr(sup.fleet, "send", send)
-    monkeypatch.setattr(sup, "_job_info", lambda: order.append("ask") or {"PreemptTime": "1795534158"})
+    monkeypatch.setattr(sup.agents.fleet, "send", send)
+    sup.timing.ask = lambda: order.append("ask") or {"PreemptTime": "1795534158"}
     end = generation_signalled(sup)
     assert order[:2] == ["forward", "ask"], order
     assert end.stop == "SIGUSR2" and end.stop_cause == "preemption" and end.returncode == 0
@@ -557,23 +554,27 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
     job that fits alone; ask again while slurmctld does not see the requeued job pending yet."""
     import subprocess
 
-    from hpc_llm.job.supervisor import slurm_job
+    from hpc_llm.slurm import requeue
 
     up: list[str] = []
     calls: list[list[str]] = []
     answers: list[tuple[int, str]] = []
 
-    def run(args: list[str], timeout: float = 60, env: object = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        args: list[str], timeout: float = 60, env: object = None, tries: int = 3
+    ) -> subprocess.CompletedProcess[str]:
         calls.append(args)
         code, err = answers.pop(0) if answers else (0, "")
         return subprocess.CompletedProcess(args, code, "", err)
 
-    monkeypatch.setattr(slurm_job, "nodes_up", lambda partition: list(up))
-    monkeypatch.setattr(slurm_job, "_run", run)
-    monkeypatch.setattr(slurm_job.time, "sleep", lambda s: None)
+    monkeypatch.setattr(requeue, "nodes_up", lambda partition: list(up))
+    monkeypatch.setattr(requeue, "run", run)
+    monkeypatch.setattr(requeue.time, "sleep", lambda s: None)
+
+    def fit(asked, full, needed, excluded, partition):
+        return requeue.fit_partition(requeue.Size(asked, full, needed, partition, tuple(excluded)))
 
     up[:] = ["n1", "n2", "n3"]
-    fit = slurm_job.fit_partition
     assert fit(3, 3, 1, [], "low") is None  # fits
     assert fit(3, 3, 1, ["n3"], "low") == (
         2,
@@ -587,19 +588,19 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
     assert fit(3, 3, 1, ["n3"], "low") is None  # sinfo could not tell: leave it
     assert calls == []  # deciding asks nothing of scontrol
 
-    assert slurm_job.update_pending("7", exclude=["n1"], nodes=2, per_node=8) is None
+    assert requeue.update_pending("7", exclude=["n1"], nodes=2, per_node=8) is None
     assert calls == [["scontrol", "update", "JobId=7", "ExcNodeList=n1", "NumNodes=2", "NumTasks=16"]]
     calls.clear()
-    assert slurm_job.update_pending("7") is None and calls == []  # nothing to change
+    assert requeue.update_pending("7") is None and calls == []  # nothing to change
     answers[:] = [(1, "Job is no longer pending execution"), (1, "Job is no longer pending execution"), (0, "")]
     assert (
-        slurm_job.update_pending("7", nodes=3) is None
+        requeue.update_pending("7", nodes=3) is None
         and len(calls) == 3
         and calls[-1][3:] == ["NumNodes=3", "NumTasks=3"]
     )
     calls.clear()
     answers[:] = [(1, "Access/permission denied")]
-    assert slurm_job.update_pending("7", exclude=["n2"]) == "Access/permission denied" and len(calls) == 1
+    assert requeue.update_pending("7", exclude=["n2"]) == "Access/permission denied" and len(calls) == 1
 
 
 def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():
@@ -639,7 +640,7 @@ def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place
     """Spares (resources.spare_nodes): a restart in place stays on its nodes whatever agent
     warmed first; a node gone (left out, dead) has its node rank taken by the first spare in
     allocation order; the first generation takes the first warm nodes."""
-    from hpc_llm.job.supervisor.loop import next_layout
+    from hpc_llm.job.supervisor.agents import next_layout
 
     assert next_layout([], ["n1", "n2", "n3"], 2) == ["n1", "n2"]
     assert next_layout(["n2", "n3"], ["n1", "n2", "n3"], 2) == ["n2", "n3"]  # not n1, n2
@@ -663,4 +664,4 @@ def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place
 def test_a_node_is_gone_for_slurm_when_down_or_not_responding(state, gone):
     """How an agent whose supervisor stopped answering (its batch host frozen, or cut off from
     this node alone) asks Slurm for its verdict before it requeues the job."""
-    assert slurm_job.state_gone(state) is gone
+    assert parse.state_gone(state) is gone

@@ -119,7 +119,7 @@ def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, test_site
     same_loss(r, ref)
     first, second = r["attempts"]
     assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [victim["node"]])
-    assert "Killed" in first["error"]
+    assert "killed by SIGKILL" in first["error"]
     # the same allocation: no requeue, no queue wait
     assert (second["job_id"], second["restart"], second["step"]) == (job_id, 0, 1)
     assert second["queue_wait_s"] == 0 and second["resumed_at_batch"] > 0 and second["resumed_at_batch"] % 5 == 0

@@ -168,8 +168,9 @@ def test_the_control_plane_walk_finds_the_supervisor_and_the_agent():
 
 @pytest.mark.parametrize("module", control_plane_modules())
 def test_importing_the_control_plane_loads_nothing_third_party(module):
-    """Not pluggy (``from hpc_llm import hookimpl`` is lazy), not omegaconf or hydra (the plan's
-    ports live in hpc_llm.ports), not cloudpickle (the agent unpickles its payload when it warms)."""
+    """Not pluggy (``from hpc_llm import hookimpl`` is lazy), not omegaconf or hydra (the
+    rendezvous ports live in hpc_llm.config.ports, stdlib only), not cloudpickle (the agent
+    unpickles its payload when it warms)."""
     code = (
         "import importlib, sys\n"
         "before = set(sys.modules)\n"

@@ -1,20 +1,14 @@
 """The fault policy's decision table (hpc_llm.job.supervisor.policy.decide), one row per rule and per
-scenario of a long run; docs/design.md, "The decision table", lists the same rows."""
+scenario of a long run; docs/design/decision-table.md lists the same rows."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc_llm.job.failures import RankFailure, TaskError
-from hpc_llm.job.supervisor.policy import (
-    Settings,
-    Stop,
-    active_blame,
-    blamed_node,
-    decide,
-    excluded_by_history,
-    lost_cause,
-)
+from hpc_llm.job.failures import RankExit, RankFailure
+from hpc_llm.job.supervisor.history import active_blame, excluded_by_history
+from hpc_llm.job.supervisor.lost import lost_cause
+from hpc_llm.job.supervisor.policy import Settings, Stop, blamed_node, decide
 from hpc_llm.rundir.record import Attempt
 
 H = 3600.0
@@ -95,7 +89,7 @@ def row(
 
 
 ECC_ON_N1 = {"returncode": 1, "failures": (fail(node="n1", message=ECC, batch=40),)}
-KILLED_ON_N1 = {"returncode": 137, "task_errors": (TaskError("n1", "0", "Killed"),)}
+KILLED_ON_N1 = {"returncode": 137, "rank_exits": (RankExit(0, "n1", -9, "killed by SIGKILL"),)}
 
 ROWS = [
     row("completed", [], {"state": "completed"}, {"returncode": 0}, S, "done", "completed", state="completed"),
@@ -103,7 +97,7 @@ ROWS = [
         "completed, then the time-limit signal kills the exiting ranks: still done",
         [],
         {"state": "completed"},
-        {"returncode": 1, "stop_cause": "time_limit", "task_errors": (TaskError("n1", "0", "User defined signal 2"),)},
+        {"returncode": 1, "stop_cause": "time_limit", "rank_exits": (RankExit(0, "n1", -12, "killed by SIGUSR2"),)},
         S,
         "done",
         "completed",
@@ -148,7 +142,10 @@ ROWS = [
             "stop_cause": "time_limit",
             "sigterm_at": NOW,
             "end_time": NOW,
-            "task_errors": (TaskError("n1", "0-7", "Terminated"), TaskError("n2", "8-15", "Terminated")),
+            "rank_exits": (
+                RankExit(0, "n1", -9, "killed by SIGKILL", killed=True),
+                RankExit(8, "n2", -9, "killed by SIGKILL", killed=True),
+            ),
         },
         S,
         "requeue",
@@ -199,7 +196,7 @@ ROWS = [
         "10: a preemption in the post-train stage is a preemption",
         [],
         {"ckpt": 60},
-        {"returncode": 1, "stop_cause": "preemption", "task_errors": (TaskError("n1", "0", "Killed"),)},
+        {"returncode": 1, "stop_cause": "preemption", "rank_exits": (RankExit(0, "n1", -9, "killed by SIGKILL"),)},
         S,
         "requeue",
         "preemption",
@@ -243,7 +240,10 @@ ROWS = [
         {},
         {
             **ECC_ON_N1,
-            "task_errors": (TaskError("n1", "3", "Exited with exit code 1"), TaskError("n2", "8-15", "Terminated")),
+            "rank_exits": (
+                RankExit(3, "n1", 1, "exited with 1"),
+                RankExit(8, "n2", -9, "killed by SIGKILL", killed=True),
+            ),
         },
         S,
         "restart",
@@ -258,7 +258,7 @@ ROWS = [
         {
             "returncode": 1,
             "failures": (fail(node="n1", message=ECC, batch=70),),
-            "task_errors": (TaskError("n2", "8-15", "Terminated"),),
+            "rank_exits": (RankExit(8, "n2", -9, "killed by SIGKILL", killed=True),),
         },
         S,
         "requeue",
@@ -286,7 +286,13 @@ ROWS = [
         "a rank killed by a signal, bystanders terminated: the killed one's node",
         [],
         {},
-        {"returncode": 137, "task_errors": (TaskError("n2", "9", "Killed"), TaskError("n1", "0-7", "Terminated"))},
+        {
+            "returncode": 137,
+            "rank_exits": (
+                RankExit(9, "n2", -9, "killed by SIGKILL"),
+                RankExit(0, "n1", -9, "killed by SIGKILL", killed=True),
+            ),
+        },
         S,
         "restart",
         "failure",
@@ -422,7 +428,7 @@ ROWS = [
             "returncode": 137,
             "dead_nodes": (("n2", "silent for 3.1 s; its probe went unanswered for 1.5 s"),),
             "failures": (fail(rank=0, node="n1", type_="DistNetworkError", message=PEER_GONE, batch=12),),
-            "task_errors": (TaskError("n1", "0", "Exited with exit code 1"),),
+            "rank_exits": (RankExit(0, "n1", 1, "exited with 1"),),
         },
         S,
         "requeue",
@@ -773,7 +779,9 @@ def test_budgets_are_counted_per_cause():
             current = cur(history)
             # each on a node of its own: a node blamed twice would be left out (a requeue)
             node = f"n{len(history) + 1}"
-            facts = Stop(now=NOW + len(history), returncode=137, task_errors=(TaskError(node, "0", "Killed"),))
+            facts = Stop(
+                now=NOW + len(history), returncode=137, rank_exits=(RankExit(0, node, -9, "killed by SIGKILL"),)
+            )
         else:
             batch += 10
             current = cur(history, state="stopped", stopped=batch)
@@ -807,7 +815,7 @@ def test_blame_lands_on_the_rank_that_failed_first_not_the_bystanders():
     stop = Stop(
         returncode=1,
         now=NOW,
-        task_errors=(TaskError("n1", "3", "Exited with exit code 1"), TaskError("n2", "8-15", "Terminated")),
+        rank_exits=(RankExit(3, "n1", 1, "exited with 1"), RankExit(8, "n2", -9, "killed by SIGKILL", killed=True)),
     )
     assert blamed_node(stop) == "n1"  # not n2, the first line killed by a signal (a bystander)
     d = decide([], cur([]), stop, S)
@@ -825,8 +833,8 @@ def test_blame_expires_after_clean_hours():
     d = decide(history, cur(history, resumed=50), stop, S)
     assert d.action == "restart" and d.exclude == ()  # forgiven: a first blame again
     twice = [att(0, "failure", suspects=("n1",), at=NOW - 40 * H), att(1, "failure", suspects=("n1",), at=NOW - 30 * H)]
-    assert excluded_by_history(twice, NOW - 29 * H, S) == {"n1"}
-    assert excluded_by_history(twice, NOW, S) == set()  # 30 clean hours: forgiven
+    assert excluded_by_history(twice, NOW - 29 * H, S.forgive_after_s) == {"n1"}
+    assert excluded_by_history(twice, NOW, S.forgive_after_s) == set()  # 30 clean hours: forgiven
 
 
 def test_a_node_failure_stays_excluded_while_its_blame_lasts():
@@ -849,12 +857,12 @@ def test_a_flaky_node_comes_back_on_probation_and_is_left_out_longer_each_time()
     def blamed(*hours_ago):
         return [att(i, "failure", suspects=("n7",), at=NOW - h * H) for i, h in enumerate(hours_ago)]
 
-    assert excluded_by_history(blamed(40, 30), NOW - 10 * H, S) == {"n7"}  # 24 h after the second blame
-    assert excluded_by_history(blamed(40, 30), NOW, S) == set()  # back, on probation
+    assert excluded_by_history(blamed(40, 30), NOW - 10 * H, S.forgive_after_s) == {"n7"}  # 24 h after the second blame
+    assert excluded_by_history(blamed(40, 30), NOW, S.forgive_after_s) == set()  # back, on probation
     # one failure on probation leaves it out at once, for 48 h
-    assert excluded_by_history(blamed(40, 30, 1), NOW, S) == {"n7"}
-    assert excluded_by_history(blamed(40, 30, 1), NOW + 40 * H, S) == {"n7"}
-    assert excluded_by_history(blamed(40, 30, 1), NOW + 50 * H, S) == set()
+    assert excluded_by_history(blamed(40, 30, 1), NOW, S.forgive_after_s) == {"n7"}
+    assert excluded_by_history(blamed(40, 30, 1), NOW + 40 * H, S.forgive_after_s) == {"n7"}
+    assert excluded_by_history(blamed(40, 30, 1), NOW + 50 * H, S.forgive_after_s) == set()
 
 
 def test_transient_storage_errors_are_retried_in_place_with_backoff():

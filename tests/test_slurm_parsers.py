@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpc_llm.job import failures
-from hpc_llm.job.supervisor import slurm_job
-from hpc_llm.slurm import accounting, query
+from hpc_llm.slurm import accounting, allocation, parse, query, requeue
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 VERSIONS = ["22.05", "24.11"]
@@ -47,39 +46,39 @@ def jobs(version: str) -> dict[str, str]:
 
 
 def one_line(version: str, name: str) -> dict[str, str]:
-    return slurm_job.parse_show_job_o(sections(version, "scontrol_show_job_o.txt")[name])
+    return parse.show_job(sections(version, "scontrol_show_job_o.txt")[name])
 
 
 def test_the_version_and_what_it_changes_at_the_end_of_a_job(version):
-    parsed = slurm_job.parse_version(text(version, "version.txt"))
+    parsed = parse.version(text(version, "version.txt"))
     assert parsed == tuple(int(x) for x in version.split("."))
     # only 24.05+ requeues a job that ends after its preemption's grace-time signal
-    assert (parsed >= slurm_job.GRACE_PREEMPT_REQUEUES_SINCE) == (version == "24.11")
+    assert (parsed >= requeue.GRACE_PREEMPT_REQUEUES_SINCE) == (version == "24.11")
 
 
 def test_a_job_requeued_around_a_dead_node_is_held_on_the_slurm_that_races_the_clean_up(version):
     """The dev cluster's SlurmdTimeout=10 and cred_expire=10: held 13 + 10 s, on 22.05 only."""
-    conf = slurm_job.parse_config(text(version, "scontrol_show_config.txt"))
+    conf = parse.show_config(text(version, "scontrol_show_config.txt"))
     assert (conf["SlurmdTimeout"], conf["AuthInfo"]) == ("10 sec", "cred_expire=10")
-    assert slurm_job.hold_after_dead_node(conf) == 23
-    assert slurm_job.hold_after_dead_node({}) == 400 + 120  # Slurm's defaults
-    parsed = slurm_job.parse_version(text(version, "version.txt"))
-    assert (parsed < slurm_job.REQUEUE_DELAY_SINCE) == (version == "22.05")
+    assert requeue.hold_after_dead_node(conf) == 23
+    assert requeue.hold_after_dead_node({}) == 400 + 120  # Slurm's defaults
+    parsed = parse.version(text(version, "version.txt"))
+    assert (parsed < requeue.REQUEUE_DELAY_SINCE) == (version == "22.05")
 
 
 def test_scontrol_show_job_of_a_running_and_a_pending_job(version):
     running = one_line(version, "running")
     assert (running["JobState"], running["Restarts"], running["NodeList"]) == ("RUNNING", "0", "n[1-2]")
-    start, end = slurm_job.slurm_time(running["StartTime"]), slurm_job.slurm_time(running["EndTime"])
+    start, end = parse.slurm_time(running["StartTime"]), parse.slurm_time(running["EndTime"])
     assert start and end and end - start == 600  # -t 10, SLURM_TIME_FORMAT=%s
-    assert not slurm_job.preempting(running) and slurm_job.requeueing(running, 0) is None
+    assert not allocation.preempting(running) and allocation.requeueing(running, 0) is None
     assert running["Partition"] == "low" and running["ExcNodeList"] == "(null)"
-    assert slurm_job.hostnames(running["ExcNodeList"]) == []
+    assert allocation.hostnames(running["ExcNodeList"]) == []
     pending = one_line(version, "pending")
     assert (pending["JobState"], pending["Reason"]) == ("PENDING", "BeginTime")
-    assert slurm_job.slurm_time(pending["EndTime"]) is None  # Unknown
+    assert parse.slurm_time(pending["EndTime"]) is None  # Unknown
     # the multi-line form, as `hpc-llm logs` reads it: paths fill their line
-    multi = query.parse_show_job(sections(version, "scontrol_show_job.txt")["running"])
+    multi = parse.show_job(sections(version, "scontrol_show_job.txt")["running"])
     assert multi["JobId"] == jobs(version)["preempted"] and multi["JobState"] == "RUNNING"
     assert multi["StdOut"].endswith("/capture/preempted.out") and multi["Command"].endswith("/capture/preempted.sh")
     assert multi["WorkDir"].startswith("/") and multi["Requeue"] == "1"
@@ -90,20 +89,20 @@ def test_scontrol_show_job_of_a_running_and_a_pending_job(version):
 
 def test_scontrol_show_job_in_a_preemptions_grace_time_and_after_it(version):
     grace = one_line(version, "preempting")
-    assert grace["JobState"] == "RUNNING" and slurm_job.preempting(grace)
+    assert grace["JobState"] == "RUNNING" and allocation.preempting(grace)
     # the end moves to the preemption plus the partition's GraceTime (20 s)
-    assert slurm_job.slurm_time(grace["EndTime"]) - slurm_job.slurm_time(grace["PreemptTime"]) == 20
+    assert parse.slurm_time(grace["EndTime"]) - parse.slurm_time(grace["PreemptTime"]) == 20
     requeued = one_line(version, "requeued_after_preemption")
     assert (requeued["JobState"], requeued["Reason"], requeued["Restarts"]) == ("PENDING", "BeginTime", "1")
-    assert not slurm_job.preempting(requeued) and slurm_job.requeueing(requeued, 0) is True
+    assert not allocation.preempting(requeued) and allocation.requeueing(requeued, 0) is True
     by_hand = one_line(version, "requeued_by_scontrol")
-    assert by_hand["Restarts"] == "2" and slurm_job.requeueing(by_hand, 1) is True
+    assert by_hand["Restarts"] == "2" and allocation.requeueing(by_hand, 1) is True
 
 
 def test_scontrol_show_job_of_a_node_failure(version):
     """The first state after RUNNING, polled every 0.2 s once n2 died, and the requeued job."""
     first = one_line(version, "node_fail")
-    assert first["Restarts"] == "1" and slurm_job.requeueing(first, 0) is True
+    assert first["Restarts"] == "1" and allocation.requeueing(first, 0) is True
     if version == "22.05":
         assert (first["JobState"], first["NodeList"]) == ("PENDING", "")
     else:  # still completing on the survivor, the dead node named
@@ -113,14 +112,14 @@ def test_scontrol_show_job_of_a_node_failure(version):
     # a job without a time limit (the partitions' MaxTime=INFINITE) reads UNLIMITED, EndTime
     # Unknown, until the backfill scheduler plans it: then a year (both versions, backfill.c
     # YEAR_MINUTES; seen both ways on 22.05)
-    start, end = slurm_job.slurm_time(requeued["StartTime"]), slurm_job.slurm_time(requeued["EndTime"])
+    start, end = parse.slurm_time(requeued["StartTime"]), parse.slurm_time(requeued["EndTime"])
     assert (requeued["TimeLimit"], end) == ("UNLIMITED", None) or (
         requeued["TimeLimit"] == "365-00:00:00" and end - start == 365 * 86400
     )
 
 
 def test_a_cancel_is_not_a_requeue(version):
-    assert slurm_job.requeueing({"JobState": "CANCELLED", "Restarts": "0"}, 0) is False
+    assert allocation.requeueing({"JobState": "CANCELLED", "Restarts": "0"}, 0) is False
 
 
 @cache
@@ -155,7 +154,7 @@ def test_sacct_of_a_preempted_and_requeued_job(version):
         assert [r.state for r in rows] == ["PREEMPTED", "REQUEUED", "COMPLETED"]
     else:
         # 24.05+: the grace-time flag of the preemption was still set when the third attempt
-        # ended, so that end was booked PREEMPTED and requeued once more (slurm_job,
+        # ended, so that end was booked PREEMPTED and requeued once more (hpc_llm.slurm.requeue,
         # GRACE_PREEMPT_REQUEUES_SINCE)
         assert [r.state for r in rows] == ["PREEMPTED", "REQUEUED", "PREEMPTED", "COMPLETED"]
     assert [r.reason for r in rows] == ["None"] + ["BeginTime"] * (len(rows) - 1)
@@ -185,14 +184,12 @@ def test_sacct_of_an_array(version):
 
 
 def test_srun_error_lines(version):
+    """The agent step's srun names the nodes Slurm found failed, and only those (its task lines
+    are agents', not ranks': the agents report how the ranks ended)."""
     srun = sections(version, "srun_errors.txt")
-    tasks, nodes = failures.parse_srun_errors(srun["killed_rank"].splitlines())
-    assert [(t.node, t.tasks, t.what) for t in tasks] == [("n3", "1", "Killed"), ("n2", "0", "Terminated")]
-    assert all(t.killed_by_signal for t in tasks) and nodes == []
-    tasks, nodes = failures.parse_srun_errors(srun["exit_code"].splitlines())
-    assert tasks[0].what == "Exited with exit code 3" and not tasks[0].killed_by_signal and nodes == []
-    tasks, nodes = failures.parse_srun_errors(srun["node_fail"].splitlines())
-    assert nodes == ["n2"] and [(t.node, t.what) for t in tasks] == [("n1", "Terminated")]
+    assert failures.failed_nodes(srun["killed_rank"].splitlines()) == []
+    assert failures.failed_nodes(srun["exit_code"].splitlines()) == []
+    assert failures.failed_nodes(srun["node_fail"].splitlines()) == ["n2"]
 
 
 def test_sbatch_test_only(version):
@@ -200,7 +197,7 @@ def test_sbatch_test_only(version):
 
     def reason(case: str) -> str | None:
         code, stderr = out[case]
-        return query.test_only_reason(int(code.removeprefix("exit ")), stderr)
+        return parse.test_only_reason(int(code.removeprefix("exit ")), stderr)
 
     assert reason("accepted") is None and "to start at" in out["accepted"][1]
     assert reason("too_many_gpus") == "allocation failure: Requested node configuration is not available"
@@ -209,8 +206,8 @@ def test_sbatch_test_only(version):
 
 
 def test_scontrol_show_config_has_what_the_doctor_reads(version):
-    config = query.parse_show_config(text(version, "scontrol_show_config.txt"))
-    assert config[query.VERSION_KEY].startswith(version + ".")
+    config = parse.show_config(text(version, "scontrol_show_config.txt"))
+    assert config[parse.VERSION_KEY].startswith(version + ".")
     assert config["PreemptType"] == "preempt/partition_prio" and config["PreemptMode"] == "REQUEUE"
     assert config["SlurmctldParameters"] == "preempt_send_user_signal" and config["AuthInfo"] == "cred_expire=10"
     assert config["JobContainerType"] == "job_container/tmpfs" and config["JobRequeue"] == "1"
@@ -224,23 +221,23 @@ def test_scontrol_show_config_has_what_the_doctor_reads(version):
 
 
 def test_partitions_nodes_and_queue(version):
-    parts = query.parse_show_partitions(text(version, "scontrol_show_partition.txt"))
+    parts = parse.show_partitions(text(version, "scontrol_show_partition.txt"))
     low = parts["low"]
     assert (low["GraceTime"], low["PreemptMode"], low["PriorityTier"]) == ("20", "REQUEUE", "1")
     assert (parts["high"]["PreemptMode"], parts["high"]["PriorityTier"]) == ("OFF", "2")
     assert query.time_limit_s(low["MaxTime"]) is None
-    sinfo = query.parse_partitions(text(version, "sinfo_partitions.txt"))
-    assert sinfo["low"] == query.Partition("low", 3, 16, True, "up") and not sinfo["high"].default
-    nodes = query.parse_nodes(text(version, "sinfo_nodes.txt"))
+    sinfo = parse.partitions(text(version, "sinfo_partitions.txt"))
+    assert sinfo["low"] == parse.Partition("low", 3, 16, True, "up") and not sinfo["high"].default
+    nodes = parse.nodes(text(version, "sinfo_nodes.txt"))
     assert len(nodes) == 6 and {(n.gpu_count, n.cpus, n.state) for n in nodes} == {(8, 16, "idle")}
-    assoc = query.parse_associations(text(version, "sacctmgr_assoc.txt"), "")
+    assoc = parse.associations(text(version, "sacctmgr_assoc.txt"), "")
     assert (assoc.accounts, assoc.qos, assoc.default_qos) == (("root",), ("normal",), None)
-    queue = query.parse_queue(text(version, "squeue.txt"))
+    queue = parse.queue(text(version, "squeue.txt"))
     assert queue == {jobs(version)["preempted"]: "RUNNING", jobs(version)["cancelled"]: "PENDING"}
     up = sections(version, "sinfo_node_states.txt")
-    assert slurm_job.parse_nodes_up(up["all_up"]) == ["n1", "n2", "n3"]
+    assert parse.up(parse.node_states(up["all_up"])) == ["n1", "n2", "n3"]
     # n2 dead (down*); on 24.11 n1 still completing the dead node's job (comp): up all the same
-    assert slurm_job.parse_nodes_up(up["n2_dead"]) == ["n1", "n3"]
+    assert parse.up(parse.node_states(up["n2_dead"])) == ["n1", "n3"]
     assert ("n1 comp" in up["n2_dead"]) == (version == "24.11")
 
 

@@ -1,4 +1,4 @@
-"""Who this process is inside the job: read in one place from Slurm's and hpc_llm's variables.
+"""Who this process is inside the job: read in one place from Slurm's, torch's and hpc_llm's variables.
 
 :class:`JobEnv` (after submitit's ``JobEnvironment``) is the one reader of the
 ``SLURM_*`` job variables and of the variables the job's supervisor sets for
@@ -7,7 +7,8 @@ the ranks of a step it runs; no other module reads them (tests/test_layout.py).
 
 ``srun`` gives every task SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID /
 SLURM_NTASKS / SLURM_STEP_TASKS_PER_NODE; Composer wants RANK / LOCAL_RANK /
-WORLD_SIZE / LOCAL_WORLD_SIZE / NODE_RANK / MASTER_ADDR / MASTER_PORT.
+WORLD_SIZE / LOCAL_WORLD_SIZE / NODE_RANK / MASTER_ADDR / MASTER_PORT. A rank
+a node's agent forks gets torch's variables only (:data:`SRUN_TASK_VARS`).
 MASTER_ADDR and MASTER_PORT are resolved on the host, from the allocation,
 by the batch script (or the local launcher) and passed in, since ``scontrol``
 may not exist inside a container. The local launcher sets the same SLURM_*
@@ -24,13 +25,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hpc_llm.ports import PORT_BASE, PORT_SPAN
+from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
 
 # What the job's supervisor tells the ranks of a step it runs.
 #: set for every rank of a supervised step: a stop is recorded, and the supervisor acts on it
 SUPERVISED = "HPC_LLM_SUPERVISED"
-#: the launch number inside the allocation (0, then 1 after a restart in place, ...)
-STEP = "HPC_LLM_STEP"
+#: the generation of ranks inside the allocation (0, then 1 after a restart in place, ...)
+GENERATION = "HPC_LLM_GENERATION"
 #: the allocation's nodes, comma-separated
 NODES = "HPC_LLM_NODES"
 #: when Slurm started the allocation (epoch seconds)
@@ -39,6 +40,27 @@ ALLOC_START = "HPC_LLM_ALLOC_START"
 HEARTBEAT_S = "HPC_LLM_HEARTBEAT_S"
 #: when the node's agent forked the ranks of this generation (epoch seconds)
 FORKED_AT = "HPC_LLM_FORKED_AT"
+#: what srun tells the one task it starts of a step: the agent's own place in the agent step. A
+#: rank the agent forks is no srun task: these are taken out of its environment and it gets
+#: torch's own variables instead (RANK, LOCAL_RANK, WORLD_SIZE, ...: agent.node.rank_env), which
+#: JobEnv and DistEnv read where these are absent
+SRUN_TASK_VARS = (
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_GTIDS",
+    "SLURM_TASK_PID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NNODES",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
 
 
 def _int(value: str | None, default: int = 0) -> int:
@@ -54,13 +76,13 @@ class JobEnv:
     array_task_id: str | None = None
     #: Slurm's restart count: 0, then 1 after the first requeue, ...
     restart: int = 0
-    #: the supervisor's launch number inside the allocation
-    step: int = 0
+    #: the generation of ranks this process belongs to, inside the allocation
+    generation: int = 0
     #: global rank (SLURM_PROCID, else RANK), 0 in the batch step
     rank: int = 0
     #: rank on this node (SLURM_LOCALID, else LOCAL_RANK): its slot in the node's heartbeat file
     local_rank: int = 0
-    #: tasks of the job (SLURM_NTASKS)
+    #: ranks of the job (SLURM_NTASKS, else WORLD_SIZE)
     ntasks: int = 1
     #: this node's index in the allocation (SLURM_NODEID)
     node_id: int = 0
@@ -86,10 +108,10 @@ class JobEnv:
             array_job_id=e.get("SLURM_ARRAY_JOB_ID") or None,
             array_task_id=e.get("SLURM_ARRAY_TASK_ID") or None,
             restart=_int(e.get("SLURM_RESTART_COUNT")),
-            step=_int(e.get(STEP)),
+            generation=_int(e.get(GENERATION)),
             rank=_int(e.get("SLURM_PROCID", e.get("RANK"))),
             local_rank=_int(e.get("SLURM_LOCALID", e.get("LOCAL_RANK"))),
-            ntasks=_int(e.get("SLURM_NTASKS"), 1),
+            ntasks=_int(e.get("SLURM_NTASKS", e.get("WORLD_SIZE")), 1),
             node_id=_int(e.get("SLURM_NODEID")),
             nodelist=e.get("SLURM_JOB_NODELIST") or None,
             nodes=tuple(n for n in e.get(NODES, "").split(",") if n),
@@ -112,9 +134,9 @@ class JobEnv:
         return self.job_id
 
     @property
-    def step_tag(self) -> str:
-        """``<job>.<restart>.<step>``: which training launch a file belongs to."""
-        return f"{self.job_id or 'local'}.{self.restart}.{self.step}"
+    def generation_tag(self) -> str:
+        """``<job>.<restart>.<generation>``: which generation of ranks a file belongs to."""
+        return f"{self.job_id or 'local'}.{self.restart}.{self.generation}"
 
     @property
     def is_rank0(self) -> bool:
@@ -124,13 +146,13 @@ class JobEnv:
         """What torch.distributed wants, from the same variables."""
         return from_environ(self.environ)
 
-    def for_step(
-        self, step: int, nodes: list[str], alloc_start: float | None, heartbeat_s: float | None
+    def for_generation(
+        self, generation: int, nodes: list[str], alloc_start: float | None, heartbeat_s: float | None
     ) -> dict[str, str]:
-        """The environment of a supervised step's ranks: this one plus what the supervisor tells them."""
+        """The environment of a supervised generation's ranks: this one plus what the supervisor tells them."""
         env = dict(self.environ)
         env[SUPERVISED] = "1"
-        env[STEP] = str(step)
+        env[GENERATION] = str(generation)
         env[NODES] = ",".join(nodes)
         if alloc_start is not None:
             env[ALLOC_START] = str(alloc_start)

@@ -1,13 +1,13 @@
-"""What a failed training step left behind, and whether the user or the machine is to blame.
+"""What a failed generation left behind, and whether the user or the machine is to blame.
 
 Every rank that dies of an exception writes
-``<run dir>/.hpc_llm/failures/<job>.<restart>.<step>.<rank>.json`` (type,
-one-line message, the batch it had finished, node) before it exits
-(:func:`report`, called by :mod:`hpc_llm.job.rank.entry`). A rank killed by a
-signal writes nothing; ``srun`` names it on stderr instead
-(:func:`parse_srun_errors`). The supervisor reads both; the fault policy
-(:func:`hpc_llm.job.supervisor.policy.decide`) says whose fault the step's end was.
-Stdlib only.
+``<run dir>/.hpc_llm/failures/<job>.<restart>.<generation>.<rank>.json`` (type, one-line
+message, the batch it had finished, node) before it exits (:func:`report`, called by
+:mod:`hpc_llm.job.rank.entry`). A rank killed by a signal writes nothing; its agent reports its
+exit status instead (:class:`RankExit`, from the agents' ``exit`` messages). The agent step's
+srun names the nodes Slurm found failed on stderr (:func:`failed_nodes`). The supervisor reads
+all three; the fault policy (:func:`hpc_llm.job.supervisor.policy.decide`) says whose fault the
+generation's end was. Stdlib only.
 """
 
 from __future__ import annotations
@@ -56,10 +56,6 @@ INFRA_PATTERNS = re.compile(
         )
     )
 )
-#: srun's one line per failed task: "srun: error: n2: task 3: Killed" (and the node-failure line
-#: below: the same on 22.05 and 24.11, tests/fixtures/slurm/*/srun_errors.txt)
-_SRUN_TASK = re.compile(r"srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
-_SRUN_NODE_FAIL = re.compile(r"(?:Node failure on|node failure on|NODE_FAIL.*on) (?P<node>[\w\-\[\],.]+)")
 
 
 @dataclass(frozen=True)
@@ -90,7 +86,7 @@ def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, bat
     message = " ".join(str(exc).split())[:2000]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])[-4000:]
     failure = RankFailure(rank, node, type(exc).__name__, message, batch, time.time(), tb)
-    path = rd.failure_report(JobEnv.current().step_tag, rank)
+    path = rd.failure_report(JobEnv.current().generation_tag, rank)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(asdict(failure)))
     os.replace(tmp, path)
@@ -98,7 +94,7 @@ def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, bat
 
 
 def read(run_dir: Path | str, tag: str) -> list[RankFailure]:
-    """Every rank's failure of one training launch, earliest first."""
+    """Every rank's failure of one generation (``tag``: :attr:`JobEnv.generation_tag`), earliest first."""
     rd = RunDir(run_dir)
     out = []
     for path in (
@@ -116,29 +112,36 @@ def read_all(run_dir: Path | str) -> list[RankFailure]:
 
 
 @dataclass(frozen=True)
-class TaskError:
-    """One ``srun: error: <node>: task <n>: <what>`` line."""
+class RankExit:
+    """How one rank of a generation ended, as its agent reported it (or lost with its node)."""
 
+    rank: int
     node: str
-    tasks: str
+    #: os.waitstatus_to_exitcode: the exit code, or minus the signal; None: lost with its node
+    status: int | None
+    #: what the status means, in words ("exited with 1", "killed by SIGKILL", "lost with the node")
     what: str
+    #: ended by the supervisor (the agents killed the generation), not of its own
+    killed: bool = False
+    #: when the supervisor learnt of it (epoch seconds)
+    at: float = 0.0
 
     @property
-    def killed_by_signal(self) -> bool:
-        # srun's words for a task that died of a signal, not of its own exit code
-        return not self.what.startswith("Exited with exit code")
+    def by_signal(self) -> bool:
+        """Killed by a signal (the OOM killer, a GPU off the bus) or lost with its node: no
+        exception, so no report of its own."""
+        return self.status is None or self.status < 0
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} on {self.node}: {self.what}"
 
 
-def parse_srun_errors(lines: list[str]) -> tuple[list[TaskError], list[str]]:
-    """srun's task errors (in the order printed: the first is the cause, the rest often its
-    consequences) and nodes it reported as failed."""
-    tasks, nodes = [], []
-    for line in lines:
-        m = _SRUN_TASK.search(line)
-        if m:
-            tasks.append(TaskError(m["node"], m["tasks"], m["what"]))
-            continue
-        n = _SRUN_NODE_FAIL.search(line)
-        if n:
-            nodes.append(n["node"])
-    return tasks, nodes
+#: srun's line for a node Slurm found failed (the same on 22.05 and 24.11,
+#: tests/fixtures/slurm/*/srun_errors.txt)
+_SRUN_NODE_FAIL = re.compile(r"(?:Node failure on|node failure on|NODE_FAIL.*on) (?P<node>[\w\-\[\],.]+)")
+
+
+def failed_nodes(lines: list[str]) -> list[str]:
+    """The nodes the agent step's srun reported failed, from its stderr lines (its one task per
+    node is an agent, not a rank: how the ranks ended comes from the agents)."""
+    return [m["node"] for line in lines if (m := _SRUN_NODE_FAIL.search(line))]

@@ -35,7 +35,7 @@ LEASE_S = "HPC_LLM_LEASE_S"
 #: an ``end`` (the batch host died; Slurm keeps a --no-kill job RUNNING without its batch script)
 #: requeues the job. Its value: ``NEEDED,FULL,PER_NODE``, the nodes the run needs, the nodes it
 #: was submitted with (spares included) and the ranks per node, to size the requeued job to what
-#: the partition can hold (slurm_job.fit_partition)
+#: the partition can hold (hpc_llm.slurm.requeue.fit_partition)
 REQUEUE_ON_LOSS = "HPC_LLM_REQUEUE_ON_LOSS"
 
 

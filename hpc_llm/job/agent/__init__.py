@@ -10,5 +10,8 @@ reports how each ended and kills them when told. Between generations nothing
 is imported again: a restart in place costs a fork, not a cold start. It
 keeps its ranks' heartbeats and the generation's fence on a shared-memory
 board (:mod:`hpc_llm.job.heartbeat`) and removes the node-local scratch when
-the allocation ends.
+the allocation ends. What it needs of its node (its board file, a free port, the
+ranks' environment) is :mod:`~hpc_llm.job.agent.node`; what it does when its
+supervisor is gone without an ``end`` (a dead batch host) is
+:mod:`~hpc_llm.job.agent.orphan`.
 """

@@ -4,9 +4,10 @@
 ``G``: its own session and process group (so that killing the group ends the
 rank and every process it started, Composer's upload workers and DataLoader
 workers included), the signal dispositions of a fresh process, none of the
-agent's sockets, its stdout and stderr in ``logs/rank<r>.log``, the variables
-srun would have given task ``r`` (``SLURM_PROCID``, ...) plus the
-generation's, its board slot for heartbeats and the fence, and then the job's
+agent's sockets, its stdout and stderr in ``logs/rank<r>.log``, torch's
+variables for rank ``r`` (``RANK``, ``WORLD_SIZE``, ...; srun's task variables,
+which describe the agent's own task, taken out) plus the generation's, its
+board slot for heartbeats and the fence, and then the job's
 entry point (:func:`hpc_llm.job.rank.entry.run_payload`) on the payload the
 agent read. The stop signal is blocked across the fork and unblocked once the
 rank's own handler is installed: a stop signal is never lost and never kills
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.job import heartbeat
+from hpc_llm.job.env import SRUN_TASK_VARS
 
 log = logging.getLogger("hpc_llm.agent")
 
@@ -116,6 +118,8 @@ def _become_rank(
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+    for key in SRUN_TASK_VARS:  # the agent's own place in its srun step, not the rank's
+        os.environ.pop(key, None)
     os.environ.update(env)
     heartbeat.attach(board, local_rank, gen)
     if board.path is not None:  # for the processes the rank spawns (their fence)
@@ -159,8 +163,8 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def describe_status(status: int) -> str:
-    """What srun would print for a task that ended with ``status`` (os.waitstatus_to_exitcode)."""
+    """A rank's end in words, for the records: ``status`` as os.waitstatus_to_exitcode gives it."""
     if status < 0:
-        name = signal.Signals(-status).name if -status in signal.Signals._value2member_map_ else f"signal {-status}"
-        return {"SIGKILL": "Killed", "SIGTERM": "Terminated", "SIGSEGV": "Segmentation fault"}.get(name, name)
-    return f"Exited with exit code {status}"
+        sig = signal.Signals(-status).name if -status in signal.Signals._value2member_map_ else f"signal {-status}"
+        return f"killed by {sig}"
+    return f"exited with {status}"

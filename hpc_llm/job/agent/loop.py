@@ -24,26 +24,22 @@ Environment (set by the supervisor for the agent step): ``HPC_LLM_SUPERVISOR``
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import random
 import selectors
 import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from hpc_llm.job import heartbeat, messages, wire
-from hpc_llm.job.agent import forker, warm
+from hpc_llm.job.agent import forker, orphan, warm
 from hpc_llm.job.agent.forker import RankProc
+from hpc_llm.job.agent.node import board_file, free_port, own_output, rank_env
 from hpc_llm.job.env import FORKED_AT, JobEnv
-from hpc_llm.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.rundir.layout import RunDir
 
 log = logging.getLogger("hpc_llm.agent")
@@ -52,15 +48,6 @@ log = logging.getLogger("hpc_llm.agent")
 CONNECT_S = 60.0
 #: a generation's ranks that do not die of SIGKILL within this long are reported stopped anyway
 KILL_WAIT_S = 30.0
-#: an orphaned agent waits this long x its node index before it requeues the job: the first one
-#: alive asks, the others find the job requeued already
-ORPHAN_STAGGER_S = 2.0
-#: an orphaned agent waits this long before it asks the supervisor's address whether it refuses
-ORPHAN_SETTLE_S = 0.3
-#: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
-#: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
-VERDICT_SLACK_S = 60.0
-VERDICT_POLL_S = 2.0
 
 
 class Agent:
@@ -178,8 +165,21 @@ class Agent:
                 self.silent = True
                 self._supervisor_lost()
         self._cleanup()
-        if self.orphaned and self.requeue_on_loss:
-            self._requeue_orphaned()
+        if self.orphaned and self.requeue_on_loss and not self.stalled and self.job_id and self.job_ref:
+            orphan.requeue_orphaned(
+                orphan.Orphan(
+                    node=self.node,
+                    node_id=self.node_id,
+                    job_id=self.job_id,
+                    job_ref=self.job_ref,
+                    restart=self.restart,
+                    run_dir=self.run_dir,
+                    supervisor=self.supervisor,
+                    silent=self.silent,
+                    lost_at=self.lost_at,
+                    requeue_on_loss=self.requeue_on_loss,
+                )
+            )
         return 0
 
     def _ready(self, key: selectors.SelectorKey) -> None:
@@ -264,7 +264,7 @@ class Agent:
         started = time.time()
         for local in range(per_node):
             rank = node_rank * per_node + local
-            env = {**base, **rank_env(msg, rank, local, node_rank), FORKED_AT: f"{started:.6f}"}
+            env = {**base, **rank_env(msg, rank, local), FORKED_AT: f"{started:.6f}"}
             pid = forker.fork_rank(
                 payload=self.payload,
                 payload_path=self.payload_path,
@@ -376,124 +376,6 @@ class Agent:
                 forker.kill_group(p.pid)
         self.done = True
 
-    def _requeue_orphaned(self) -> None:
-        """The supervisor is gone without an ``end`` and the job has spares (--no-kill): its batch
-        host died, and Slurm keeps the job RUNNING with no batch script (docs/design.md, "Spare
-        nodes"). Requeue it, once, with that host excluded, and leave what was seen for the next
-        allocation's supervisor to book. The agents ask in node order, each only while the job
-        still runs this allocation. Not when this node itself was frozen (its loop stalled: the
-        supervisor left it out), nor while the supervisor still accepts connections after it
-        closed ours (it dropped this agent). A host that neither answers nor refuses (frozen,
-        powered off, or cut off from this node alone) is judged by Slurm: requeue only once
-        slurmctld finds it not responding too."""
-        from hpc_llm.job.supervisor import slurm_job
-
-        if self.stalled or not self.job_id or not self.job_ref:
-            return
-        # a process being killed closes its sockets one by one: asked 1 ms after our connection
-        # dropped, its listener still accepted, and the agent took the supervisor for alive
-        time.sleep(ORPHAN_SETTLE_S)
-        try:
-            wire.connect(self.supervisor, timeout_s=2.0).close()
-            refused = False
-        except ConnectionRefusedError:
-            refused = True  # the host is up, the supervisor's process is not
-        except OSError:
-            refused = False  # no answer at all
-        else:
-            if not self.silent:
-                log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", self.node)
-                return
-        # the batch host (whose death orphans us) is the allocation's first node: the next asks at
-        # once
-        time.sleep(ORPHAN_STAGGER_S * max(0, self.node_id - 1))
-        log.info(
-            "hpc_llm agent on %s: the supervisor's address %s: asking Slurm",
-            self.node,
-            "refuses" if refused else "does not answer",
-        )
-        info = self._job_info()
-        host = info.get("BatchHost") or "?"
-        how = "refused connections" if refused else None
-        if not refused:
-            deadline = time.monotonic() + slurm_job.slurmd_timeout_s(slurm_job.slurm_config()) + VERDICT_SLACK_S
-            log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", self.node, host)
-            # staggered like the first ask: at scale, not every agent polls slurmctld at once
-            while host == "?" or not slurm_job.node_gone(host):
-                time.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (self.node_id % 8))
-                info = self._job_info()
-                host = info.get("BatchHost") or host
-                if time.monotonic() > deadline or (info and not self._still_ours(info)):
-                    log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", self.node, host)
-                    return
-            how = "not responding to slurmctld"
-            info = self._job_info()
-        if not self._still_ours(info):
-            log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", self.node, info.get("JobState"))
-            return
-        # decided and recorded first: the requeue ends this agent's step within seconds. The job
-        # asks for what the partition can still hold (slurm_job.fit_partition): with every node
-        # of it allocated, a job whose batch host died would otherwise pend until an operator
-        # returns that host
-        needed, full, per_node = self.requeue_on_loss or (0, 0, 1)
-        exclude = [n for n in slurm_job.hostnames(info.get("ExcNodeList")) if n != host]
-        exclude += [host] if host != "?" else []
-        asked = len(slurm_job.hostnames(info.get("NodeList"))) or full
-        sized = slurm_job.fit_partition(asked, full, needed, exclude, info.get("Partition") or None)
-        seen = {
-            "job_id": self.job_id,
-            "restart": self.restart,
-            "node": host,
-            "how": how,
-            "by": self.node,
-            "detected_at": self.lost_at,
-            "requeued_at": time.time(),
-            "exclude_error": None if host != "?" else "no BatchHost",
-            "shrunk": sized[1] if sized else None,
-        }
-        with contextlib.suppress(OSError):
-            RunDir(self.run_dir).supervisor_lost.write_text(json.dumps(seen))
-        log.info("hpc_llm agent on %s: job %s is %s: requeueing it", self.node, self.job_ref, info.get("JobState"))
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        err = slurm_job.requeue_job(self.job_ref)
-        if err:
-            with contextlib.suppress(OSError):
-                RunDir(self.run_dir).supervisor_lost.unlink()
-            log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", self.node, err)
-            return
-        err = slurm_job.update_pending(
-            self.job_ref,
-            exclude=exclude if host != "?" else None,
-            nodes=sized[0] if sized else None,
-            per_node=per_node,
-        ) or ("no BatchHost" if host == "?" else None)
-        held = slurm_job.hold_if_dead_node_lingers(self.job_ref)
-        log.warning(
-            "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s%s%s",
-            self.node,
-            host,
-            how,
-            f" (could not exclude {host}: {err})" if err else f", {host} excluded",
-            f"; {sized[1]}" if sized and not err else "",
-            f"; could not hold it: {held}" if held else "",
-        )
-
-    def _job_info(self) -> dict[str, str]:
-        """``scontrol show job``, asked up to 5 times: one slow answer from slurmctld must not
-        leave a job with no supervisor RUNNING until its time limit ({} when it never answers)."""
-        from hpc_llm.job.supervisor import slurm_job
-
-        for i in range(5):
-            info = slurm_job.scontrol_show_job(self.job_id or "")
-            if info:
-                return info
-            time.sleep(2.0 * (i + 1))
-        return {}
-
-    def _still_ours(self, info: dict[str, str]) -> bool:
-        """The job still runs the allocation this agent belongs to."""
-        return info.get("JobState") == "RUNNING" and info.get("Restarts", "0") == str(self.restart)
-
     def _beat(self) -> None:
         self._seq += 1
         beats: list[messages.RankBeat] = []
@@ -534,86 +416,6 @@ class Agent:
             shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):
                 path.parent.rmdir()  # hpc_llm-<job>/, once no node dir is left in it
-
-
-def board_file() -> Path:
-    """This agent's board file: in /dev/shm (memory, and per job where Slurm's job_container
-    gives each job its own), else the temp dir; named by the agent's pid."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"{heartbeat.BOARD_PREFIX}{os.getpid()}"
-
-
-def rank_env(msg: messages.Start, rank: int, local_rank: int, node_rank: int) -> dict[str, str]:
-    """What srun gives task ``rank`` of a step of ``nnodes`` x ``tasks_per_node`` tasks, plus the
-    rendezvous: every rank reads them through JobEnv, as it did as an srun task."""
-    per_node, nnodes = msg.tasks_per_node, msg.nnodes
-    world = per_node * nnodes
-    layout = f"{per_node}(x{nnodes})" if nnodes > 1 else str(per_node)
-    return {
-        "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(local_rank),
-        "SLURM_NODEID": str(node_rank),
-        "SLURM_NTASKS": str(world),
-        "SLURM_STEP_NUM_TASKS": str(world),
-        "SLURM_STEP_NUM_NODES": str(nnodes),
-        "SLURM_NNODES": str(nnodes),
-        "SLURM_STEP_TASKS_PER_NODE": layout,
-        "SLURM_TASKS_PER_NODE": layout,
-        "MASTER_ADDR": msg.master_addr,
-        "MASTER_PORT": str(msg.master_port),
-    }
-
-
-def free_port() -> int:
-    """A port free on this node now, for the generation's rendezvous (torch's TCPStore binds it),
-    outside the kernel's ephemeral range.
-
-    A port from ``bind(0)`` is an ephemeral one: any outgoing connection on the node may take it
-    as its source port before rank 0's store binds it, and a rank on the same host that retries
-    its connection to it before the store listens can be handed it as its own source port and
-    connect to itself (TCP self-connect: connect() succeeds, no store answers). Seen under load
-    on the dev cluster, where every node is one host: a generation stuck in start-up with both
-    ranks in "build", and "Gloo connectFullMesh failed". The ports of the srun path
-    (``hpc_llm.ports.PORT_BASE`` + ``PORT_SPAN``, below 32768) are used instead, from a random start
-    (two jobs on one node), the first that binds."""
-    lo, hi = wire.ephemeral_ports()
-    start = random.randrange(PORT_SPAN)
-    for i in range(PORT_SPAN):
-        port = PORT_BASE + (start + i) % PORT_SPAN
-        if lo <= port <= hi:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every one taken: any free port
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def own_output(payload_path: Path) -> None:
-    """This agent's stdout and stderr straight into its log file, and stdin from /dev/null: not
-    through srun. srun writes a step's ``--output`` files itself, so once it dies with the batch
-    host, what an agent writes through it reaches no file, and those are the lines that say what
-    the orphaned agents did. The file is the one srun's ``--output`` names (append mode, as
-    srun opens it), which keeps what came before this call."""
-    job = JobEnv.current()
-    path = RunDir.of_payload(payload_path).agent_log(job.rank)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-    except OSError:
-        return  # srun's file it is
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.dup2(null, 0)
-    os.close(fd)
-    os.close(null)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,7 @@ def for_nodes(command: list[str], nodes: list[str], left_out: set[str] | frozens
     """The agent step's srun command for the nodes it may use now: one agent on each of ``nodes``
     (the allocation, as ``scontrol show job`` lists it) but those ``left_out``. The script
     renders ``--nodes=``/``--ntasks=`` with the count asked for at submit; a requeued job that
-    was shrunk to fit its partition (slurm_job.fit_partition) may have fewer nodes, and srun refuses
+    was shrunk to fit its partition (hpc_llm.slurm.requeue.fit_partition) may have fewer nodes, and srun refuses
     a step larger than its allocation. A left-out node (dead, frozen, drained) gets no agent in
     a new step: ``--exclude``. Unchanged when ``command`` is no srun or ``nodes`` is unknown."""
     at = next((i for i, a in enumerate(command) if a.rsplit("/", 1)[-1] == "srun"), None)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from hpc_llm.job import heartbeat, messages, wire
+from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Joined, Suspect
 
 log = logging.getLogger("hpc_llm.supervisor")
 
@@ -58,52 +59,6 @@ class AgentState(str, Enum):
 
 
 IMPORTING, WARM, SUSPECT, DEAD, GONE = AgentState
-
-
-# -- what the fleet tells the supervisor's main loop (its own events, not wire messages) ---------
-
-
-@dataclass(frozen=True)
-class Joined:
-    """An agent said hello with the allocation's token."""
-
-    node: str
-
-
-@dataclass(frozen=True)
-class Heard:
-    """A message from an agent that needs the main loop (warm, port, started, exit, stopped,
-    stalled, bye); beats are kept in the fleet's view instead."""
-
-    node: str
-    msg: messages.Message
-
-
-@dataclass(frozen=True)
-class Suspect:
-    """An agent went silent or its connection dropped: it is being probed."""
-
-    node: str
-    why: str
-
-
-@dataclass(frozen=True)
-class Cleared:
-    """A suspect agent answered its probe: alive."""
-
-    node: str
-
-
-@dataclass(frozen=True)
-class Dead:
-    """A suspect agent's probe failed: its node is dead; its lease ends ``lease_left_s`` from now."""
-
-    node: str
-    why: str
-    lease_left_s: float
-
-
-FleetEvent = Joined | Heard | Suspect | Cleared | Dead
 
 
 @dataclass

@@ -1,11 +1,10 @@
 """One generation of ranks across the agents, as the supervisor keeps count of it.
 
-A generation is one start of the run's ranks inside the allocation (the
-``step`` of the run's attempts, ``HPC_LLM_STEP`` in the ranks): generation 0
-at the allocation's start, generation 1 after a restart in place, and so on.
-:class:`Generation` tracks which ranks have started and how each ended (the
-agents' ``started``/``exit``/``stopped`` messages; a dead node's ranks end
-with it); :class:`GenerationEnd` is what the supervisor saw of it, the input
+A generation is one start of the run's ranks inside the allocation (an attempt of the run's
+records, ``HPC_LLM_GENERATION`` in the ranks): generation 0 at the allocation's start,
+generation 1 after a restart in place, and so on. :class:`Generation` tracks which ranks have
+started and how each ended (the agents' ``started``/``exit``/``stopped`` messages; a dead
+node's ranks end with it); :class:`GenerationEnd` is what the supervisor saw of it, the input
 of its decision. Stdlib only.
 """
 
@@ -15,19 +14,8 @@ import time
 from dataclasses import dataclass, field
 
 from hpc_llm.job import messages
-from hpc_llm.job.failures import TaskError
-
-
-@dataclass
-class RankExit:
-    rank: int
-    node: str
-    #: os.waitstatus_to_exitcode: negative for a signal; None for a rank lost with its node
-    status: int | None
-    what: str
-    #: ended by the supervisor (the agent killed it), not of its own
-    killed: bool
-    at: float
+from hpc_llm.job.failures import RankExit
+from hpc_llm.rundir.outcome import Cause
 
 
 @dataclass
@@ -37,12 +25,12 @@ class GenerationEnd:
     returncode: int
     #: srun's error lines of the agent step so far
     srun_errors: list[str] = field(default_factory=list)
-    #: the ranks' ends as srun would have printed them (node, rank, what), first first
-    task_errors: list[TaskError] = field(default_factory=list)
+    #: the ranks that did not exit 0, first to end first
+    rank_exits: list[RankExit] = field(default_factory=list)
     #: stop signal forwarded to the ranks, when the supervisor got it, and why Slurm sent it
     stop: str | None = None
     stop_time: float | None = None
-    stop_cause: str | None = None
+    stop_cause: Cause | None = None
     #: stop_cause is Slurm's answer, not the guess made from the cached end time
     stop_cause_asked: bool = False
     #: named hang: (reason, nodes to blame); storage: a stall in a storage phase (nobody blamed)
@@ -121,6 +109,11 @@ class Generation:
         bad = [e for e in self.exits.values() if not e.killed and e.status not in (0, None)]
         return min(bad, key=lambda e: e.at) if bad else None
 
+    def ended_badly(self) -> list[RankExit]:
+        """Every rank that did not exit 0, first to end first (the ones the supervisor killed are
+        marked: bystanders of another's end)."""
+        return sorted((e for e in self.exits.values() if e.status != 0), key=lambda e: e.at)
+
     def returncode(self) -> int:
         codes = [e.status for e in self.exits.values() if e.status not in (0, None)]
         if any(e.status is None for e in self.exits.values()):
@@ -129,14 +122,3 @@ class Generation:
             return 0
         first = codes[0] or 1
         return first if first > 0 else 128 - first
-
-    def task_errors(self) -> list[TaskError]:
-        """Every rank that did not exit 0, as srun's lines: the ones the supervisor killed say
-        ``Terminated`` (the bystanders of --kill-on-bad-exit), first to end first."""
-        out = []
-        for e in sorted(self.exits.values(), key=lambda e: e.at):
-            if e.status == 0:
-                continue
-            what = "Terminated" if e.killed else e.what
-            out.append(TaskError(e.node, str(e.rank), what))
-        return out

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_llm.job.supervisor import policy, slurm_job
-from hpc_llm.job.supervisor.slurm_job import SlurmJob
 from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts
+from hpc_llm.slurm.allocation import SlurmJob, previous_state
 
 log = logging.getLogger("hpc_llm.supervisor")
 
@@ -27,29 +27,29 @@ log = logging.getLogger("hpc_llm.supervisor")
 def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
     """The last attempt still says running and is not this allocation's: say what we know of
     how it ended (Slurm's state, the nodes gone since, what the agents saw) and save it."""
-    if not attempts.items or attempts.current.state != "running":
+    if not attempts.items or attempts.current.state != State.RUNNING:
         return
     a = attempts.current
     if (a.job_id, a.restart) == (job.job_id, job.restart):
         return
-    state, ended = slurm_job.previous_state(a.job_id) if a.job_id else (None, None)
-    a.state, a.ended_at = "lost", ended or (a.started_at + a.train_s)
+    state, ended = previous_state(a.job_id) if a.job_id else (None, None)
+    a.state, a.ended_at = State.LOST, ended or (a.started_at + a.train_s)
     a.decided_at = time.time()
-    a.cause = policy.lost_cause(state)
+    a.cause = lost_cause(state)
     a.error = (
         f"the allocation ended while training (Slurm state {state})"
         if state
         else "the allocation ended while training, without a record (node failure or a requeue from outside)"
     )
-    a.action = "requeue"
+    a.action = Action.REQUEUE
     gone = [n for n in a.nodes if n not in job.nodes]
-    if a.cause == "node_failure" and gone:
+    if a.cause == Cause.NODE_FAILURE and gone:
         a.suspects = gone
     seen = seen_by_agents(run_dir, a)
     if seen:
         # an agent found this attempt's supervisor gone and requeued the job (--no-kill: Slurm
         # does not): the batch host, and no one else, is to blame
-        a.cause, a.suspects = "node_failure", [str(seen["node"])]
+        a.cause, a.suspects = Cause.NODE_FAILURE, [str(seen["node"])]
         a.detected_at, a.decided_at = seen.get("detected_at") or a.decided_at, seen["requeued_at"]
         a.error = (
             f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
@@ -70,3 +70,15 @@ def seen_by_agents(run_dir: Path, a: Attempt) -> dict[str, Any] | None:
     path.unlink(missing_ok=True)
     ok = isinstance(seen, dict) and (seen.get("job_id"), seen.get("restart")) == (a.job_id, a.restart)
     return seen if ok and seen.get("node") and seen.get("requeued_at") else None
+
+
+def lost_cause(slurm_state: str | None) -> Cause:
+    """The cause of an attempt whose allocation ended without a record, from sacct's state:
+    a preempted attempt stays a preemption, whatever stage it died in."""
+    if slurm_state == "NODE_FAIL":
+        return Cause.NODE_FAILURE
+    if slurm_state in ("PREEMPTED",):
+        return Cause.PREEMPTION
+    if slurm_state == "TIMEOUT":
+        return Cause.TIME_LIMIT
+    return Cause.LOST

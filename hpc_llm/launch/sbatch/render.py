@@ -15,9 +15,9 @@ from typing import Any
 
 import jinja2
 
+from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import templates_dir
-from hpc_llm.ports import PORT_BASE, PORT_SPAN
 
 ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 

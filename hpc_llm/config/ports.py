@@ -4,7 +4,7 @@ MASTER_PORT = PORT_BASE + job id % PORT_SPAN (the batch script computes the same
 names a free port for a generation picks it from the same range. 20000-31999 stays below Linux's
 ephemeral range (32768-60999), where an outgoing connection of any process on the node could
 already hold it. Apart from :mod:`hpc_llm.config.plan` because the job side needs these two
-numbers and nothing else of the plan (which imports omegaconf).
+numbers and nothing else of the plan (which imports omegaconf): this module is stdlib only.
 """
 
 PORT_BASE = 20000

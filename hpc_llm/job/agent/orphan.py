@@ -1,0 +1,173 @@
+"""An agent whose supervisor is gone: requeue the job, once, when the batch host died.
+
+A job with spare nodes runs with ``sbatch --no-kill``, and Slurm keeps such a job RUNNING when
+its batch host dies, with no batch script left to requeue it (docs/design/control-plane.md,
+"Spare nodes"). Its agents then see their supervisor's connection drop (or go silent) without
+an ``end``: :func:`requeue_orphaned` requeues the job with that host excluded, sized to what
+the partition can still hold (:func:`hpc_llm.slurm.requeue.requeue`, the same sequence the
+supervisor runs), and leaves what it saw in ``.hpc_llm/supervisor_lost.json`` for the next
+allocation's supervisor to book (:mod:`hpc_llm.job.supervisor.lost`).
+
+The agents ask in node order, each only while the job still runs this allocation. Not when
+the agent's own node was frozen (its loop stalled: the supervisor left it out), nor while the
+supervisor still accepts connections after it closed ours (it dropped this agent). A host
+that neither answers nor refuses (frozen, powered off, or cut off from this node alone) is
+judged by Slurm: requeue only once slurmctld finds it not responding too. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_llm.job import wire
+from hpc_llm.rundir.layout import RunDir
+from hpc_llm.slurm import allocation, requeue
+
+log = logging.getLogger("hpc_llm.agent")
+
+#: an orphaned agent waits this long x its node index before it requeues the job: the first one
+#: alive asks, the others find the job requeued already
+ORPHAN_STAGGER_S = 2.0
+#: an orphaned agent waits this long before it asks the supervisor's address whether it refuses
+ORPHAN_SETTLE_S = 0.3
+#: an orphaned agent whose supervisor's host does not refuse a connection (frozen, or cut off from
+#: this node only) waits for Slurm's verdict on that host this long beyond SlurmdTimeout
+VERDICT_SLACK_S = 60.0
+VERDICT_POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """What an agent knows when its supervisor is gone."""
+
+    node: str
+    node_id: int
+    job_id: str
+    job_ref: str
+    restart: int
+    run_dir: Path
+    #: the supervisor's address, host:port
+    supervisor: str
+    #: its connection went silent (still open) rather than closed
+    silent: bool
+    #: when the supervisor was found gone (epoch seconds)
+    lost_at: float
+    #: (nodes the run needs, nodes submitted with, ranks per node)
+    requeue_on_loss: tuple[int, int, int]
+
+
+def requeue_orphaned(o: Orphan) -> None:
+    """Requeue the job whose batch host died (see the module's docstring), or leave it be."""
+    # a process being killed closes its sockets one by one: asked 1 ms after our connection
+    # dropped, its listener still accepted, and the agent took the supervisor for alive
+    time.sleep(ORPHAN_SETTLE_S)
+    try:
+        wire.connect(o.supervisor, timeout_s=2.0).close()
+        refused = False
+    except ConnectionRefusedError:
+        refused = True  # the host is up, the supervisor's process is not
+    except OSError:
+        refused = False  # no answer at all
+    else:
+        if not o.silent:
+            log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", o.node)
+            return
+    # the batch host (whose death orphans us) is the allocation's first node: the next asks at once
+    time.sleep(ORPHAN_STAGGER_S * max(0, o.node_id - 1))
+    log.info(
+        "hpc_llm agent on %s: the supervisor's address %s: asking Slurm",
+        o.node,
+        "refuses" if refused else "does not answer",
+    )
+    info = job_info(o.job_id)
+    host = info.get("BatchHost") or "?"
+    how = "refused connections"
+    if not refused:
+        verdict = await_verdict(o, host)
+        if verdict is None:
+            return
+        info, host = verdict, verdict.get("BatchHost") or host
+        how = "not responding to slurmctld"
+    if not allocation.still_this_allocation(info, o.restart):
+        log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", o.node, info.get("JobState"))
+        return
+    _requeue(o, info, host, how)
+
+
+def await_verdict(o: Orphan, host: str) -> dict[str, str] | None:
+    """Wait until slurmctld finds the batch host ``host`` gone (then the job's info now), or give
+    up (None) after SlurmdTimeout and :data:`VERDICT_SLACK_S`, or when the job moved on."""
+    deadline = time.monotonic() + allocation.slurmd_timeout_s(allocation.slurm_config()) + VERDICT_SLACK_S
+    log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", o.node, host)
+    # staggered like the first ask: at scale, not every agent polls slurmctld at once
+    while host == "?" or not allocation.node_gone(host):
+        time.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (o.node_id % 8))
+        info = job_info(o.job_id)
+        host = info.get("BatchHost") or host
+        if time.monotonic() > deadline or (info and not allocation.still_this_allocation(info, o.restart)):
+            log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", o.node, host)
+            return None
+    return job_info(o.job_id)
+
+
+def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
+    """Decided and recorded first: the requeue ends this agent's step within seconds. The job
+    asks for what the partition can still hold (requeue.fit_partition): with every node of it
+    allocated, a job whose batch host died would otherwise pend until an operator returns that
+    host."""
+    needed, full, per_node = o.requeue_on_loss
+    exclude = [n for n in allocation.hostnames(info.get("ExcNodeList")) if n != host]
+    exclude += [host] if host != "?" else []
+    asked = len(allocation.hostnames(info.get("NodeList"))) or full
+    shrunk = requeue.fit_partition(requeue.Size(asked, full, needed, info.get("Partition") or None, tuple(exclude)))
+    seen = {
+        "job_id": o.job_id,
+        "restart": o.restart,
+        "node": host,
+        "how": how,
+        "by": o.node,
+        "detected_at": o.lost_at,
+        "requeued_at": time.time(),
+        "exclude_error": None if host != "?" else "no BatchHost",
+        "shrunk": shrunk[1] if shrunk else None,
+    }
+    lost = RunDir(o.run_dir).supervisor_lost
+    with contextlib.suppress(OSError):
+        lost.write_text(json.dumps(seen))
+    log.info("hpc_llm agent on %s: job %s is %s: requeueing it", o.node, o.job_ref, info.get("JobState"))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    done = requeue.requeue(
+        o.job_ref, exclude=exclude if host != "?" else None, resize=shrunk, per_node=per_node, after_dead_node=True
+    )
+    if not done.ok:
+        with contextlib.suppress(OSError):
+            lost.unlink()
+        log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", o.node, done.refused)
+        return
+    err = done.update_error or ("no BatchHost" if host == "?" else None)
+    log.warning(
+        "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s%s%s",
+        o.node,
+        host,
+        how,
+        f" (could not exclude {host}: {err})" if err else f", {host} excluded",
+        f"; {done.resized}" if done.resized and not err else "",
+        f"; could not hold it: {done.hold_error}" if done.hold_error else "",
+    )
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job``, asked up to 5 times: one slow answer from slurmctld must not leave
+    a job with no supervisor RUNNING until its time limit ({} when it never answers)."""
+    for i in range(5):
+        info = allocation.show_job(job_id)
+        if info:
+            return info
+        time.sleep(2.0 * (i + 1))
+    return {}

@@ -1,0 +1,177 @@
+"""Carrying out the fault policy's decision: record it first, then do it.
+
+One function per action of :class:`~hpc_llm.rundir.outcome.Action`: done (the run completed;
+the job must not come back), a restart in this allocation (after a backoff), a swap (spares take
+the left-out nodes' places), a requeue (the next allocation without the blamed nodes, sized to
+what the partition holds: :func:`hpc_llm.slurm.requeue.requeue`), Slurm requeues the job itself
+(nothing to do), and fail. The records (attempts.json, results.json) are written before the
+action: a requeue sends this very process SIGTERM. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from hpc_llm.job.supervisor import policy
+from hpc_llm.rundir.outcome import Action, Cause, State
+from hpc_llm.rundir.record import Attempt, Attempts, update_results
+from hpc_llm.slurm import allocation, requeue
+
+if TYPE_CHECKING:
+    from hpc_llm.job.supervisor.state import SupervisorState
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+
+def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
+    """Record the decision, then carry it out: the job's exit code, or None to run the next
+    generation in this allocation."""
+    if d.action == Action.DONE:
+        if a.alloc_nodes > len(a.nodes):
+            # rank 0 wrote the completed record; the spares' node-seconds go in beside it
+            attempts.save()
+            update_results(sup.run_dir, attempts, sup.status() or "completed", {})
+        end_for_good(sup)
+        return 0
+    if d.action == Action.SLURM_REQUEUES:
+        # the attempt stays "running"; the next start closes it from accounting (lost.close)
+        a.state, a.ended_at = State.RUNNING, None
+        attempts.save()
+        log.warning("hpc_llm supervisor: %s; not recording a failure", d.reason)
+        return 0
+    a.state = d.state
+    a.ended_at = a.ended_at or time.time()
+    a.decided_at = a.decided_at or time.time()
+    a.cause = d.cause
+    if a.state != State.STOPPED or d.action == Action.FAIL:
+        a.error = d.reason  # a stop that saved keeps what rank 0 said (usually nothing)
+    a.suspects = sorted(set(d.suspects))
+    if d.action == Action.FAIL:
+        fail(sup, attempts, a, d.cause, d.reason)
+        return 1
+    if d.action == Action.RESTART:
+        restart(sup, attempts, a, d)
+        return None
+    if d.action == Action.SWAP:
+        swap(sup, attempts, a, d)
+        return None
+    return requeue_job(sup, attempts, a, d)
+
+
+def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
+    a.action = Action.RESTART
+    attempts.save()
+    update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
+    log.warning("hpc_llm supervisor: %s; restarting the ranks in this allocation", d.reason)
+    if d.delay_s:
+        time.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next generation
+
+
+def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
+    """The next generation runs without ``d.swap_out``: spares take their node ranks
+    (:func:`~hpc_llm.job.supervisor.agents.next_layout`), in this allocation, with no requeue. A
+    left-out node's agent, if it still answers, is told to end; the node stays in the job
+    (draining it needs operator rights) and is recorded with the evidence (suspects, error)."""
+    a.action, a.left_out = Action.SWAP, list(d.swap_out)
+    attempts.save()
+    sup.agents.swap_out(d.swap_out)
+    update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
+    log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
+
+
+def fail(sup: SupervisorState, attempts: Attempts, a: Attempt | None, cause: str, reason: str) -> None:
+    if a is not None:
+        a.cause, a.action, a.error = cause, Action.FAIL, reason
+        a.decided_at = a.decided_at or time.time()
+        a.ended_at = a.ended_at or time.time()
+        if a.state == State.RUNNING:
+            a.state = State.FAILED
+    attempts.save()
+    update_results(sup.run_dir, attempts, "failed", {"error": reason})
+    log.error("hpc_llm supervisor: the run failed: %s", reason)
+    end_for_good(sup)
+
+
+def end_for_good(sup: SupervisorState) -> None:
+    """The job ends now and must stay ended: after a preemption Slurm >= 24.05 would requeue
+    it once more (hpc_llm.slurm.requeue.ending_for_good)."""
+    err = requeue.ending_for_good(str(sup.job.ref)) if sup.job.ref else None
+    if err:
+        log.warning("hpc_llm supervisor: could not set Requeue=0 (%s): Slurm may start the job once more", err)
+
+
+def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> int:
+    """Put the job back in the queue without the nodes whose blame is in force, sized to what its
+    partition holds."""
+    exclude, warning = exclusions(sup, attempts, d)
+    a.action, a.requeued = Action.REQUEUE, True
+    a.decided_at = a.decided_at or time.time()
+    if warning:
+        a.error = f"{a.error or d.cause}; {warning}"
+    attempts.save()
+    update_results(sup.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
+    # records first; the requeue sends this very job SIGTERM, which we must outlive
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    job = sup.job
+    change = sorted(exclude) != sorted(job.excluded)
+    # Slurm >= 24.05 in a preemption's grace time: ending the batch script is the requeue
+    # (requeue.requeued_by_ending); a new ExcNodeList needs the job pending, so not then
+    by_ending = not change and requeue.requeued_by_ending(job.job_id, job.partition)
+    full = sup.agents.full_size()
+    size = requeue.Size(len(job.nodes) or full, full, sup.policy.nodes, job.partition, tuple(exclude))
+    done = requeue.requeue(
+        str(job.ref),
+        exclude=exclude if change else None,
+        resize=None if by_ending else requeue.fit_partition(size),
+        per_node=sup.policy.tasks_per_node,
+        # a dead node still holds the job COMPLETING: not again before Slurm has let it go and
+        # cleaned up (requeue.REQUEUE_DELAY_SINCE)
+        after_dead_node=d.cause == Cause.NODE_FAILURE,
+        by_ending=by_ending,
+    )
+    if not done.ok:
+        a.requeued = False
+        fail(
+            sup,
+            attempts,
+            a,
+            d.cause,
+            f"scontrol requeue {job.ref} failed: {done.refused}; last stop: {a.error or d.cause}",
+        )
+        return 1
+    if a.signal_time:
+        a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
+    if done.update_error:
+        a.error = f"{a.error or d.cause}; could not update the requeued job ({done.update_error})"
+    elif done.resized:
+        a.error = f"{a.error or d.cause}; {done.resized}"
+    if done.hold_error:
+        log.warning("hpc_llm supervisor: could not hold the requeued job: %s", done.hold_error)
+    attempts.save()
+    update_results(sup.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
+    excluding = f", excluding {','.join(exclude)}" if exclude else ""
+    log.warning("hpc_llm supervisor: %s; requeued%s", a.error or d.cause, excluding)
+    return 0
+
+
+def exclusions(sup: SupervisorState, attempts: Attempts, d: policy.Decision) -> tuple[list[str], str | None]:
+    """The next allocation's ExcNodeList: the user's own exclusions plus the nodes whose blame
+    is in force (d.exclude; forgiven nodes come back), never so many that the nodes up in the
+    partition cannot hold the run. Returns it and, when it had to stop excluding, why."""
+    job, needed = sup.job, sup.policy.nodes
+    ours = {n for x in attempts.items for n in x.suspects}
+    users = {n for n in job.excluded if n not in ours}
+    wanted = sorted(users | set(d.exclude))
+    up = allocation.nodes_up(job.partition)
+    if up and len([n for n in up if n not in wanted]) < needed:
+        dropped = sorted(set(wanted) - users)
+        warning = (
+            f"not excluding {','.join(dropped)}: only {len([n for n in up if n not in users])} node(s) of "
+            f"partition {job.partition} are up and the run needs {needed}"
+        )
+        log.warning("hpc_llm supervisor: %s", warning)
+        return sorted(users), warning
+    return wanted, None

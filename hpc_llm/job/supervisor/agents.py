@@ -1,0 +1,239 @@
+"""The allocation's agents as the supervisor drives them: the agent step, the fleet, the layout.
+
+:class:`Agents` owns the one srun step that runs an agent per node
+(:mod:`~hpc_llm.job.supervisor.agent_step`), the fleet that hears them
+(:mod:`~hpc_llm.job.supervisor.fleet`), the nodes the ranks run on in node-rank order and the
+nodes left out of this allocation. It starts a generation on the warm agents (node rank 0's
+agent names a free rendezvous port; a spare takes a lost node's place:
+:func:`next_layout`), passes a stop signal or a kill to a generation, swaps nodes out, and ends
+the agents with the allocation. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+
+from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
+from hpc_llm.job import messages, wire
+from hpc_llm.job.env import JobEnv
+from hpc_llm.job.supervisor.agent_step import Step, for_nodes, rendered_nodes
+from hpc_llm.job.supervisor.events import FleetEvent, Heard
+from hpc_llm.job.supervisor.fleet import Fleet
+from hpc_llm.job.supervisor.generation import Generation
+from hpc_llm.job.supervisor.options import Policy
+from hpc_llm.slurm import allocation
+from hpc_llm.slurm.allocation import SlurmJob
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+#: seconds the agents get to clean up and exit at the end of the allocation
+END_WAIT_S = 15.0
+#: seconds to wait for node rank 0's agent to name a free rendezvous port
+PORT_WAIT_S = 10.0
+
+
+class Agents:
+    def __init__(self, policy: Policy, command: list[str], job: SlurmJob) -> None:
+        self.policy = policy
+        self.command = command
+        self.job = job
+        self.token = secrets.token_hex(16)
+        self.fleet = self.new_fleet()
+        self.step: Step | None = None
+        #: when the agent step started (monotonic): the agents' start-up is timed from it
+        self.since: float | None = None
+        #: the nodes the ranks run on, in node-rank order
+        self.layout: list[str] = []
+        #: nodes of this allocation left out (a swap, a spare or node lost): never used again here
+        self.left_out: set[str] = set()
+        self._drain_noted: set[str] = set()
+        #: fleet events read while waiting for something else, for the generation's loop
+        self._held: list[FleetEvent] = []
+
+    # -- the fleet and the agent step --------------------------------------------------------
+    def new_fleet(self) -> Fleet:
+        """A listening fleet for this allocation's agents, its I/O thread started."""
+        p = self.policy
+        fleet = Fleet(
+            self.token,
+            beat_s=p.heartbeat_s,
+            node_timeout_s=p.node_timeout_s,
+            probe_timeout_s=p.probe_timeout_s,
+            lease_s=p.lease_s,
+        )
+        fleet.start()
+        return fleet
+
+    def events(self, timeout: float) -> list[FleetEvent]:
+        """What the fleet heard: the events held back first, then up to ``timeout`` of new ones."""
+        held, self._held = self._held, []
+        return held + self.fleet.events(timeout=timeout)
+
+    def ensure(self) -> None:
+        """The agent step runs, and every agent in it is alive; else a new agent step (a cold
+        start: an agent gone of its own error, or the first generation)."""
+        alive = [a for a in self.fleet.view().values() if a.alive]
+        if self.step is not None and self.step.running and len(alive) >= self.policy.nodes:
+            return
+        if self.step is not None:
+            self.end()
+            self.fleet.close()
+            self.fleet = self.new_fleet()
+        self.step = Step(for_nodes(self.command, self.job.nodes, self.left_out), self.env())
+        self.since = time.monotonic()
+
+    def env(self) -> dict[str, str]:
+        """The agent step's environment: the supervisor's address and the allocation's token."""
+        env = dict(os.environ)
+        host = env.get("MASTER_ADDR") or "127.0.0.1"
+        env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
+        env[wire.TOKEN] = self.token
+        env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
+        full = self.full_size()
+        if self.job.ref and self.policy.recover and full > self.policy.nodes:
+            # submitted with spares (even if fewer are left): a --no-kill job outlives its batch
+            # host; the agents requeue it then
+            env[wire.REQUEUE_ON_LOSS] = f"{self.policy.nodes},{full},{self.policy.tasks_per_node}"
+        env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
+        return env
+
+    def full_size(self) -> int:
+        """The nodes the run was submitted with, spares included (its allocation may be fewer)."""
+        return rendered_nodes(self.command) or len(self.job.nodes)
+
+    def end(self) -> None:
+        """The allocation is done: tell the agents (they clean their scratch and exit), then end
+        the agent step, by srun's own abort if it has not ended by then."""
+        for node, a in self.fleet.view().items():
+            if a.alive:
+                self.fleet.send(node, messages.End())
+        step, self.step = self.step, None
+        if step is not None and step.running and step.wait(timeout=END_WAIT_S) is None:
+            step.kill()
+
+    def close(self) -> None:
+        self.end()
+        self.fleet.close()
+
+    # -- which nodes ----------------------------------------------------------------------
+    def warm_nodes(self) -> list[str]:
+        """The warm agents' nodes this allocation may train on, in the allocation's node order."""
+        view = self.fleet.view()
+        warm = (n for n, a in view.items() if a.state == "warm" and n not in self.left_out)
+        return sorted(warm, key=lambda n: view[n].node_id)
+
+    def spares(self) -> tuple[str, ...]:
+        """Warm agents outside the generation's layout (resources.spare_nodes): a swap's candidates."""
+        return tuple(n for n in self.warm_nodes() if n not in self.layout)
+
+    def swap_out(self, nodes: tuple[str, ...]) -> None:
+        """The next generation runs without ``nodes``: their agents, if they still answer, end."""
+        self.left_out |= set(nodes)
+        view = self.fleet.view()
+        for node in nodes:
+            if node in view and view[node].alive:
+                self.fleet.send(node, messages.End())
+
+    def draining_to_swap(self, gen: Generation) -> tuple[str, ...]:
+        """Nodes of ``gen`` an operator drains, when warm spares can take all their places (the
+        generation then stops with a save and the next one runs without them); else nothing: the
+        drain waits for the job to end, as Slurm's does."""
+        spares = self.spares()
+        if not self.job.job_id or not self.policy.stop_signal or not spares:
+            return ()
+        found = set(allocation.draining([*gen.layout, *spares]) or ())
+        if drained_spares := found & set(spares):
+            # a spare being drained takes no node's place: it would only be drained from again
+            log.warning("hpc_llm supervisor: spare(s) %s draining: not swapped in", ",".join(sorted(drained_spares)))
+            self.left_out |= drained_spares
+            spares = self.spares()
+        draining = [n for n in gen.layout if n in found and n not in self.left_out]
+        if not draining:
+            return ()
+        if len(draining) > len(spares):
+            if set(draining) != self._drain_noted:
+                self._drain_noted = set(draining)
+                log.warning("hpc_llm supervisor: %s draining; too few spares to swap", ",".join(draining))
+            return ()
+        log.warning("hpc_llm supervisor: %s draining: saving, then swapping in spares", ",".join(draining))
+        return tuple(sorted(draining))
+
+    # -- a generation ------------------------------------------------------------------------
+    def start(self, number: int) -> Generation:
+        """Generation ``number`` on the warm agents: node ranks kept from the last generation, a
+        spare in the place of a node gone (:func:`next_layout`)."""
+        view = self.fleet.view()
+        self.layout = next_layout(self.layout, self.warm_nodes(), self.policy.nodes)
+        master = self.layout[0]
+        port = self._find_port(master, number)
+        gen = Generation(number, {n: i for i, n in enumerate(self.layout)}, self.policy.tasks_per_node)
+        env = JobEnv.current().for_generation(
+            number, self.layout, self.job.start, self.policy.heartbeat_s if self.policy.recover else None
+        )
+        ours = {k: v for k, v in env.items() if k.startswith("HPC_LLM_")}
+        for node_rank, node in enumerate(self.layout):
+            start = messages.Start(
+                gen=number,
+                node_rank=node_rank,
+                nnodes=len(self.layout),
+                tasks_per_node=self.policy.tasks_per_node,
+                master_addr=view[master].addr,
+                master_port=port or slurm_port(self.job.job_id, self.job.restart, number),
+                env=ours,
+            )
+            self.fleet.send(node, start)
+        log.info(
+            "hpc_llm supervisor: generation %d on %s (rendezvous %s:%s)",
+            number,
+            ",".join(self.layout),
+            view[master].addr,
+            port,
+        )
+        return gen
+
+    def _find_port(self, master: str, number: int) -> int | None:
+        """The free port node rank 0's agent names for generation ``number`` (None: no answer in
+        :data:`PORT_WAIT_S`); what else the fleet heard meanwhile is held for the loop."""
+        self.fleet.send(master, messages.FindPort(number))
+        deadline = time.monotonic() + PORT_WAIT_S
+        while time.monotonic() < deadline:
+            for ev in self.fleet.events(timeout=0.05):
+                match ev:
+                    case Heard(msg=messages.PortFound(gen=gen, port=port)) if gen == number:
+                        return port
+                    case _:
+                        self._held.append(ev)
+        return None
+
+    def signal(self, gen: Generation, name: str) -> None:
+        for node in gen.layout:
+            self.fleet.send(node, messages.Signal(gen.gen, name))
+
+    def kill(self, gen: Generation, gone: set[str]) -> None:
+        """End generation ``gen`` now: every agent but those ``gone`` kills its ranks' groups."""
+        gen.killing = True
+        for node in gen.layout:
+            if node not in gone:
+                self.fleet.send(node, messages.Kill(gen.gen))
+
+
+def next_layout(layout: list[str], warm: list[str], nodes: int) -> list[str]:
+    """The next generation's nodes in node-rank order: each node of ``layout`` still warm keeps
+    its node rank, and a spare (the first warm node outside it, in allocation order) takes the
+    rank of each one gone; the first generation takes the first ``nodes`` warm ones. A restart in
+    place then stays on its nodes, whichever agent warmed first."""
+    spares = [n for n in warm if n not in layout]
+    if len(layout) != nodes:
+        return warm[:nodes]
+    return [n if n in warm else spares.pop(0) for n in layout]
+
+
+def slurm_port(job_id: str | None, restart: int, gen: int) -> int:
+    """A rendezvous port for generation ``gen`` of allocation ``restart`` that every rank agrees
+    on without talking, when node rank 0's agent did not name a free one in time: a new one for
+    every generation, so a rank of an earlier one still holding its port never meets this one."""
+    digits = "".join(c for c in job_id or "" if c.isdigit())
+    return PORT_BASE + (int(digits or 0) * 131 + restart * 17 + gen) % PORT_SPAN

@@ -1,0 +1,97 @@
+"""The facts of one stop, gathered for the fault policy: what the supervisor saw, and Slurm's word.
+
+:func:`gather` turns a :class:`~hpc_llm.job.supervisor.generation.GenerationEnd` into the
+policy's :class:`~hpc_llm.job.supervisor.policy.Stop`: why the stop signal came (asked again
+now that the ranks have saved), whether a preemption's grace time runs, whether Slurm itself is
+requeueing the job (a node failure: its SIGTERM reached the batch host), the ranks' failure
+reports, the nodes srun found failed, and whether the supervisor itself stalled past its agents'
+patience. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from hpc_llm.job import failures, wire
+from hpc_llm.job.supervisor import policy, state
+from hpc_llm.job.supervisor.generation import GenerationEnd
+from hpc_llm.rundir.outcome import Cause
+from hpc_llm.slurm import allocation
+
+if TYPE_CHECKING:
+    from hpc_llm.job.supervisor.state import SupervisorState
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+
+def gather(sup: SupervisorState, end: GenerationEnd) -> policy.Stop:
+    """The facts of this stop the policy decides on: Slurm is asked again (the end time moves
+    with ``scontrol update TimeLimit``; a PreemptTime says a preemption's grace time runs)."""
+    ask_why_again(sup, end)
+    info = sup.job_info() if (end.returncode != 0 or end.terminated) else {}
+    # the end time as last read while the generation ran (every minute: a shortened limit is in
+    # it); not the one Slurm shows now, which a cancellation sets to the moment of the cancel
+    end_time = sup.timing.end
+    if info.get("JobState") == "TIMEOUT" and sup.terminated_at:
+        end_time = sup.terminated_at
+    sigterm_at = sup.terminated_at if end.terminated else None
+    requeueing = None
+    at_end = sigterm_at is not None and end_time is not None and sigterm_at >= end_time - state.TERM_AT_END_S
+    if sigterm_at is not None and end.stop is None and not at_end and sup.job.job_id:
+        # a node of the job died (NODE_FAIL), or a preemption's grace time ended before our own
+        # requeue (PREEMPTED), and Slurm requeues the job itself: its SIGTERM reaches the batch
+        # host. Not a cancellation, and not ours to requeue again.
+        requeueing = allocation.requeued_by_slurm(sup.job.job_id, sup.job.restart)
+    tag = f"{sup.job.job_id or 'local'}.{sup.job.restart}.{sup.gen}"
+    # srun's error lines pile up over the agent step's life: a node swapped out earlier is no
+    # cause of this stop (it would have blamed a node already gone, and requeued for it)
+    failed_nodes = [n for n in failures.failed_nodes(end.srun_errors) if n not in sup.agents.left_out]
+    return policy.Stop(
+        returncode=end.returncode,
+        now=time.time(),
+        stop_cause=end.stop_cause if end.stop else None,
+        sigterm_at=sigterm_at,
+        end_time=end_time,
+        preempting=allocation.preempting(info),
+        slurm_requeueing=requeueing,
+        hang=end.hang,
+        storage_stall=end.storage_stall,
+        self_stall=self_stall(sup),
+        startup=end.startup,
+        failures=tuple(failures.read(sup.run_dir, tag)),
+        rank_exits=tuple(end.rank_exits),
+        failed_nodes=tuple(failed_nodes),
+        dead_nodes=tuple(sorted(end.dead_nodes.items())),
+        agent_errors=tuple(sorted(end.agent_errors.items())),
+        on_slurm=sup.job.ref is not None,
+        spares=sup.agents.spares(),
+        draining=end.draining if end.stop_cause == Cause.DRAIN else (),
+    )
+
+
+def ask_why_again(sup: SupervisorState, end: GenerationEnd, tries: int = 3) -> None:
+    """The ranks have saved: there is time now to learn what the stop signal was. A "signal"
+    (sent by hand) is asked again too: the time-limit warning for a shortened limit can arrive
+    before a query shows the new EndTime (seen on the dev cluster right after `scontrol update`)."""
+    if end.stop is None or end.stop_time is None or (end.stop_cause_asked and end.stop_cause != Cause.SIGNAL):
+        return
+    for i in range(tries):
+        cause = sup.timing.cause_of(end.stop_time)
+        if cause is not None:
+            end.stop_cause, end.stop_cause_asked = cause, True
+            return
+        if i + 1 < tries:
+            time.sleep(2)
+
+
+def self_stall(sup: SupervisorState) -> str | None:
+    """This process went without a ping for longer than its agents wait for one (its host
+    frozen, or starved): they have ended their ranks, and every node would look dead."""
+    gap = sup.agents.fleet.take_stall()
+    if gap <= wire.supervisor_silent_s(sup.policy.heartbeat_s, sup.policy.lease_s):
+        return None
+    why = f"the supervisor's own loop stalled for {gap:.1f} s (its host frozen?), longer than its agents wait"
+    log.error("hpc_llm supervisor: %s", why)
+    return why

@@ -1,0 +1,171 @@
+"""The job's supervisor: runs the ranks through the node agents, watches them, decides what each stop means.
+
+The batch script ``exec``s it on the batch host::
+
+    python -m hpc_llm.job.supervisor --run-dir DIR [policy] -- srun <args> python -m hpc_llm.job.agent <payload>
+
+It is the batch step's main process, so Slurm's ``--signal=B:USR2@lead`` reaches it (the batch
+script ignores that signal until then: a signal that comes before is never fatal). Once per
+allocation it starts the agent step (the command after ``--``: one agent per node,
+:mod:`hpc_llm.job.agent`), then runs one generation of ranks after another:
+
+1. **watch** a generation (:mod:`~hpc_llm.job.supervisor.watch`): start it on the warm agents
+   (:mod:`~hpc_llm.job.supervisor.agents`), pass Slurm's stop signal on when
+   :mod:`~hpc_llm.job.supervisor.timing` says, and end it when a rank fails, a node dies or the
+   heartbeats show a hang;
+2. **decide**: gather the facts of its end (:mod:`~hpc_llm.job.supervisor.facts`) and ask the
+   fault policy (:func:`hpc_llm.job.supervisor.policy.decide`, pure);
+3. **act** (:mod:`~hpc_llm.job.supervisor.act`): done; fail; restart in place (the next
+   generation on the same warm agents, or a new agent step if one is gone); swap in spares;
+   requeue (the records first, SIGTERM ignored, the blamed nodes excluded).
+
+A Slurm requeue it did not ask for leaves the last attempt "running" in attempts.json; the next
+start closes it as lost (:mod:`~hpc_llm.job.supervisor.lost`). In-job side, but stdlib only: no
+training stack on the batch host.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from hpc_llm.job import failures, heartbeat
+from hpc_llm.job.supervisor import act, facts, lost, policy
+from hpc_llm.job.supervisor.generation import GenerationEnd
+from hpc_llm.job.supervisor.options import parse_args
+from hpc_llm.job.supervisor.state import SupervisorState
+from hpc_llm.job.supervisor.watch import GenerationRun
+from hpc_llm.rundir.record import Attempt, Attempts, update_results
+from hpc_llm.slurm import allocation
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+#: the stop lead: this many times the longest checkpoint save, plus a margin to exit
+LEAD_SAVES = 2.0
+LEAD_MARGIN_S = 30.0
+
+
+class Supervisor(SupervisorState):
+    # -- the loop: watch a generation, decide, act ------------------------------------------
+    def run(self) -> int:
+        self._install_handlers()
+        attempts = Attempts.load(self.run_dir)
+        lost.close(self.run_dir, self.job, attempts)
+        if self.status() == "completed":
+            # a run that already completed has nothing to do. Budgets are the policy's, counted
+            # per stop (failures in a row without progress), so a resubmitted failed run goes on
+            log.warning("hpc_llm supervisor: the run already completed; nothing to do")
+            self.agents.close()
+            act.end_for_good(self)
+            return 0
+        self.timing.lead_s = self._lead(attempts)
+        self._missed_preemption()
+        heartbeat.clear(self.run_dir)
+        try:
+            while True:
+                decision = self.decide(GenerationRun(self).run())
+                if decision is not None:
+                    return decision
+                self.gen += 1
+        finally:
+            self.agents.end()
+
+    def decide(self, end: GenerationEnd) -> int | None:
+        """Record what happened and act: an exit code, or None to run the next generation. The
+        decision is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`); this
+        gathers its facts and carries it out."""
+        attempts = Attempts.load(self.run_dir)
+        if end.returncode == 0 and not self.policy.recover and not attempts.items:
+            # a Hydra app other than hpc_llm's task keeps no attempts: its ranks' exit code is all
+            return 0
+        a = self.this_attempt(attempts)
+        # rank 0 notes progress every few seconds; the heartbeats saw the generation's last batches
+        if end.top_batch > a.last_batch:
+            a.last_batch, a.train_s = end.top_batch, max(a.train_s, round(end.heartbeat_train_s, 3))
+        a.detected_at = a.detected_at or end.detected_at
+        a.stopped_at = a.stopped_at or end.stopped_at
+        stop = facts.gather(self, end)
+        earlier = [f for f in failures.read_all(self.run_dir) if f not in stop.failures]
+        history = [x for x in attempts.items if x is not a]
+        if len(self.job.nodes) > len(a.nodes):
+            a.alloc_nodes = len(self.job.nodes)  # spares included: allocated node-seconds (goodput)
+        decision = policy.decide(history, a, stop, self.settings, earlier)
+        return act.act(self, attempts, a, decision)
+
+    def this_attempt(self, attempts: Attempts) -> Attempt:
+        """This generation's attempt, as rank 0 opened it; the supervisor opens it when rank 0
+        never got that far."""
+        for a in reversed(attempts.items):
+            if (a.job_id, a.restart, a.step) == (self.job.job_id, self.job.restart, self.gen):
+                return a
+        a = Attempt(
+            job_id=self.job.job_id,
+            restart=self.job.restart,
+            started_at=time.time(),
+            step=self.gen,
+            nodes=list(self.job.nodes),
+            alloc_started_at=self.job.start,
+        )
+        if attempts.items:
+            a.resumed_at_batch = a.last_batch = attempts.items[-1].last_batch
+        attempts.items.append(a)
+        return a
+
+    # -- at the start --------------------------------------------------------------------------
+    def _install_handlers(self) -> None:
+        def on_stop(signum: int, frame: Any) -> None:
+            self.signals.append((signal.Signals(signum).name, time.time()))
+
+        def on_term(signum: int, frame: Any) -> None:
+            self.terminated_at = self.terminated_at or time.time()
+
+        if self.policy.stop_signal:
+            signal.signal(getattr(signal, f"SIG{self.policy.stop_signal}"), on_stop)
+        signal.signal(signal.SIGTERM, on_term)
+
+    def _missed_preemption(self) -> None:
+        """The batch script ignores the stop signal until this process has its handler (a
+        signal then cannot end the job unrecorded); a preemption signalled in that window is
+        still known to Slurm (a PreemptTime): take it as received now. A time-limit signal lost
+        there is covered by :meth:`StopTiming.time_is_up`."""
+        if self.policy.stop_signal and self.job.job_id and allocation.preempting(self.job_info()):
+            log.warning("hpc_llm supervisor: the job was being preempted before the supervisor started")
+            self.signals.append((f"SIG{self.policy.stop_signal}", time.time()))
+
+    def _lead(self, attempts: Attempts) -> float:
+        """How long before the time limit to stop: twice the longest save measured so far (a
+        periodic save's time includes any eval at that batch) plus 30 s to exit. Not capped by
+        the sbatch --signal lead: when the need is longer, the supervisor stops the ranks itself
+        at the lead (:meth:`StopTiming.time_is_up`) and records a warning to raise signal_lead_s."""
+        if self.policy.stop_lead_s is not None:
+            return self.policy.stop_lead_s
+        saves = [s for a in attempts.items for s in (a.save_s, a.checkpoint_save_s) if s is not None]
+        if not saves:
+            return self.policy.signal_lead_s
+        need = LEAD_SAVES * max(saves) + LEAD_MARGIN_S
+        if need > self.policy.signal_lead_s:
+            warning = (
+                f"hydra.launcher.signal_lead_s={self.policy.signal_lead_s:g} is shorter than a stop needs: "
+                f"checkpoints took up to {max(saves):.0f}s; stopping {need:.0f}s before the limit instead"
+            )
+            log.warning("hpc_llm supervisor: %s", warning)
+            update_results(self.run_dir, attempts, self.status() or "running", {"warnings": [warning]})
+        return need
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    policy, command = parse_args(sys.argv[1:] if argv is None else argv)
+    if not command:
+        raise SystemExit("hpc_llm.job.supervisor: nothing to run after --")
+    try:
+        code = Supervisor(policy, command).run()
+    except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
+        log.exception("hpc_llm supervisor failed")
+        error = f"hpc_llm supervisor: {type(exc).__name__}: {exc}"
+        update_results(policy.run_dir, Attempts.load(policy.run_dir), "failed", {"error": error})
+        code = 1
+    raise SystemExit(code)

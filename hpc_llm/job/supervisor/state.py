@@ -1,0 +1,60 @@
+"""What the supervisor holds for its allocation, and what it knows: the state its concerns share.
+
+:class:`SupervisorState` is what :mod:`~hpc_llm.job.supervisor.watch`,
+:mod:`~hpc_llm.job.supervisor.facts` and :mod:`~hpc_llm.job.supervisor.act` read and change;
+:class:`hpc_llm.job.supervisor.main.Supervisor` adds the loop that runs them. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import fields
+
+from hpc_llm.job.env import JobEnv
+from hpc_llm.job.supervisor import policy
+from hpc_llm.job.supervisor.agents import Agents
+from hpc_llm.job.supervisor.options import Policy
+from hpc_llm.job.supervisor.timing import StopTiming
+from hpc_llm.rundir.record import read_results
+from hpc_llm.slurm import allocation
+from hpc_llm.slurm.allocation import SlurmJob
+
+#: a SIGTERM this close to the end time is Slurm's time limit, not a cancellation
+TERM_AT_END_S = 5.0
+
+
+class SupervisorState:
+    def __init__(self, policy: Policy, command: list[str]) -> None:
+        self.policy = policy
+        self.command = command
+        self.run_dir = policy.run_dir
+        env = JobEnv.current()
+        self.job = SlurmJob.ask(env.job_id, env.ref, env.restart, env.nodelist)
+        #: the generation of ranks running or next (0 at the allocation's start)
+        self.gen = 0
+        #: Slurm's stop signals as the handler queued them: (signal, when)
+        self.signals: deque[tuple[str, float]] = deque()
+        #: when the batch step got SIGTERM (0: it did not)
+        self.terminated_at = 0.0
+        self.timing = StopTiming(
+            end=self.job.end,
+            lead_s=policy.signal_lead_s,
+            signal_lead_s=policy.signal_lead_s,
+            ask=self.job_info if self.job.job_id else None,
+        )
+        self.agents = Agents(policy, command, self.job)
+
+    @property
+    def settings(self) -> policy.Settings:
+        """The policy's settings: the fields of :class:`Policy` it shares by name."""
+        shared = {f.name: getattr(self.policy, f.name) for f in fields(policy.Settings) if hasattr(self.policy, f.name)}
+        return policy.Settings(**shared, term_at_end_s=TERM_AT_END_S)
+
+    def job_info(self) -> dict[str, str]:
+        """``scontrol show job`` of this allocation now ({} off Slurm, or unanswered)."""
+        return allocation.show_job(self.job.job_id) if self.job.job_id else {}
+
+    def status(self) -> str | None:
+        """The run's status in results.json (None before there is one)."""
+        results = read_results(self.run_dir)
+        return str(results.get("status")) if results else None

@@ -1,0 +1,267 @@
+"""One generation, from its start to its end, as the supervisor watches it.
+
+:class:`GenerationRun` is the supervisor's loop for one generation of ranks: each turn it
+handles what the fleet heard (a typed event each: :mod:`~hpc_llm.job.supervisor.fleet`), then
+looks at the time. Before the generation starts it waits for enough warm agents (a spare lost
+meanwhile is no stop); once it runs, a rank that ends badly, a node found dead, an agent gone
+of its own error, a hang the heartbeats show (:mod:`~hpc_llm.job.supervisor.hang_watch`) or a
+start-up that never reaches training ends the generation (the agents kill the rest). A stop
+signal is passed on when :class:`~hpc_llm.job.supervisor.timing.StopTiming` says; a node an
+operator drains, with a spare to take its place, is stopped for too. The loop ends when every
+rank is gone, and returns a :class:`~hpc_llm.job.supervisor.generation.GenerationEnd`: what
+the supervisor saw, for its decision. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from hpc_llm.job import messages
+from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Suspect
+from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
+from hpc_llm.job.supervisor.hang_watch import HangWatch
+from hpc_llm.rundir.outcome import Cause
+
+if TYPE_CHECKING:
+    from hpc_llm.job.supervisor.state import SupervisorState
+
+log = logging.getLogger("hpc_llm.supervisor")
+
+#: seconds between turns: checks of the generation, the heartbeats and pending signals
+POLL_S = 0.2
+#: how often a generation with a warm spare asks Slurm whether a node of it is being drained (one
+#: sinfo for the generation's nodes)
+DRAIN_POLL_S = 10.0
+#: seconds the agents get to report a killed generation's ranks gone before they count as lost
+KILL_WAIT_S = 60.0
+
+
+class GenerationRun:
+    def __init__(self, sup: SupervisorState) -> None:
+        self.sup = sup
+        self.policy = p = sup.policy
+        self.agents = sup.agents
+        self.timing = sup.timing
+        self.gen: Generation | None = None
+        self.over = False
+        self.started_at = 0.0
+        self.killed_at: float | None = None
+        self.drain_polled = time.monotonic()
+        self.watch = HangWatch(
+            floor_s=p.hang_floor_s,
+            factor=p.hang_factor,
+            timeout_s=p.hang_timeout_s,
+            silence_s=max(3 * p.heartbeat_s, p.hang_floor_s),
+        )
+
+    def run(self) -> GenerationEnd:
+        self.agents.ensure()
+        assert self.agents.step is not None
+        self.end = GenerationEnd(returncode=0, srun_errors=self.agents.step.errors)
+        self.timing.pending = None
+        while not self.over:
+            for ev in self.agents.events(POLL_S):
+                self.on_event(ev)
+            self.turn(time.monotonic())
+        return self.finish()
+
+    # -- what the fleet heard --------------------------------------------------------------
+    def on_event(self, ev: FleetEvent) -> None:
+        if self.gen is None:
+            self.lost(ev)
+        else:
+            self.during(ev, self.gen)
+
+    def lost(self, ev: FleetEvent) -> None:
+        """A node found dead, or an agent that ended of its own error."""
+        end = self.end
+        match ev:
+            case Dead(node=node, why=why):
+                end.dead_nodes[node] = why
+                end.detected_at = end.detected_at or time.time()
+                log.error("hpc_llm supervisor: node %s is dead: %s", node, why)
+            case Heard(node=node, msg=messages.Bye(why=why) as bye) if not bye.on_purpose:
+                end.agent_errors[node] = why
+                end.detected_at = end.detected_at or time.time()
+                log.error("hpc_llm supervisor: the agent on %s ended: %s", node, why)
+
+    def during(self, ev: FleetEvent, gen: Generation) -> None:
+        end = self.end
+        match ev:
+            case Dead(node=node) | Heard(node=node, msg=messages.Bye()) if node in gen.layout:
+                self.lost(ev)
+                if node in end.dead_nodes or node in end.agent_errors:
+                    gen.lose(node, end.dead_nodes.get(node) or end.agent_errors[node])
+            case Heard(node=node, msg=messages.Started(gen=number, pids=pids)) if number == gen.gen:
+                gen.on_started(node, pids)
+            case Heard(msg=messages.Exit() as msg) if msg.gen == gen.gen:
+                e = gen.on_exit(msg)
+                if e is not None and not e.killed and e.status not in (0, None):
+                    end.detected_at = end.detected_at or e.at
+                    log.error("hpc_llm supervisor: rank %d on %s: %s", e.rank, e.node, e.what)
+            case Heard(node=node, msg=messages.Stopped(gen=number)) if number == gen.gen:
+                gen.stopped.add(node)
+            case Heard(node=node, msg=messages.Stalled(gap_s=gap_s)) if node in gen.layout:
+                # its loop stalled past the lease (a frozen or starved node) and it ended its ranks
+                end.hang = (f"the agent on {node} stalled for {gap_s}s (frozen?)", (node,))
+                end.detected_at = end.detected_at or time.time()
+            case Suspect(node=node, why=why):
+                log.warning("hpc_llm supervisor: node %s %s", node, why)
+            case Cleared(node=node):
+                log.warning("hpc_llm supervisor: node %s answered: alive", node)
+
+    # -- each turn -----------------------------------------------------------------------------
+    def turn(self, now: float) -> None:
+        if self.gen is None:
+            if self.start_when_ready(now):
+                return
+        elif (self.end.dead_nodes or self.end.agent_errors or self.gen.failed() is not None) and not self.gen.killing:
+            self.kill(now)
+        self.take_signals()
+        self.timing.tick(forwarded=self.end.stop is not None)
+        self.poll_drain()
+        self.stop_at_lead()
+        self.forward()
+        if self.over:
+            return
+        if self.sup.terminated_at and not self.end.terminated:
+            self.end.terminated = True
+            self.end.detected_at = self.end.detected_at or time.time()
+        if self.gen is not None:
+            self.watch_heartbeats(self.gen, now)
+            self.check_gone(self.gen, now)
+
+    def start_when_ready(self, now: float) -> bool:
+        """Before the generation starts: start it once enough agents are warm; end the wait on a
+        node lost with no spare left, an agent step gone, or a start-up past its limit. True when
+        this turn is done."""
+        end, p = self.end, self.policy
+        detected = end.detected_at
+        if (end.dead_nodes or end.agent_errors) and len(self.agents.warm_nodes()) >= p.nodes:
+            # a spare lost (or a node lost between generations) while enough warm agents are
+            # left: no stop, the generation starts on the others
+            lost = {**end.dead_nodes, **end.agent_errors}
+            log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", lost)
+            self.agents.left_out |= set(lost)
+            end.dead_nodes.clear()
+            end.agent_errors.clear()
+            end.detected_at = detected
+        step = self.agents.step
+        assert step is not None
+        if end.dead_nodes or end.agent_errors:
+            self.over = True
+        elif len(self.agents.warm_nodes()) >= p.nodes:
+            self.gen = self.agents.start(self.sup.gen)
+            self.started_at = time.monotonic()
+        elif not step.running:
+            end.returncode = step.wait() or 1
+            end.agent_errors["*"] = f"the agent step ended before every agent was up (srun exited {end.returncode})"
+            self.over = True
+        elif p.startup_timeout_s is not None and now - (self.agents.since or now) > p.startup_timeout_s:
+            ready = len(self.agents.warm_nodes())
+            end.startup = f"the agents' start (container, srun or imports: {ready} of {p.nodes} ready)"
+            self.over = True
+        return self.over or self.gen is not None
+
+    def take_signals(self) -> None:
+        """Slurm's stop signals the handler queued: act first, ask after (:mod:`timing`)."""
+        while self.sup.signals:
+            self.timing.received(*self.sup.signals.popleft())
+
+    def poll_drain(self) -> None:
+        """Every :data:`DRAIN_POLL_S`, while nothing is pending: a node of the generation being
+        drained, with spares for it, is stopped for (a save, then a swap)."""
+        gen = self.gen
+        if self.timing.pending is not None or gen is None or not gen.all_started or gen.killing:
+            return
+        if time.monotonic() - self.drain_polled < DRAIN_POLL_S:
+            return
+        self.end.draining = self.agents.draining_to_swap(gen)
+        self.drain_polled = time.monotonic()  # after the call: a slow sinfo is not asked back to back
+        if self.end.draining:
+            self.timing.requested(f"SIG{self.policy.stop_signal}", Cause.DRAIN)
+
+    def stop_at_lead(self) -> None:
+        """Only the lead is left and Slurm's time-limit signal never came: stop all the same."""
+        if self.timing.pending is None and self.policy.stop_signal and self.timing.time_is_up():
+            log.warning(
+                "hpc_llm supervisor: no time-limit signal from Slurm, %.0f s left: stopping", self.timing.lead_s
+            )
+            self.timing.requested(f"SIG{self.policy.stop_signal}", Cause.TIME_LIMIT)
+
+    def forward(self) -> None:
+        """The pending signal, when due, to every rank (before the generation started: the stop is
+        this generation's end)."""
+        pending, end, gen = self.timing.pending, self.end, self.gen
+        if pending is None or end.stop is not None or not self.timing.due():
+            return
+        if gen is not None and (not gen.all_started or gen.killing):
+            return
+        end.stop, end.stop_time = pending.signal, pending.at
+        end.detected_at = end.detected_at or time.time()
+        if gen is None:
+            self.over = True
+            return
+        left = f"; {self.timing.end - time.time():.0f} s before the end time" if self.timing.end else ""
+        log.warning("hpc_llm supervisor: forwarding %s to the ranks (%s%s)", pending.signal, pending.cause, left)
+        self.agents.signal(gen, pending.signal)
+
+    def watch_heartbeats(self, gen: Generation, now: float) -> None:
+        """A hang (a silent rank, a stuck collective, a storage stall) or a start-up stuck in a
+        phase ends the generation."""
+        if not self.policy.recover or gen.killing:
+            return
+        end = self.end
+        # a rank that has ended beats no more, and is not silent for it
+        beats = {r: b for r, b in self.agents.fleet.beats().items() if b.gen == gen.gen and r not in gen.exits}
+        hang = self.watch.check(beats, now)
+        stuck = self.watch.startup_stuck(beats, now - self.started_at, gen.ntasks, self.policy.startup_timeout_s)
+        if hang is not None and end.stop is None and not end.dead_nodes:
+            if hang.cause == "storage":
+                end.storage_stall = hang.reason
+            else:
+                end.hang = (hang.reason, hang.nodes)
+            log.error("hpc_llm supervisor: %s; ending generation %d", hang.reason, gen.gen)
+            self.kill(now)
+        elif stuck is not None and end.stop is None:
+            end.startup = stuck
+            log.error("hpc_llm supervisor: start-up stuck in %s; ending generation %d", stuck, gen.gen)
+            self.kill(now)
+
+    def check_gone(self, gen: Generation, now: float) -> None:
+        """Every rank is gone, the agent step with them, or the agents never said so after a kill."""
+        step = self.agents.step
+        assert step is not None
+        if gen.done:
+            self.over = True
+        elif not step.running:
+            # the whole agent step is gone (Slurm killed it: a node failure, a cancel, the limit)
+            for node in gen.layout:
+                if node not in gen.stopped:
+                    gen.lose(node, "the agent step ended")
+            self.over = True
+        elif self.killed_at is not None and now - self.killed_at > KILL_WAIT_S:
+            for node in gen.layout:
+                if node not in gen.stopped:
+                    gen.lose(node, f"its ranks were not gone {KILL_WAIT_S:g}s after the kill")
+            self.over = True
+
+    def kill(self, now: float) -> None:
+        """End the generation now: every agent kills its ranks' process groups."""
+        assert self.gen is not None
+        self.end.detected_at = self.end.detected_at or time.time()
+        self.agents.kill(self.gen, set(self.end.dead_nodes) | set(self.end.agent_errors))
+        self.killed_at = now
+
+    def finish(self) -> GenerationEnd:
+        end, gen, pending = self.end, self.gen, self.timing.pending
+        if pending is not None:
+            end.stop_cause, end.stop_cause_asked = pending.cause, pending.asked
+        if gen is not None:
+            end.returncode = gen.returncode() or end.returncode
+            end.rank_exits = gen.ended_badly()
+            end.stopped_at = time.time()
+        end.top_batch, end.heartbeat_train_s = self.watch.top_batch, self.watch.train_s
+        return end
