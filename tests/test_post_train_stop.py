@@ -27,7 +27,7 @@ from hpc_llm.rundir.record import Attempts, RunRecord, read_results, update_resu
 HISTORY = [[b, 10.0 - b / 100] for b in range(1, 61)]
 #: what the SpeedMonitor measured while the attempt trained (mfu: a GPU run's)
 TPS, MFU = 1234.5, 0.41
-#: the supervisor's booking of a decision: the status it writes (hpc_llm.job.supervisor.loop: _act)
+#: the supervisor's booking of a decision: the status it writes (hpc_llm.job.supervisor.act: act)
 STATUS = {"requeue": "requeued", "restart": "restarting", "swap": "restarting"}
 
 
@@ -47,7 +47,7 @@ def _stop(cause: str) -> policy.Stop:
 
 
 def _book(run_dir: Path, d: policy.Decision) -> dict:
-    """What the supervisor writes of its decision (hpc_llm.job.supervisor.loop: _act, _requeue):
+    """What the supervisor writes of its decision (hpc_llm.job.supervisor.act: act, restart, requeue_job):
     the attempt's end, then results.json through update_results."""
     attempts = Attempts.load(run_dir)
     a = attempts.current
