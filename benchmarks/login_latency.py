@@ -14,11 +14,13 @@ torch / composer / llmfoundry. Submitted jobs are cancelled.
 
 With ``--submitit`` it also puts the same 100-point sweep through hydra-submitit-launcher
 (``hydra/launcher=submitit_slurm``, pip-installed into a temporary directory: it is not one
-of hpc_llm's dependencies) and hpc_llm's own launcher, alternated in one run, both with the
-check before the queue off (``precheck.enabled=false``; goal: hpc_llm <= 0.5x submitit's
-time to the queue, both timed from the start of the process until the sweep's 100 tasks are
-in squeue; hpc_llm's time until its process ended is printed beside), and hpc_llm's once
-more with the check on.
+of hpc_llm's dependencies) and hpc_llm's own launcher, alternated in one run, both timed
+from the start of the process until the sweep's 100 tasks are in squeue (hpc_llm's time
+until its process ended is printed beside): submitit's and hpc_llm's with the check before
+the queue off (``precheck.enabled=false``; goal: hpc_llm <= 0.5x submitit's), then hpc_llm's
+with the check on, cold (a new hpc_llm home: the first submit of the day), warm (its checker
+up, the points new to it; goals: <= 1.5x the check off, <= 0.5x submitit's) and the same sweep
+again (from the cache; goal: the check adds <= 1 s), each beside the load average it ran at.
 
     .venv/bin/python benchmarks/login_latency.py [--repeats 5] [--submitit]
 """
@@ -128,8 +130,23 @@ def until_queued_and_done(
         proc.wait()
 
 
+def lr_sweep(k: int) -> list[str]:
+    """LR_SWEEP with another set of learning rates (points new to a warm checker)."""
+    lrs = ",".join(f"{(i + 1) * 1e-5 * (1 + k / 1000):.6g}" for i in range(100))
+    return [a if not a.startswith("train.optimizer.lr=") else f"train.optimizer.lr={lrs}" for a in LR_SWEEP]
+
+
+def stop_checkers(env: dict[str, str]) -> None:
+    """The warm checkers of ``env``'s hpc_llm home (hpc-llm check --stop)."""
+    cmd = [sys.executable, "-c", "from hpc_llm.cli import main; main()", "check", "--stop"]
+    subprocess.run(cmd, env=env, capture_output=True, check=True)
+
+
 def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: list[str]) -> None:
-    """The same 100-point sweep to the queue: hydra-submitit-launcher against hpc_llm's launcher."""
+    """The same 100-point sweep to the queue: hydra-submitit-launcher against hpc_llm's launcher,
+    with the check before the queue off, cold (a new hpc_llm home: no warm checker, nothing
+    cached), warm (the checker up, the points new to it) and repeated (the same sweep again:
+    its verdicts cached), alternated in each round; the load average beside each."""
     site = submitit_site(runs / "submitit-site")
     senv = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p))
     theirs = [
@@ -141,31 +158,64 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
         "precheck.enabled=false",
     ]
     ours = [*LR_SWEEP, "precheck.enabled=false"]
-    sub_walls, our_walls, our_ends, checked = [], [], [], []
-    for i in range(repeats):
-        root = runs / f"submitit-{i}"
-        sub_walls.append(until_queued([sys.executable, "-m", "hpc_llm", *theirs], dict(senv, HPC_LLM_RUNS=str(root))))
-        submitted += submitit_ids(root)
-        subprocess.run(["scancel", *submitted], env=env, capture_output=True)
-        # timed as theirs is, to the queue; and to its end (the ledger, what it prints, Hydra's own end)
-        to_queue, to_end, out = until_queued_and_done([sys.executable, "-m", "hpc_llm", *ours], senv)
-        our_walls.append(to_queue)
-        our_ends.append(to_end)
-        submitted += job_ids(out)
-        subprocess.run(["scancel", *submitted], env=env, capture_output=True)
-    wall, proc = timed([sys.executable, "-m", "hpc_llm", *LR_SWEEP, "precheck.enabled=true"], senv)
-    checked.append(wall)
-    submitted += job_ids(proc.stdout)
-    sub, our = statistics.median(sub_walls), statistics.median(our_walls)
+    on = dict(senv, HPC_LLM_PRECHECK="1")
+    ways = ("submitit", "off", "cold", "warm", "repeat")
+    walls: dict[str, list[float]] = {w: [] for w in ways}
+    loads: dict[str, list[float]] = {w: [] for w in ways}
+    our_ends: list[float] = []
+    homes: list[dict[str, str]] = []
+    try:
+        for i in range(repeats):
+            cold = dict(on, HPC_LLM_HOME=str(runs / f"home-cold-{i}"))
+            homes.append(cold)
+            plan = [
+                ("submitit", [*theirs], dict(senv, HPC_LLM_RUNS=str(runs / f"submitit-{i}"))),
+                ("off", ours, senv),
+                ("cold", lr_sweep(3 * i + 1), cold),
+                ("warm", lr_sweep(3 * i + 2), cold),
+                ("repeat", lr_sweep(3 * i + 2), cold),
+            ]
+            for way, args, way_env in plan:
+                loads[way].append(os.getloadavg()[0])
+                if way == "submitit":
+                    walls[way].append(until_queued([sys.executable, "-m", "hpc_llm", *args], way_env))
+                    submitted += submitit_ids(runs / f"submitit-{i}")
+                else:
+                    # timed as theirs is, to the queue; and to its end (the ledger, what it prints, Hydra's end)
+                    to_queue, to_end, out = until_queued_and_done([sys.executable, "-m", "hpc_llm", *args], way_env)
+                    walls[way].append(to_queue)
+                    submitted += job_ids(out)
+                    if way == "off":
+                        our_ends.append(to_end)
+                subprocess.run(["scancel", *submitted], env=env, capture_output=True)
+    finally:
+        for home in homes:
+            stop_checkers(home)
+    med = {w: statistics.median(walls[w]) for w in ways}
+    sub, off = med["submitit"], med["off"]
+
+    def at(way: str) -> str:
+        return f"{med[way]:.2f} s (load {min(loads[way]):.1f}-{max(loads[way]):.1f})"
+
     print(
-        f"100-point lr sweep to the queue (start to 100 tasks in squeue; squeue polled every 50 ms), check off: "
-        f"hpc_llm {our:.2f} s, hydra-submitit-launcher {sub:.2f} s "
-        f"(median of {repeats}, alternated) -> {our / sub:.2f}x (goal <= 0.5x); hpc_llm's process ended after "
-        f"{statistics.median(our_ends):.2f} s ({statistics.median(our_ends) / sub:.2f}x); load average "
-        f"{os.getloadavg()[0]:.1f}",
+        f"100-point lr sweep to the queue (start to 100 tasks in squeue; squeue polled every 50 ms), medians of "
+        f"{repeats}, alternated:\n"
+        f"  hydra-submitit-launcher (check off): {at('submitit')}\n"
+        f"  hpc_llm, check off: {at('off')} -> {off / sub:.2f}x submitit's (goal <= 0.5x); its process ended "
+        f"after {statistics.median(our_ends):.2f} s",
         flush=True,
     )
-    print(f"the same with the check before the queue on: {checked[0]:.2f} s ({checked[0] - our:+.2f} s)", flush=True)
+    goals = {
+        "cold": "adds <= 10 s on an idle machine",
+        "warm": "<= 1.5x off, <= 0.5x submitit's",
+        "repeat": "adds <= 1 s",
+    }
+    for way in ("cold", "warm", "repeat"):
+        print(
+            f"  hpc_llm, check on, {way}: {at(way)}: the check adds {med[way] - off:+.2f} s; "
+            f"{med[way] / off:.2f}x off, {med[way] / sub:.2f}x submitit's (goal: {goals[way]})",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -215,7 +215,7 @@ def test_the_checker_ends_after_its_idle_timeout_and_leaves_nothing(home, python
     assert warm.hello["state"] in ("importing", "missing") and warm.started_here
     assert gone(pid), f"checker {pid} still running after its idle timeout"
     assert not Path(warm.place.socket).exists() and not warm.place.record.exists()
-    assert not checkers.lock_held(warm.place) and not checkers.running()
+    assert not checkers.alive(pid) and not checkers.running()
 
 
 def test_a_dead_checkers_socket_is_replaced_and_status_and_stop_see_the_live_one(home, pythonpath):
@@ -312,6 +312,10 @@ def test_a_bad_value_is_refused_cold_warm_and_from_the_cache(checked_env, tmp_pa
     assert sweep.returncode == 0, explain(sweep)
     assert ": 2 points, warm, 1 checked in" in line(sweep) and "1 from the cache" in line(sweep), line(sweep)
     assert [r.hello["pid"] for r in checkers.running()] == [one.hello["pid"]]
+    # precheck.cache=false: checked again, by the same checker
+    uncached = run_app([*tiny, "train.max_duration=1xx", "precheck.cache=false"], checked_env, cwd=tmp_path)
+    assert uncached.returncode == 2 and errors(uncached) == errors(bad), explain(uncached)
+    assert ": 1 point, warm, 1 checked in" in line(uncached), line(uncached)
 
 
 @pytest.mark.stack

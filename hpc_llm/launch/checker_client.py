@@ -20,7 +20,6 @@ bytes) is made in ``<tmp>/hpc_llm-<uid>/`` instead, a 0700 directory this user o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -143,19 +142,9 @@ def hello(where: Place) -> dict[str, Any] | None:
         return None
 
 
-def lock_held(where: Place) -> bool:
-    """Whether a checker holds ``where``'s lock (it is up, or starting)."""
-    try:
-        fd = os.open(where.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases it where it was taken
-    return False
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running checker (not another process that got its number since)."""
+    return pid > 0 and SERVER in _cmdline(pid)
 
 
 @dataclass
@@ -175,13 +164,14 @@ _STARTED: dict[str, subprocess.Popen[bytes]] = {}
 
 
 def spawn(where: Place, starter: Starter) -> subprocess.Popen[bytes]:
+    """A checker for ``starter``'s environment at ``where``. Where one holds the lock already
+    (two submits started one each) the second leaves at once: one checker per environment."""
     args = ["-m", SERVER, "--socket", where.socket, "--lock", str(where.lock), "--record", str(where.record)]
     args += ["--environment", starter.identity, "--name", starter.name, "--idle-s", str(starter.idle_s)]
-    if starter.cache:
-        args += ["--cache", str(private_dir(cache_dir()))]
+    args += ["--cache", str(private_dir(cache_dir()))]  # each request says whether to use it
     command = starter.command(args, sorted({str(precheck_dir()), os.path.dirname(where.socket)}))
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    with open(where.log, "wb") as log:
+    with open(where.log, "ab") as log:  # the checker that holds the lock empties it
         # its own session: it outlives this submit, and a ^C here does not reach it
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, cwd="/", env=env,
@@ -191,11 +181,17 @@ def spawn(where: Place, starter: Starter) -> subprocess.Popen[bytes]:
     return proc
 
 
+def _starting(where: Place) -> bool:
+    """Whether a checker this process started for ``where`` is still starting."""
+    proc = _STARTED.get(where.socket)
+    return proc is not None and proc.poll() is None
+
+
 def start(starter: Starter) -> None:
     """Start the environment's checker unless it is up or starting; without waiting for it
     (the stack imports while the sweep's points are composed)."""
     where = place(starter.identity)
-    if where.socket not in _STARTED and not lock_held(where) and hello(where) is None:
+    if not _starting(where) and hello(where) is None:
         spawn(where, starter)
 
 
@@ -209,23 +205,23 @@ class Warm:
 
 
 def connect(starter: Starter) -> Warm:
-    """The environment's checker, started where none is up (a stale socket of a dead checker is
-    replaced by the new checker, which holds the lock); Unavailable where none comes up."""
+    """The environment's checker, started where none answers (a dead one's socket is replaced
+    by the new checker, which holds the lock); Unavailable where none comes up."""
     where = place(starter.identity)
     deadline = time.monotonic() + START_TIMEOUT_S
     mine: subprocess.Popen[bytes] | None = None  # what this call started
+    last = -1.0
     while True:
         said = hello(where)
         if said is not None:
             return Warm(where, said, where.socket in _STARTED)
-        proc = _STARTED.get(where.socket)
-        starting = proc is not None and proc.poll() is None  # started by this process, not bound yet
-        if not starting and not lock_held(where):
+        if not _starting(where):
             if mine is not None and mine.returncode != 0:
                 raise Unavailable(f"the warm checker did not start ({_last_line(where.log)})")
-            if mine is not None and time.monotonic() > deadline:
-                raise Unavailable("the warm checker did not start")
-            mine = spawn(where, starter)  # none up (a dead one's socket: the new one replaces it)
+            # none of this process' is starting: none was, or ours left because another one holds
+            # the lock (started by another submit: it binds in a moment, or it died since)
+            if last < 0 or time.monotonic() - last > 0.5:
+                mine, last = spawn(where, starter), time.monotonic()
         if time.monotonic() > deadline:
             raise Unavailable(f"the warm checker did not answer in {START_TIMEOUT_S} s")
         time.sleep(0.02)
@@ -236,7 +232,7 @@ def check(starter: Starter, points: list[dict[str, Any]], timeout: float) -> tup
     for _ in range(3):
         warm = connect(starter)
         try:
-            said = request(warm.place.socket, {"op": "check", "points": points}, timeout)
+            said = request(warm.place.socket, {"op": "check", "points": points, "cache": starter.cache}, timeout)
         except (OSError, Unavailable) as exc:
             raise NoAnswer(str(exc) or type(exc).__name__) from None
         if not said.get("stale"):
@@ -278,7 +274,7 @@ def running() -> list[Running]:
         said = hello(where)
         if said is not None:
             out.append(Running(where, record, said))
-        elif not lock_held(where):  # a checker that died without cleaning up (killed)
+        elif not alive(int(record.get("pid") or 0)):  # a checker that died without cleaning up (killed)
             for stale in (where.socket, str(where.record)):
                 with contextlib.suppress(OSError):
                     os.unlink(stale)
@@ -286,21 +282,21 @@ def running() -> list[Running]:
 
 
 def stop(wait_s: float = 30) -> list[Running]:
-    """Ask each checker to end; one that does not within ``wait_s`` gets SIGTERM (by the pid it
-    recorded, when that process is still a checker). Returns those stopped."""
+    """Ask each checker to end; one that has not within ``wait_s`` gets SIGTERM (by the pid it
+    gave, while that process is still a checker). Returns those stopped."""
     found = running()
     for one in found:
         with contextlib.suppress(OSError, Unavailable):
             request(one.place.socket, {"op": "stop"}, timeout=10)
     deadline = time.monotonic() + wait_s
     for one in found:
-        while lock_held(one.place) and time.monotonic() < deadline:
-            time.sleep(0.05)
         pid = int(one.hello.get("pid") or 0)
-        if lock_held(one.place) and pid and SERVER in _cmdline(pid):
+        while alive(pid) and time.monotonic() < deadline:
+            for proc in _STARTED.values():
+                proc.poll()  # those this process started: reaped
+            time.sleep(0.05)
+        if alive(pid):
             os.kill(pid, signal.SIGTERM)
-    for proc in _STARTED.values():
-        proc.poll()  # those this process started: reaped
     return found
 
 

@@ -18,7 +18,8 @@ One request per connection, one JSON object a line each way:
 
 * ``{"op": "hello"}``: ``{"pid", "state": "importing" | "ready" | "missing" | "broken", "stack",
   "started", "ready_at", "idle_s", "idle_for_s", "rss_mb", "name"}``
-* ``{"op": "check", "points": [...]}`` (foundry_check's points): ``{"problems": [[i, key,
+* ``{"op": "check", "points": [...], "cache": true}`` (foundry_check's points; ``cache``: false
+  neither reads nor writes verdicts): ``{"problems": [[i, key,
   message], ...], "cached", "checked", "waited_s", "import_s", "check_s", "stack"}``; or ``{"stale": true}``
   (the stack changed; this checker is ending), ``{"missing": module}``, ``{"error": line}``
 * ``{"op": "stop"}``: ``{"stopping": true}``
@@ -107,12 +108,13 @@ class Checker:
             "rss_mb": _rss_mb(),
         }
 
-    def check(self, points: list[dict[str, Any]]) -> dict[str, Any]:
+    def check(self, points: list[dict[str, Any]], cached: bool = True) -> dict[str, Any]:
         if fingerprint() != self.stack or not unchanged(self.sources):  # installed over; hpc_llm edited
             self.ending.set()
             return {"stale": True}
-        keys = [self.cache.key(p) for p in points]
-        verdicts = [self.cache.get(k) for k in keys]
+        cache = self.cache if cached else VerdictCache(None, "", "")
+        keys = [cache.key(p) for p in points]
+        verdicts = [cache.get(k) for k in keys]
         todo = [i for i, v in enumerate(verdicts) if v is None]
         t0 = time.perf_counter()
         if todo and not self.ready.wait(IMPORT_WAIT_S):
@@ -130,7 +132,7 @@ class Checker:
             made_with = sources()
             for i, problems in zip(todo, found, strict=True):
                 verdicts[i] = [list(p) for p in problems]
-                self.cache.put(keys[i], problems, made_with)
+                cache.put(keys[i], problems, made_with)
         return {
             "problems": [[i, key, message] for i, v in enumerate(verdicts) for key, message in v or ()],
             "cached": len(points) - len(todo),
@@ -164,7 +166,7 @@ class Handler(socketserver.StreamRequestHandler):
                 if op == "hello":
                     reply = checker.hello()
                 elif op == "check":
-                    reply = checker.check(list(request["points"]))
+                    reply = checker.check(list(request["points"]), bool(request.get("cache", True)))
                 elif op == "stop":
                     checker.ending.set()
                     reply = {"stopping": True}
@@ -221,8 +223,12 @@ def _write_record(path: str, record: dict[str, Any]) -> None:
 def serve(args: argparse.Namespace) -> int:
     os.umask(0o077)  # its record, its socket and the verdicts it writes: the user's alone
     lock = open(args.lock, "a")  # noqa: SIM115 - held until the process ends
-    if not _take(lock):
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return 0  # another checker of this environment is up or starting: the client finds it
+    with contextlib.suppress(OSError):
+        os.ftruncate(sys.stderr.fileno(), 0)  # its log: this checker's alone
     checker = Checker(args)
     server = Server(args.socket, checker)
     record = {"pid": os.getpid(), "socket": args.socket, "name": args.name, "started": checker.started}
@@ -245,18 +251,6 @@ def serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(OSError):
         os.unlink(args.record)
     return 0
-
-
-def _take(lock: Any, tries: int = 50) -> bool:
-    """The lock, retried for a second: a client looking whether a checker is up holds it for
-    microseconds; a checker holds it for its life."""
-    for _ in range(tries):
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            time.sleep(0.02)
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
