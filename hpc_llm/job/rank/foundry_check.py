@@ -40,6 +40,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 #: the training stack is not importable in this environment
@@ -92,17 +93,40 @@ def check_point(train: dict[str, Any], world_size: int, device: str) -> list[tup
     check_times(train, problems)
     check_precision(train.get("precision"), device, problems)
     if not any(key.startswith("scheduler.") for key, _ in problems.found):  # one line for a bad t_warmup
-        check_scheduler(copy.deepcopy(train.get("scheduler")), problems)
-    check_optimizer(copy.deepcopy(train.get("optimizer")), problems)
-    check_registered(train, problems)
+        scheduler = train.get("scheduler")
+        _once("scheduler", scheduler, partial(check_scheduler, copy.deepcopy(scheduler)), problems)
+    optimizer = train.get("optimizer")
+    _once("optimizer", optimizer, partial(check_optimizer, copy.deepcopy(optimizer)), problems)
+    registered = {k: train.get(k) for k in ("callbacks", "loggers", "algorithms", "model")}
+    _once("registered", registered, partial(check_registered, registered), problems)
     for key in ("train_loader", "eval_loader"):
         loaders = train.get(key)
         if isinstance(loaders, list):
-            for i, one in enumerate(loaders):
-                check_loader(f"{key}[{i}]", one, problems)
-        elif loaders is not None:
-            check_loader(key, loaders, problems)
+            named = [(f"{key}[{i}]", one) for i, one in enumerate(loaders)]
+        else:
+            named = [(key, loaders)] if loaders is not None else []
+        for where, one in named:
+            _once("loader", [where, one], partial(check_loader, where, one), problems)
     return problems.found
+
+
+#: what a check below said of a section of a train config, by the section's content: a sweep's
+#: points share most of theirs (a learning-rate sweep differs in one number) and a look-up costs
+#: milliseconds (LLM Foundry's registries, MPTConfig, building an algorithm or a DataLoader)
+_SAID_OF: dict[str, list[tuple[str, str]]] = {}
+
+
+def _once(kind: str, section: Any, check: Callable[[Problems], None], problems: Problems) -> None:
+    """The problems ``check`` finds in ``section``, found once per content (bounded: a warm
+    checker lives for many sweeps)."""
+    key = json.dumps([kind, section], sort_keys=True, default=str)
+    if key not in _SAID_OF:
+        if len(_SAID_OF) > 4096:
+            _SAID_OF.clear()
+        said = Problems()
+        check(said)
+        _SAID_OF[key] = said.found
+    problems.found.extend(_SAID_OF[key])
 
 
 #: what LLM Foundry's TrainConfig said of configs of one shape (see :func:`_shape`)
