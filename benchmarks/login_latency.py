@@ -142,6 +142,33 @@ def stop_checkers(env: dict[str, str]) -> None:
     subprocess.run(cmd, env=env, capture_output=True, check=True)
 
 
+PLAIN_APP = """import hydra
+
+
+@hydra.main(config_path=".", config_name="config", version_base="1.3")
+def main(cfg) -> None:
+    pass
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def plain_app(where: Path, env: dict[str, str]) -> Path:
+    """A plain Hydra app (Hydra's own sweeper composes each point) whose config is mpt_tiny's
+    train config as hpc_llm makes it (``hpc-llm config --as-yaml``): what the same sweep costs
+    hydra-submitit-launcher without hpc_llm."""
+    import yaml
+
+    cmd = [sys.executable, "-c", "from hpc_llm.cli import main; main()", "config", "+experiment=mpt_tiny", "--as-yaml"]
+    train = yaml.safe_load(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "config.yaml").write_text(yaml.safe_dump({"train": train}, sort_keys=False))
+    (where / "app.py").write_text(PLAIN_APP)
+    return where / "app.py"
+
+
 def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: list[str]) -> None:
     """The same 100-point sweep to the queue: hydra-submitit-launcher against hpc_llm's launcher,
     with the check before the queue off, cold (a new hpc_llm home: no warm checker, nothing
@@ -159,7 +186,12 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
     ]
     ours = [*LR_SWEEP, "precheck.enabled=false"]
     on = dict(senv, HPC_LLM_PRECHECK="1")
-    ways = ("submitit", "off", "cold", "warm", "repeat")
+    plain = [
+        str(plain_app(runs / "plain-app", senv)),
+        "-m",
+        *(a for a in theirs if a.startswith(("hydra/launcher=", "hydra.launcher.", "+hydra.launcher.", "train."))),
+    ]
+    ways = ("plain", "submitit", "off", "cold", "warm", "repeat")
     walls: dict[str, list[float]] = {w: [] for w in ways}
     loads: dict[str, list[float]] = {w: [] for w in ways}
     our_ends: list[float] = []
@@ -169,6 +201,7 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
             cold = dict(on, HPC_LLM_HOME=str(runs / f"home-cold-{i}"))
             homes.append(cold)
             plan = [
+                ("plain", [*plain, f"hydra.sweep.dir={runs / f'plain-{i}'}"], senv),
                 ("submitit", [*theirs], dict(senv, HPC_LLM_RUNS=str(runs / f"submitit-{i}"))),
                 ("off", ours, senv),
                 ("cold", lr_sweep(3 * i + 1), cold),
@@ -177,7 +210,10 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
             ]
             for way, args, way_env in plan:
                 loads[way].append(os.getloadavg()[0])
-                if way == "submitit":
+                if way == "plain":
+                    walls[way].append(until_queued([sys.executable, *args], way_env))
+                    submitted += submitit_ids(runs / f"plain-{i}")
+                elif way == "submitit":
                     walls[way].append(until_queued([sys.executable, "-m", "hpc_llm", *args], way_env))
                     submitted += submitit_ids(runs / f"submitit-{i}")
                 else:
@@ -192,7 +228,7 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
         for home in homes:
             stop_checkers(home)
     med = {w: statistics.median(walls[w]) for w in ways}
-    sub, off = med["submitit"], med["off"]
+    sub, off, bare = med["submitit"], med["off"], med["plain"]
 
     def at(way: str) -> str:
         return f"{med[way]:.2f} s (load {min(loads[way]):.1f}-{max(loads[way]):.1f})"
@@ -200,20 +236,22 @@ def versus_submitit(env: dict[str, str], runs: Path, repeats: int, submitted: li
     print(
         f"100-point lr sweep to the queue (start to 100 tasks in squeue; squeue polled every 50 ms), medians of "
         f"{repeats}, alternated:\n"
-        f"  hydra-submitit-launcher (check off): {at('submitit')}\n"
-        f"  hpc_llm, check off: {at('off')} -> {off / sub:.2f}x submitit's (goal <= 0.5x); its process ended "
-        f"after {statistics.median(our_ends):.2f} s",
+        f"  hydra-submitit-launcher on a plain Hydra app (mpt_tiny's train config, Hydra's sweeper): {at('plain')}\n"
+        f"  hydra-submitit-launcher on hpc_llm's app (its sweeper; check off): {at('submitit')}\n"
+        f"  hpc_llm, check off: {at('off')} -> {off / bare:.2f}x the plain app's, {off / sub:.2f}x submitit's on "
+        f"hpc_llm's app (goal <= 0.5x); its process ended after {statistics.median(our_ends):.2f} s",
         flush=True,
     )
     goals = {
         "cold": "adds <= 10 s on an idle machine",
-        "warm": "<= 1.5x off, <= 0.5x submitit's",
+        "warm": "<= 1.5x off, <= 0.5x the plain app's",
         "repeat": "adds <= 1 s",
     }
     for way in ("cold", "warm", "repeat"):
         print(
             f"  hpc_llm, check on, {way}: {at(way)}: the check adds {med[way] - off:+.2f} s; "
-            f"{med[way] / off:.2f}x off, {med[way] / sub:.2f}x submitit's (goal: {goals[way]})",
+            f"{med[way] / off:.2f}x off, {med[way] / bare:.2f}x the plain app's, {med[way] / sub:.2f}x submitit's "
+            f"on hpc_llm's app (goal: {goals[way]})",
             flush=True,
         )
 
