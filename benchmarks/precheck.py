@@ -139,8 +139,9 @@ def submits(work: Path, repeats: int) -> None:
         print(f"  not the way meant: {line}")
 
 
-def points(overrides: list[str], n: int) -> list:
-    """``n`` points of ``overrides`` (+ a learning rate each), composed and validated."""
+def points(overrides: list[str], n: int, round_: int = 0) -> list:
+    """``n`` points of ``overrides`` (+ a learning rate each, another set each round: a warm
+    checker has found nothing of them yet), composed and validated."""
     from hpc_llm.app import validate_job
     from hpc_llm.config.compose import compose
     from hpc_llm.launch.precheck import point_of
@@ -149,12 +150,15 @@ def points(overrides: list[str], n: int) -> list:
     cfg = compose(overrides)
     train = validate_job(cfg, "/nonexistent/run")
     for i in range(n):
-        one = {**train, "optimizer": {**train["optimizer"], "lr": (i + 1) * 1e-5}}
+        one = {**train, "optimizer": {**train["optimizer"], "lr": (i + 1) * 1e-5 * (1 + round_ / 1000)}}
         out.append(point_of(cfg, one, f"job {i}"))
     return out
 
 
-def timed_check(pts: list, repeats: int) -> tuple[float, float]:
+_ROUND = [0]
+
+
+def timed_check(overrides: list[str], n: int, repeats: int) -> tuple[float, float]:
     import io
     from contextlib import redirect_stderr
 
@@ -162,6 +166,8 @@ def timed_check(pts: list, repeats: int) -> tuple[float, float]:
 
     walls, loads = [], []
     for _ in range(repeats):
+        _ROUND[0] += 1
+        pts = points(overrides, n, _ROUND[0])
         loads.append(load())
         t0 = time.perf_counter()
         with redirect_stderr(io.StringIO()):  # the check's own line, once a call
@@ -186,11 +192,11 @@ def alone(work: Path, repeats: int, image: bool) -> None:
         for label, extra in ways:
             for how, more in (("one process, cold", ["precheck.warm=false"]), ("warm", [])):
                 got = {}
+                overrides = ["+experiment=mpt_tiny", *extra, *more, "precheck.cache=false"]
+                if how == "warm":
+                    timed_check(overrides, 1, 1)  # the checker up, its stack imported
                 for n in (1, 100):
-                    pts = points(["+experiment=mpt_tiny", *extra, *more, "precheck.cache=false"], n)
-                    if how == "warm":
-                        timed_check(pts[:1], 1)  # the checker up, its stack imported
-                    got[n] = timed_check(pts, repeats)
+                    got[n] = timed_check(overrides, n, repeats)
                 (one, l1), (hundred, l100) = got[1], got[100]
                 print(
                     f"check alone in the {label}, {how}: 1 point {one:.2f} s, 100 points {hundred:.2f} s; "
