@@ -26,9 +26,9 @@ NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data")
 #: boto3: an object store is checked before submitting from the job's own Python, in a subprocess
 TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets", "boto3", "botocore")
 #: the two places where the login side hands over to the job: the Hydra task
-#: function and the callable submitit runs in each srun task (RankEntry in
-#: hpc_llm.launch.handover). Both import the in-job side when called, which
-#: happens inside the job.
+#: function and the callable submitit pickles for each job (RankEntry in
+#: hpc_llm.launch.handover, which the batch script never runs). Both import the
+#: in-job side only when called.
 IN_JOB_HANDOVERS = {
     ("hpc_llm.app", "hpc_llm.job.rank.task"),
     ("hpc_llm.launch.handover", "hpc_llm.job.rank.entry"),

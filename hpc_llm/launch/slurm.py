@@ -137,6 +137,7 @@ class SlurmLauncher(BaseLauncher):
             spec = build_spec(cfg, self.opts, run_dir, code_dir=code_dir)
             script = render(spec)
             RunDir(run_dir).sbatch_script.write_text(script)
+            # submitit's API wants a callable; our script never runs it (hpc_llm.launch.handover)
             task = RankEntry(str(RunDir(run_dir).payload))
             points.append((cfg, list(overrides), submit.Point(idx, run_dir, spec, script, task)))
         if self.opts.dry_run:

@@ -334,6 +334,13 @@ def _failed(
     return _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=restart)
 
 
+#: a preemption's reason when the ranks never got (or could not act on) its signal
+SPENT_WARNING = (
+    "preempted after Slurm's warning signal was spent (or past the grace time): the ranks got SIGTERM "
+    "before they saved; resuming from the last checkpoint"
+)
+
+
 def _imposed_stop(current: Attempt, stop: Stop, s: Settings) -> tuple[Cause, str] | None:
     """(cause, reason) when this stop is a time limit, a preemption or a requested stop, whatever
     state the ranks were in (a save in progress, the post-train stage, start-up); else None. Slurm
@@ -343,6 +350,16 @@ def _imposed_stop(current: Attempt, stop: Stop, s: Settings) -> tuple[Cause, str
     at_end = (
         stop.sigterm_at is not None and stop.end_time is not None and stop.sigterm_at >= stop.end_time - s.term_at_end_s
     )
+    if (
+        stop.preempting
+        and stop.returncode != 0
+        and current.state != State.STOPPED
+        and stop.stop_cause != Cause.PREEMPTION
+    ):
+        # Slurm's grace time runs and the ranks were killed unsaved: a preemption, even where the
+        # time-limit warning was passed on just before (Slurm signals a job once; the preemption
+        # then SIGTERMs the steps; seen on the dev cluster, an attempt whose start-up ate its minute)
+        return Cause.PREEMPTION, SPENT_WARNING
     if stop.stop_cause in STOP_CAUSES:
         what = {Cause.TIME_LIMIT: "the time limit", Cause.PREEMPTION: "a preemption", Cause.SIGNAL: "a requested stop"}
         how = "saved" if current.state == State.STOPPED else "stopped before their save finished"
@@ -352,11 +369,6 @@ def _imposed_stop(current: Attempt, stop: Stop, s: Settings) -> tuple[Cause, str
         # that reached the ranks without the supervisor (scancel --signal without --batch)
         cause = Cause(current.cause or Cause.PREEMPTION)
         return cause, current.error or f"{cause}: the ranks saved; resuming from the last checkpoint"
-    if stop.preempting and stop.returncode != 0:
-        return Cause.PREEMPTION, (
-            "preempted after Slurm's warning signal was spent (or past the grace time): the ranks got SIGTERM "
-            "before the ranks saved; resuming from the last checkpoint"
-        )
     if at_end:
         return Cause.TIME_LIMIT, "the time limit ended the ranks before they saved; resuming from the last checkpoint"
     if stop.sigterm_at is not None and not at_end:

@@ -1,9 +1,10 @@
 """Submitting rendered batch scripts: one job per point, or one job array for points of one shape.
 
-submitit does the submitting: it pickles the callable every srun task runs
-(``python -m submitit.core._submit <run dir>/.submitit``), calls ``sbatch`` and
-reads the job id back. Our executor hands it the batch script rendered from
-``sbatch_templates/`` instead of its own. submitit's job arrays
+submitit does the submitting: it pickles the job's callable into
+``<run dir>/.submitit`` (its API wants one; our script never runs it:
+:mod:`hpc_llm.launch.handover`), calls ``sbatch`` and reads the job id back. Our
+executor hands it the batch script rendered from ``sbatch_templates/`` instead of
+its own. submitit's job arrays
 (``SlurmExecutor._internal_process_submissions`` in 1.5.x) build a plain
 executor with submitit's own script and one shared folder, so for arrays we do
 what it does by hand: one pickle per point in the point's own folder, one
@@ -42,7 +43,7 @@ class Point:
     spec: SbatchSpec
     #: the script of this point alone (<run dir>/sbatch.sh)
     script: str
-    #: the picklable callable every srun task of this point runs (submitit pickles it)
+    #: the callable submitit pickles for this point (never run: hpc_llm.launch.handover)
     task: Callable[[], Any]
     #: set once submitted: the job id ("123"), or the array task ("123_4")
     job_id: str | None = None
