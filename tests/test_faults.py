@@ -580,22 +580,3 @@ def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(
     assert first["stopped_at_batch"] > 10 and r["attempts"][1]["resumed_at_batch"] == first["stopped_at_batch"]
     assert set(r["restarts_by_cause"]) <= STOPS and r["batches_lost"] == 0
     assert r["slurm_job_ids"] == [job_id]
-
-
-def test_a_preemption_in_the_post_train_stage_ends_completed(slurm_env, test_site, tmp_path):
-    """Preempted while the post-train stage runs (held-out eval, HF export: tens of minutes at
-    70B; the test plugin's evaluator sleeps 40 s on its first try, longer than the partition's
-    20 s grace time): the attempt is a preemption, the next one resumes at max_duration, goes
-    straight to the post-train stage, and the run is completed with every batch trained."""
-    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
-    args = [*ALONE, "train.max_duration=30ba", "eval.evaluators=[crash]"]
-    args += ["+eval.options.crash.at_batch=1000000", "+eval.options.crash.post_s=40"]
-    job_id, run_dir = submit(args, env, tmp_path)
-    wait_for(lambda: (Path(run_dir) / "crash_post_started").exists(), 300, "the post-train stage to start")
-    preempt(job_nodes(job_id, env), env)
-    r = finished(run_dir, 300)
-    assert r["status"] == "completed" and r["batches_done"] == 30, r.get("error")
-    first, *_, last = r["attempts"]
-    assert (first["cause"], first["action"]) == ("preemption", "requeue"), first
-    assert last["resumed_at_batch"] == 30 and r["eval"]["crash_post_first_attempt"] is False
-    assert set(r["restarts_by_cause"]) == {"preemption"}, r["restarts_by_cause"]

@@ -181,7 +181,8 @@ def test_a_run_preempted_in_the_post_train_stage_completes_with_the_uninterrupte
     that reaches it (``post_s``: far longer than the partition's 20 s grace time, so the
     preemption surely lands there, however slow the machine) and marks its start; the
     preemption is sent once that mark exists. The next attempt resumes at batch 60, runs the
-    post-train stage (held no longer) and completes with the uninterrupted run's loss."""
+    post-train stage (held no longer) and completes with the uninterrupted run's loss, every
+    batch trained. (It replaces test_faults' 1-node version, which checked no loss.)"""
     from tests.conftest import run_cli, with_site
     from tests.jobs import attempts, finished, job_nodes, preempt, read_json, story, submit, wait_for
     from tests.test_faults import SHORT, reference, same_loss
@@ -206,6 +207,8 @@ def test_a_run_preempted_in_the_post_train_stage_completes_with_the_uninterrupte
     # killed in the post-train stage, not stopped at a batch boundary: rank 0 recorded no stop
     assert first["state"] != "stopped" and "save finished" in first["error"], first
     assert last["resumed_at_batch"] == 60 and len(attempts(run_dir)) == len(r["attempts"])
+    assert r["eval"]["crash_post_first_attempt"] is False  # the post-train stage ran again, in full
+    assert set(r["restarts_by_cause"]) == {"preemption"}, r["restarts_by_cause"]
     assert r["train_loss_first"] == pytest.approx(ref["train_loss_first"], rel=1e-5)
     assert [b for b, _ in r["train_loss_history"]] == list(range(1, 61))
     # the attempt that trained measured the throughput; the one that resumed at 60 measured none
