@@ -323,7 +323,7 @@ def simulate(
             r.spend("start-up and load", cold)
             need_alloc = False
         start = r.t
-        a = Attempt("1", len(history), start, step=step, nodes=list(layout), resumed_at_batch=sc.batch(r.work))
+        a = Attempt("1", len(history), start, generation=step, nodes=list(layout), resumed_at_batch=sc.batch(r.work))
         rate = n / NODE_MTBF_S
         remaining = sc.work_s - r.work
         cycle = sc.interval_s + sc.save_s

@@ -34,7 +34,7 @@ def _record(cfg: Any, env: JobEnv) -> RunRecord | None:
     plan = JobPlan("agent_test", int(cfg.nodes), world // int(cfg.nodes), 0, 1, world, "cpu", "ddp", 3600, str(run_dir))
     resumed = int(cfg.get("resume", 0))
     record = RunRecord.open(
-        run_dir, plan, {}, job_id=env.job_id, restart=env.restart, started_at=time.time(), step=env.generation
+        run_dir, plan, {}, job_id=env.job_id, restart=env.restart, started_at=time.time(), generation=env.generation
     )
     record.note(resumed_at_batch=resumed, forked_at=env.forked_at)
     return record

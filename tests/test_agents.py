@@ -187,7 +187,7 @@ def test_a_killed_rank_restarts_in_place_from_the_same_warm_agents(job):
     assert j.wait() == 0, j.text()
     first, second = j.attempts()
     assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", ["n2"])
-    assert "killed by SIGKILL" in first["error"] and second["step"] == 1 and second["state"] == "completed"
+    assert "killed by SIGKILL" in first["error"] and second["generation"] == 1 and second["state"] == "completed"
     assert j.batch(1, 3) == 60 and j.batch(1, 0) == 60
     # generation 1 was forked by the same agents, within a second of the kill
     assert all(alive(p) for p in agents) or j.proc.returncode == 0
@@ -257,7 +257,7 @@ def test_a_supervisor_frozen_past_its_agents_patience_blames_no_node(job):
     first, *_rest, done = j.attempts()
     assert (first["cause"], first["action"], first["suspects"]) == ("hang", "restart", []), first
     assert "supervisor's own loop stalled" in first["error"], first["error"]
-    assert done["state"] == "completed" and j.batch(done["step"], 1) == 150
+    assert done["state"] == "completed" and j.batch(done["generation"], 1) == 150
 
 
 def test_a_stalled_rank_is_a_hang_after_k_times_the_median_step(job):

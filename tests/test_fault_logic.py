@@ -309,7 +309,7 @@ def test_the_loss_history_spans_attempts_and_replayed_batches_replace_the_lost_o
     plan = JobPlan("mpt_tiny", 1, 1, 0, 1, 1, "cpu", "ddp", 3600, str(tmp_path))
     first = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=0, started_at=time.time())
     first.failed("boom", {"train_loss_history": [[b, 1.0] for b in range(1, 38)]}, batch=37, status="interrupted")
-    again = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=0, started_at=time.time(), step=1)
+    again = RunRecord.open(tmp_path, plan, {}, job_id="7", restart=0, started_at=time.time(), generation=1)
     again.note(resumed_at_batch=30)  # the checkpoint at 30: batches 31-37 are trained again
     r = again.completed({"train_loss_history": [[b, 2.0] for b in range(31, 61)]}, batch=60)
     assert [b for b, _ in r["train_loss_history"]] == list(range(1, 61))

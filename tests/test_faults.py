@@ -121,7 +121,7 @@ def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, test_site
     assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [victim["node"]])
     assert "killed by SIGKILL" in first["error"]
     # the same allocation: no requeue, no queue wait
-    assert (second["job_id"], second["restart"], second["step"]) == (job_id, 0, 1)
+    assert (second["job_id"], second["restart"], second["generation"]) == (job_id, 0, 1)
     assert second["queue_wait_s"] == 0 and second["resumed_at_batch"] > 0 and second["resumed_at_batch"] % 5 == 0
     assert r["restarts_by_cause"] == {"failure": 1} and r["slurm_job_ids"] == [job_id]
     assert 0 < r["goodput"] < 1
@@ -316,7 +316,7 @@ def test_a_stuck_collective_is_a_hang_after_k_times_the_median_step(slurm_env, t
     assert (first["cause"], first["action"], first["suspects"]) == ("hang", "restart", []), first
     assert "no batch trained for more than 5s" in first["error"], first["error"]
     assert attempts(run_dir)[0]["detected_at"] - stalled_at < 15
-    assert second["step"] == 1
+    assert second["generation"] == 1
 
 
 def test_a_stop_signal_before_the_supervisor_exists_never_ends_the_job(slurm_env, tmp_path, pytestconfig):

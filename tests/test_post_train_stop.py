@@ -82,7 +82,14 @@ def _post_train_only(run_dir: Path, d: policy.Decision) -> dict:
     the figures such an attempt measures: no loss, no throughput (hpc_llm.job.rank.measure)."""
     restart, step = (0, 1) if d.action in ("restart", "swap") else (1, 0)
     nxt = RunRecord.open(
-        run_dir, _plan(run_dir), {}, job_id="7", restart=restart, step=step, started_at=time.time(), nodes=["n1", "n3"]
+        run_dir,
+        _plan(run_dir),
+        {},
+        job_id="7",
+        restart=restart,
+        generation=step,
+        started_at=time.time(),
+        nodes=["n1", "n3"],
     )
     # note_training_end of an attempt whose fit found training done
     nxt.note(last_batch=60, resumed_at_batch=60, checkpoint_batch=60)

@@ -183,14 +183,15 @@ def read_progress(run_dir: Path | str) -> dict[str, Any]:
 
 @dataclass
 class Attempt:
-    """One start of training: a Slurm allocation (``restart``) and a launch inside it (``step``)."""
+    """One start of training: a Slurm allocation (``restart``) and a generation of ranks inside it
+    (``generation``)."""
 
     job_id: str | None
     #: SLURM_RESTART_COUNT of the allocation (0 for the first)
     restart: int
     started_at: float
-    #: training launch inside the allocation (> 0 after a restart in place)
-    step: int = 0
+    #: the generation of ranks inside the allocation (> 0 after a restart in place)
+    generation: int = 0
     nodes: list[str] = field(default_factory=list)
     #: when Slurm started the allocation (queue wait ends here)
     alloc_started_at: float | None = None
@@ -240,6 +241,8 @@ class Attempt:
         known = {f.name for f in fields(cls)}
         if "ended" in data and "state" not in data:  # attempts.json written before the rename
             data = {**data, "state": data["ended"]}
+        if "step" in data and "generation" not in data:  # written before "generation" was the word
+            data = {**data, "generation": data["step"]}
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @property
@@ -251,7 +254,7 @@ class Attempt:
 ATTEMPT_SUMMARY = (
     "job_id",
     "restart",
-    "step",
+    "generation",
     "nodes",
     "state",
     "cause",
@@ -471,7 +474,7 @@ class RunRecord:
         job_id: str | None,
         restart: int,
         started_at: float,
-        step: int = 0,
+        generation: int = 0,
         nodes: list[str] | None = None,
         alloc_started_at: float | None = None,
     ) -> RunRecord:
@@ -482,7 +485,7 @@ class RunRecord:
                 job_id=job_id,
                 restart=restart,
                 started_at=started_at,
-                step=step,
+                generation=generation,
                 nodes=list(nodes or []),
                 alloc_started_at=alloc_started_at,
             )

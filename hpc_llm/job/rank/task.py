@@ -106,7 +106,7 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
             job_id=env.job_id,
             restart=env.restart,
             started_at=started,
-            step=env.generation,
+            generation=env.generation,
             nodes=list(env.nodes),
             alloc_started_at=env.alloc_start,
         )

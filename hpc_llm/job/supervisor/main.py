@@ -99,13 +99,13 @@ class Supervisor(SupervisorState):
         """This generation's attempt, as rank 0 opened it; the supervisor opens it when rank 0
         never got that far."""
         for a in reversed(attempts.items):
-            if (a.job_id, a.restart, a.step) == (self.job.job_id, self.job.restart, self.gen):
+            if (a.job_id, a.restart, a.generation) == (self.job.job_id, self.job.restart, self.gen):
                 return a
         a = Attempt(
             job_id=self.job.job_id,
             restart=self.job.restart,
             started_at=time.time(),
-            step=self.gen,
+            generation=self.gen,
             nodes=list(self.job.nodes),
             alloc_started_at=self.job.start,
         )
