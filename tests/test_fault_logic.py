@@ -665,3 +665,11 @@ def test_a_node_is_gone_for_slurm_when_down_or_not_responding(state, gone):
     """How an agent whose supervisor stopped answering (its batch host frozen, or cut off from
     this node alone) asks Slurm for its verdict before it requeues the job."""
     assert parse.state_gone(state) is gone
+
+
+def test_an_attempts_file_written_before_generation_was_the_word_reads_the_same():
+    """A run resumed across the upgrade: its attempts.json says "step" where it now says "generation"."""
+    old = {"job_id": "7", "restart": 1, "started_at": 1.0, "step": 2, "state": "stopped"}
+    a = Attempt.from_dict(old)
+    assert (a.generation, a.state) == (2, "stopped")
+    assert Attempt.from_dict({**old, "generation": 3}).generation == 3
