@@ -3,7 +3,7 @@
 Drives **the same decision function the supervisor runs**
 (``hpc_llm.job.supervisor.policy.decide``, imported, not copied) through a simulated run,
 event by event: every stop becomes the facts the supervisor would gather
-(``policy.Stop``), the decision is carried out (restart in place, swap a node for a warm
+(``Stop``), the decision is carried out (restart in place, swap a node for a warm
 spare, requeue, fail) and the wall clock, the work, the checkpoints on disk and the nodes
 left out are accounted.
 
@@ -93,6 +93,7 @@ from hpc_llm.config.schema import FaultConfig  # noqa: E402
 from hpc_llm.job.failures import RankExit, RankFailure  # noqa: E402
 from hpc_llm.job.supervisor import policy  # noqa: E402
 from hpc_llm.job.supervisor.history import excluded_by_history  # noqa: E402
+from hpc_llm.job.supervisor.stop import Decision, Settings, Stop  # noqa: E402
 from hpc_llm.results.estimate import KEEP_CHECKPOINTS, NODE_MTBF_DAYS, checkpoint_save_s  # noqa: E402
 from hpc_llm.rundir.record import Attempt  # noqa: E402
 
@@ -212,10 +213,10 @@ def default_spares(nodes: int, spares: int | None) -> int:
     return max(1, math.ceil(2 * per_day))
 
 
-def settings(nodes: int) -> policy.Settings:
+def settings(nodes: int) -> Settings:
     """The product's fault.* defaults as the supervisor hands them to the policy."""
-    shared = {f.name: getattr(FAULTS, f.name) for f in dataclasses.fields(policy.Settings) if hasattr(FAULTS, f.name)}
-    return policy.Settings(**shared, nodes=nodes, forgive_after_s=FAULTS.forgive_after_h * H)
+    shared = {f.name: getattr(FAULTS, f.name) for f in dataclasses.fields(Settings) if hasattr(FAULTS, f.name)}
+    return Settings(**shared, nodes=nodes, forgive_after_s=FAULTS.forgive_after_h * H)
 
 
 @dataclass
@@ -260,11 +261,11 @@ def _decide(
     history: list[Attempt],
     a: Attempt,
     facts: dict[str, Any],
-    s: policy.Settings,
+    s: Settings,
     earlier: list[RankFailure],
     spares: list[str],
-) -> policy.Decision:
-    return policy.decide(history, a, policy.Stop(**facts, spares=tuple(spares)), s, earlier)
+) -> Decision:
+    return policy.decide(history, a, Stop(**facts, spares=tuple(spares)), s, earlier)
 
 
 def simulate(

@@ -13,8 +13,10 @@ import pytest
 
 from hpc_llm.job import failures, heartbeat, messages
 from hpc_llm.job.failures import RankExit
-from hpc_llm.job.supervisor import hang_watch, main, policy
+from hpc_llm.job.supervisor import hang_watch, main
+from hpc_llm.job.supervisor.classify import classify_failure
 from hpc_llm.job.supervisor.options import Policy
+from hpc_llm.job.supervisor.stop import Stop
 from hpc_llm.job.supervisor.watch import GenerationRun
 from hpc_llm.rundir.record import Attempt, Attempts
 from hpc_llm.slurm import parse
@@ -93,11 +95,9 @@ def test_a_rank_killed_by_a_signal_or_lost_with_its_node_wrote_no_report():
 
 
 def classify(fs, exits=(), nodes=(), resumed_at_batch=0, earlier=()):
-    stop = policy.Stop(
-        returncode=1, now=time.time(), failures=tuple(fs), rank_exits=tuple(exits), failed_nodes=tuple(nodes)
-    )
+    stop = Stop(returncode=1, now=time.time(), failures=tuple(fs), rank_exits=tuple(exits), failed_nodes=tuple(nodes))
     current = Attempt("1", 0, 0.0, resumed_at_batch=resumed_at_batch)
-    return policy.classify_failure(stop, current, list(earlier))
+    return classify_failure(stop, current, list(earlier))
 
 
 def test_a_killed_rank_is_an_infrastructure_failure_blaming_its_node():

@@ -332,3 +332,36 @@ def test_an_agent_that_says_hello_and_goes_at_once_is_probed_and_the_fleet_serve
     finally:
         fleet.close()
         closed.close()
+
+
+def test_a_probe_tells_an_agent_gone_on_a_live_host_from_a_host_that_does_not_answer():
+    """The probe's answer says what failed. Two agents go silent: one's probe port refuses (its
+    host's kernel answers that nothing listens: the agent died, the node lives); the other's
+    accepts the connection and never answers (a frozen host, or one cut off: no answer from the
+    host). Only the second is a dead node."""
+    fleet = Fleet("tok", beat_s=0.2, node_timeout_s=0.6, probe_timeout_s=0.6, lease_s=1.2, host="127.0.0.1")
+    fleet.start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # the kernel accepts; nobody ever reads or answers
+    conns = []
+    try:
+        for name, port in (("alive-host", closed.getsockname()[1]), ("no-answer", silent.getsockname()[1])):
+            s = socket.create_connection(("127.0.0.1", fleet.port))
+            s.sendall(messages.encode(messages.Hello("tok", name, 1, 1, "127.0.0.1", port)))
+            s.sendall(messages.encode(messages.Warm()))
+            conns.append(s)  # kept open and silent: suspect after node_timeout_s, then probed
+        deadline, dead = time.monotonic() + 20, {}
+        while time.monotonic() < deadline and len(dead) < 2:
+            dead.update({e.node: e for e in fleet.events(timeout=0.1) if isinstance(e, Dead)})
+        assert set(dead) == {"alive-host", "no-answer"}, dead
+        assert dead["alive-host"].host_answers and "ECONNREFUSED" in dead["alive-host"].why
+        assert not dead["no-answer"].host_answers and "unanswered" in dead["no-answer"].why
+    finally:
+        for s in conns:
+            s.close()
+        fleet.close()
+        closed.close()
+        silent.close()

@@ -22,7 +22,6 @@ SOURCES = sorted(p for p in PKG.rglob("*.py"))
 RUN_DIR_NAMES = {
     ".hpc_llm",
     "logs",
-    "ready",
     "heartbeat",
     "failures",
     "job.pkl",
@@ -117,14 +116,14 @@ def test_the_walks_find_what_they_look_for(tmp_path):
         "from pathlib import Path\n"
         "def f(run_dir):\n"
         "    '''reads results.json'''\n"
-        "    p = Path(run_dir) / '.hpc_llm' / 'ready'\n"
+        "    p = Path(run_dir) / '.hpc_llm' / 'trained.json'\n"
         "    q = Path(run_dir, 'logs/rank0.log')\n"
         "    return os.environ.get('SLURM_PROCID'), os.environ['SLURM_JOB_ID'], 'SLURM_NTASKS' in os.environ\n"
     )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
-        assert len(run_dir_literals(bad)) == 3  # '.hpc_llm', 'ready', 'logs/rank0.log'; not the docstring
+        assert len(run_dir_literals(bad)) == 3  # '.hpc_llm', 'trained.json', 'logs/rank0.log'; not the docstring
         assert len(slurm_variable_reads(bad)) == 3
     finally:
         ROOT = saved

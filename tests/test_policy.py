@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from hpc_llm.job.failures import RankExit, RankFailure
+from hpc_llm.job.supervisor.classify import blamed_node
 from hpc_llm.job.supervisor.history import active_blame, excluded_by_history
 from hpc_llm.job.supervisor.lost import lost_cause
-from hpc_llm.job.supervisor.policy import Settings, Stop, blamed_node, decide
+from hpc_llm.job.supervisor.policy import decide
+from hpc_llm.job.supervisor.stop import Settings, Stop
 from hpc_llm.rundir.record import Attempt
 
 H = 3600.0
@@ -469,6 +471,86 @@ ROWS = [
         S,
         "requeue",
         "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "the fabric: the batch host cut off (every other agent lost, slurmctld silent): it blames itself, "
+        "writes no verdict, stands down",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "silent for 3.1 s; no answer from the host"), ("n3", "silent for 3.2 s")),
+            "batch_host": "n1",
+            "remote_nodes": 2,
+            "remote_heard": 0,
+            "slurmctld_answers": False,
+        },
+        S,
+        "stand_down",
+        "lost",
+        suspects=("n1",),
+        state="running",
+    ),
+    row(
+        "every other agent lost but slurmctld answers: the observer is not cut off, the nodes are dead",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "silent for 3.1 s; no answer from the host"),),
+            "batch_host": "n1",
+            "remote_nodes": 1,
+            "remote_heard": 0,
+            "slurmctld_answers": True,
+        },
+        S,
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "one node lost while another is still heard, slurmctld silent: that node, not the observer",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "silent for 3.1 s; no answer from the host"),),
+            "batch_host": "n1",
+            "remote_nodes": 2,
+            "remote_heard": 1,
+            "slurmctld_answers": False,
+        },
+        S,
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "an agent gone on a live node (its probe refused): a new agent there, the node a suspect only",
+        [],
+        {},
+        {"returncode": 137, "agents_died": (("n2", "its probe port refused (ECONNREFUSED): the host answers"),)},
+        S,
+        "restart",
+        "failure",
+        suspects=("n2",),
+        state="failed",
+    ),
+    row(
+        "an agent gone on the same live node again: now the node's, left out",
+        [att(0, "failure", suspects=("n2",), at=NOW - 2 * H)],
+        {},
+        {"returncode": 137, "agents_died": (("n2", "its probe port refused (ECONNREFUSED): the host answers"),)},
+        S,
+        "requeue",
+        "failure",
         suspects=("n2",),
         exclude=("n2",),
         state="failed",

@@ -21,6 +21,7 @@ import pytest
 
 from hpc_llm.config.plan import JobPlan
 from hpc_llm.job.supervisor import policy
+from hpc_llm.job.supervisor.stop import Decision, Settings, Stop
 from hpc_llm.rundir.record import Attempts, RunRecord, read_results, update_results
 
 #: the loss of 60 batches, as rank 0's results logger keeps it: [batch, loss]
@@ -35,18 +36,18 @@ def _plan(run_dir: Path) -> JobPlan:
     return JobPlan("mpt_tiny", 2, 1, 0, 1, 2, "cpu", "ddp", 3600, str(run_dir))
 
 
-def _stop(cause: str) -> policy.Stop:
+def _stop(cause: str) -> Stop:
     """The facts the supervisor gathers when the step ends with the ranks killed in the
     post-train stage (rank 0 wrote no close): a stop signal it forwarded (the ranks had no
     batch boundary left to stop at, so Slurm's SIGTERM after the grace time ended them), or a
     node whose agent stopped answering."""
     now = time.time()
     if cause == "node_failure":
-        return policy.Stop(returncode=1, now=now, dead_nodes=(("n2", "its agent stopped answering"),))
-    return policy.Stop(returncode=143, now=now, stop_cause=cause, sigterm_at=now - 1)
+        return Stop(returncode=1, now=now, dead_nodes=(("n2", "its agent stopped answering"),))
+    return Stop(returncode=143, now=now, stop_cause=cause, sigterm_at=now - 1)
 
 
-def _book(run_dir: Path, d: policy.Decision) -> dict:
+def _book(run_dir: Path, d: Decision) -> dict:
     """What the supervisor writes of its decision (hpc_llm.job.supervisor.act: act, restart, requeue_job):
     the attempt's end, then results.json through update_results."""
     attempts = Attempts.load(run_dir)
@@ -60,7 +61,7 @@ def _book(run_dir: Path, d: policy.Decision) -> dict:
     return update_results(run_dir, attempts, STATUS[d.action], {"error": d.reason})
 
 
-def _train_then_stop(run_dir: Path, cause: str) -> tuple[policy.Decision, dict]:
+def _train_then_stop(run_dir: Path, cause: str) -> tuple[Decision, dict]:
     """Attempt 1 trains batches 1-60, saves at 60 and is killed in the post-train stage; the
     supervisor decides and books it. Its decision and the record it wrote."""
     first = RunRecord.open(
@@ -72,11 +73,11 @@ def _train_then_stop(run_dir: Path, cause: str) -> tuple[policy.Decision, dict]:
     first.trained({"train_loss_history": HISTORY, "train_loss": HISTORY[-1][1], "tokens_per_sec": TPS, "mfu": MFU})
     # ... the post-train stage runs; the stop lands there and the ranks are killed: no close
     attempts = Attempts.load(run_dir)
-    d = policy.decide(attempts.items[:-1], attempts.current, _stop(cause), policy.Settings(nodes=2))
+    d = policy.decide(attempts.items[:-1], attempts.current, _stop(cause), Settings(nodes=2))
     return d, _book(run_dir, d)
 
 
-def _post_train_only(run_dir: Path, d: policy.Decision) -> dict:
+def _post_train_only(run_dir: Path, d: Decision) -> dict:
     """The next attempt (the next allocation, or the next step in this one) resumes from the
     checkpoint at max_duration, trains nothing, runs the post-train stage and completes, with
     the figures such an attempt measures: no loss, no throughput (hpc_llm.job.rank.measure)."""
@@ -131,7 +132,7 @@ def test_a_second_stop_in_the_post_train_stage_keeps_it_too(tmp_path):
     again.note(last_batch=60, resumed_at_batch=60, checkpoint_batch=60)
     again.trained({"tokens_per_sec": None, "mfu": None})
     attempts = Attempts.load(tmp_path)
-    d = policy.decide(attempts.items[:-1], attempts.current, _stop("preemption"), policy.Settings(nodes=2))
+    d = policy.decide(attempts.items[:-1], attempts.current, _stop("preemption"), Settings(nodes=2))
     _book(tmp_path, d)
     r = _post_train_only(tmp_path, d)
     _kept_the_training(r)
@@ -148,7 +149,7 @@ def test_a_kill_mid_training_keeps_the_history_up_to_the_checkpoint_it_resumes_f
     first.note(checkpoint_batch=35, last_batch=35)
     first.trained({"train_loss_history": HISTORY[:35], "tokens_per_sec": TPS})
     attempts = Attempts.load(tmp_path)
-    d = policy.decide(attempts.items[:-1], attempts.current, _stop("preemption"), policy.Settings(nodes=2))
+    d = policy.decide(attempts.items[:-1], attempts.current, _stop("preemption"), Settings(nodes=2))
     _book(tmp_path, d)
     nxt = RunRecord.open(tmp_path, _plan(tmp_path), {}, job_id="7", restart=1, started_at=time.time())
     nxt.note(resumed_at_batch=35, last_batch=35)

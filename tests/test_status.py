@@ -293,3 +293,62 @@ def test_logs_of_a_job_id_slurm_knows_and_the_ledger_never_saw(tmp_path, env, as
     assert proc.returncode == 0, explain(proc)
     assert proc.stdout == RunDir(run_dir).rank_log(0).read_text()
     assert f"scontrol show job {job}" in asked.read_text()
+
+
+def test_a_failed_record_is_not_final_while_slurm_holds_the_job_and_a_held_job_shows_as_held(tmp_path, env, asked):
+    """The fabric issue's case: the batch host's supervisor, cut off, wrote "failed" while Slurm
+    requeued the job, and the job then sat held (PENDING, launch_failed_requeued_held). `hpc-llm
+    status` shows what Slurm holds, HELD with Slurm's reason, never FAILED; once the job runs
+    again it shows RUNNING; and once it left the queue without completing, the record's word."""
+    run_dir = tmp_path / "runs" / "mpt_tiny" / "sweep" / "0"
+    trained(run_dir, "4061", ["time_limit"], final=False)
+    record = RunRecord.open(run_dir, plan(run_dir), {}, job_id="4061", restart=1, started_at=time.time())
+    record.failed("scontrol requeue 4061 failed: Unable to contact slurm controller", {}, batch=1250)
+    assert read_results(run_dir)["status"] == "failed"
+    run = register(run_dir, "4061", "RUNNING")
+    squeue = tmp_path / "slurm-down" / "squeue"  # this controller answers squeue now
+    answer = tmp_path / "squeue-answer"
+    squeue.write_text(f'#!/bin/sh\necho "squeue $*" >> "{asked}"\ncat "{answer}"\n')
+
+    answer.write_text("4061|PENDING|launch_failed_requeued_held\n")
+    shown = run_cli(["status", str(run.id)], env, timeout=60)
+    assert shown.returncode == 0, explain(shown)
+    assert f"run {run.id}: HELD" in shown.stdout and "launch_failed_requeued_held" in shown.stdout, explain(shown)
+    assert "FAILED" not in shown.stdout and "scontrol release 4061" in shown.stdout, explain(shown)
+    assert "-o %i|%T|%r" in asked.read_text()
+
+    answer.write_text("4061|RUNNING|None\n")
+    shown = run_cli(["status", str(run.id)], env, timeout=60)
+    assert f"run {run.id}: RUNNING" in shown.stdout and "FAILED" not in shown.stdout, explain(shown)
+
+    answer.write_text("")  # left the queue, its accounting down: the record's "failed" is the word
+    shown = run_cli(["status", str(run.id)], env, timeout=60)
+    assert f"run {run.id}: FAILED" in shown.stdout, explain(shown)
+
+
+def test_the_last_line_of_a_failed_run_names_what_ended_it_not_its_first_attempt(tmp_path):
+    """A run that failed after several attempts: the first died of one error, the last of a full
+    disk; the run's record names the last. The submit's last line (hydra.launcher.wait=true)
+    says what the record says, with the last attempt's rank and node."""
+    import json
+
+    from hpc_llm.results.failure import final_failure, first_failure
+
+    run_dir = tmp_path / "run"
+    rd = RunDir(run_dir)
+    rd.failure_reports.mkdir(parents=True)
+    first = {"rank": 0, "node": "n1", "type": "RuntimeError", "message": "[enforce fail at inline_container.cc:659]"}
+    full = {"rank": 1, "node": "n2", "type": "OSError", "message": "[Errno 28] No space left on device"}
+    rd.failure_report("7.0.0", 0).write_text(json.dumps({**first, "batch": 10, "time": 100.0}))
+    rd.failure_report("7.1.0", 1).write_text(json.dumps({**full, "batch": 20, "time": 200.0}))
+    rd.failure_report("7.1.0", 0).write_text(json.dumps({**first, "node": "n1", "batch": 20, "time": 201.0}))
+    assert first_failure(run_dir).error.startswith("RuntimeError")  # what the launcher used to print
+    assert (final_failure(run_dir).error, final_failure(run_dir).where()) == (
+        "OSError: [Errno 28] No space left on device",
+        " (rank 1 on n2)",
+    )
+    record = RunRecord.open(run_dir, plan(run_dir), {}, job_id="7", restart=2, started_at=time.time())
+    verdict = "fault.max_failures=1 reached; last stop: OSError: [Errno 28] No space left on device (rank 1 on n2)"
+    record.failed(verdict, {}, batch=20)
+    said = final_failure(run_dir)
+    assert said.error == verdict and said.node == "n2"

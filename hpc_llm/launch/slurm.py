@@ -40,7 +40,7 @@ from hpc_llm.launch.sbatch.render import render
 from hpc_llm.launch.sbatch.spec import build_spec, job_resources, python_command
 from hpc_llm.launch.sweeper import job_run_dir
 from hpc_llm.results import console, ledger
-from hpc_llm.results.failure import first_failure
+from hpc_llm.results.failure import final_failure
 from hpc_llm.rundir import provenance, snapshot
 from hpc_llm.rundir.layout import PRIVATE, RunDir
 from hpc_llm.rundir.payload import read_return, shared_part, write_payload
@@ -326,12 +326,12 @@ class SlurmLauncher(BaseLauncher):
             # rank 0 ran Hydra's run_job: its JobReturn is the job's own
             return value if isinstance(value, JobReturn) else self._job_return(cfg, run_dir, value)
         final = accounting.final_states([job_id]).get(job_id, "FAILED")
-        what = first_failure(run_dir)
+        what = final_failure(run_dir)  # the run's last word, not its first attempt's
         if run is not None:
             error = f"{what.error}{what.where()}" if what else None
             ledger.update(run, state=final if final != "COMPLETED" else "FAILED", error=error)
         if what is not None:
-            # the last line a user sees: the first rank's exception and node, then its log
+            # the last line a user sees: what ended the run (its last attempt), the node, then the log
             log_at = RunDir(run_dir).rank_log(what.rank) if what.rank is not None else RunDir(run_dir).logs
             err = JobFailed(
                 f"job {cfg.hydra.job.num} (Slurm job {job_id}) failed: {what.error[:500]}{what.where()}; log: {log_at}"

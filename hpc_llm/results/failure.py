@@ -65,6 +65,44 @@ def first_failure(run_dir: str | Path, rank: int | None = None, node: str | None
     return None
 
 
+def final_failure(run_dir: str | Path) -> Failure | None:
+    """What ended the run, for the last line a user sees: the run's own verdict (results.json's
+    ``error``, the policy's reason, which names the last stop) with the rank and node of the
+    last attempt's first failure report; without a verdict, that report; else
+    :func:`first_failure`. A run that failed after several attempts is named by its last one,
+    not by the first attempt's exception (a disk that filled up ended a run with ``OSError:
+    [Errno 28]`` while the first attempt had died of another error)."""
+    rd = RunDir(run_dir)
+    by_attempt: dict[str, list[dict[str, object]]] = {}
+    if rd.failure_reports.is_dir():
+        for path in rd.failure_reports.glob("*.json"):
+            try:
+                report = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            tag = path.name.rsplit(".", 2)[0]  # <job>.<restart>.<generation>; the rank and .json off
+            by_attempt.setdefault(tag, []).append(report)
+    last = None
+    if by_attempt:
+        latest = max(by_attempt.values(), key=lambda rs: max(float(str(r.get("time") or 0)) for r in rs))
+        first = min(latest, key=lambda r: (float(str(r.get("time") or 0)), int(str(r.get("rank") or 0))))
+        rank = first.get("rank")
+        last = Failure(
+            f"{first.get('type')}: {first.get('message')}",
+            int(str(rank)) if rank is not None else None,
+            str(first.get("node")) if first.get("node") else None,
+        )
+    try:
+        results = read_results(run_dir) or {}
+    except (OSError, ValueError):
+        results = {}
+    error = " ".join(str(results.get("error") or "").split())
+    if results.get("status") == "failed" and error:
+        mentions = last is not None and last.error.split(":", 1)[0] in error
+        return Failure(error, last.rank, last.node) if last is not None and mentions else Failure(error)
+    return last or first_failure(run_dir)
+
+
 def last_exception(log: Path, tail_bytes: int = 65536) -> str | None:
     """The last exception line of a rank's log (its traceback's final line)."""
     try:

@@ -30,6 +30,11 @@ from hpc_llm.slurm import accounting, commands, query
 SLURM = "slurm"
 #: Slurm's verdicts on a job that ended without completing: more telling than the record's "failed"
 SLURM_VERDICTS = ledger.ENDED_STATES - {"COMPLETED", "DRY_RUN"}
+#: states of a job Slurm still holds (squeue's, and HELD for a held pending one: hpc_llm.slurm.parse.held)
+QUEUED = frozenset(
+    {"PENDING", "HELD", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+    | {"RESIZING", "SIGNALING", "STAGE_OUT", "SUSPENDED"}
+)
 #: what a reference to a Slurm job looks like (an array task: <array>_<task>)
 JOB_ID = re.compile(r"\d+(_\d+)?")
 
@@ -79,6 +84,10 @@ def as_recorded(run: ledger.Run, results: dict[str, Any] | None) -> ledger.Run:
     record still in flight may not have heard of a requeue sacct has seen."""
     if results is None:
         return run
+    if run.state in QUEUED:
+        # Slurm still holds the job (queued, held, running: requeued by Slurm while the record
+        # said failed): no record of it is final yet, and the run is what Slurm says
+        return run
     changes: dict[str, Any] = {}
     if results.get("restarts") is not None:
         recorded = int(results["restarts"])
@@ -107,14 +116,17 @@ def refresh(limit: int | None = None, ids: set[int] | None = None) -> Snapshot:
     live = [r for r in runs if r.state not in ledger.ENDED_STATES]
     slurm_ids = [j for r in live if r.launcher == "slurm" for j in r.job_ids]
     states: dict[str, str] | None = {}
+    reasons: dict[str, str] = {}
     unreachable = None
     if slurm_ids:
         try:
-            states = query.queue(slurm_ids)
+            queued = query.queue_reasons(slurm_ids)
         except commands.SlurmUnreachable as exc:
             states, unreachable = None, commands.unreachable_why(exc)
         else:
             ledger.seen(SLURM)
+            states = {j: state for j, (state, _why) in queued.items()}
+            reasons = {j: why for j, (state, why) in queued.items() if state == "HELD"}
     gone = [
         r.job_ids[-1]
         for r in live
@@ -128,7 +140,7 @@ def refresh(limit: int | None = None, ids: set[int] | None = None) -> Snapshot:
     if gone and acct is None and not accounting.available():
         accounting.say_without_accounting()
     for r in runs:
-        _settle(r, records[r.id], states, acct)
+        _settle(r, records[r.id], states, acct, reasons)
     return Snapshot(
         [as_recorded(r, records.get(r.id)) for r in _runs(limit, ids)],
         unreachable,
@@ -147,8 +159,10 @@ def _settle(
     results: dict[str, Any] | None,
     states: dict[str, str] | None,
     acct: dict[str, list[accounting.AttemptRow]] | None,
+    held: dict[str, str] | None = None,
 ) -> None:
-    """Write what is now known of one run into the ledger (``states``: None when squeue failed)."""
+    """Write what is now known of one run into the ledger (``states``: None when squeue failed;
+    ``held``: Slurm's reason for each held job)."""
     restarts = int(results.get("restarts") or 0) if results else r.restarts
     if r.state in ledger.ENDED_STATES:
         # ended before its record had its last word (a launcher's wait, a TIMEOUT later requeued)
@@ -164,9 +178,12 @@ def _settle(
             if restarts != r.restarts:
                 ledger.update(r, restarts=restarts)
             return
-        in_queue = [states[j] for j in r.job_ids if j in states]
+        in_queue = [j for j in r.job_ids if j in states]
         if in_queue:
-            ledger.update(r, expect_state=r.state, state=in_queue[-1], restarts=restarts)
+            job = in_queue[-1]
+            why = (held or {}).get(job)
+            extra = {"error": f"held by Slurm ({why}): it starts only once released (scontrol release {job})"}
+            ledger.update(r, expect_state=r.state, state=states[job], restarts=restarts, **(extra if why else {}))
         else:
             # left the queue without completing: Slurm's verdict (CANCELLED, TIMEOUT, a node
             # failure) over the run's own "failed", which may only say it was killed

@@ -159,9 +159,9 @@ class RunDir:
     def failure_reports(self) -> Path:
         return self.private / "failures"
 
-    def failure_report(self, step_tag: str, rank: int | str) -> Path:
-        """A rank's failure report; ``rank="*"`` (and a ``step_tag`` of ``"*"``) glob."""
-        return self.failure_reports / f"{step_tag}.{rank}.json"
+    def failure_report(self, generation_tag: str, rank: int | str) -> Path:
+        """A rank's failure report; ``rank="*"`` (and a ``generation_tag`` of ``"*"``) glob."""
+        return self.failure_reports / f"{generation_tag}.{rank}.json"
 
     # -- a sweep directory's ----------------------------------------------
     @property

@@ -71,6 +71,9 @@ class Action(_Word):
     FAIL = "fail"
     #: Slurm ends this allocation and requeues the job itself: nothing for us to do
     SLURM_REQUEUES = "slurm_requeues"
+    #: the supervisor found its own host cut off: it writes nothing, ends what it runs there, and
+    #: leaves the job to Slurm
+    STAND_DOWN = "stand_down"
 
 
 #: causes that are a failure of the machine (counted by fault.max_failures and the rate cap)

@@ -209,14 +209,35 @@ def state_gone(state: str) -> bool:
 # -- squeue, sbatch --test-only, sacctmgr -------------------------------------------------------
 
 
+#: squeue's fields of :func:`queue`: job id, state, reason
+QUEUE_FORMAT = "%i|%T|%r"
+
+
+def held(reason: str) -> bool:
+    """A pending job's reason says it is held (JobHeldAdmin, JobHeldUser, and what slurmctld
+    holds a job with after a launch that failed: ``launch_failed_requeued_held``): it will not
+    start until someone releases it."""
+    return "held" in reason.lower()
+
+
 def queue(out: str) -> dict[str, str]:
-    """``squeue -h -r -o '%i|%T'`` -> job id (``A_i`` for an array task) -> state."""
-    states: dict[str, str] = {}
+    """``squeue -h -r -o '%i|%T|%r'`` -> job id (``A_i`` for an array task) -> state, with
+    ``HELD`` for a pending job that is held (:func:`held`). Lines without the reason (``%i|%T``)
+    read as before."""
+    return {job: state for job, (state, _reason) in queue_reasons(out).items()}
+
+
+def queue_reasons(out: str) -> dict[str, tuple[str, str]]:
+    """:func:`queue`'s lines as job id -> (state, Slurm's reason: ``None``, ``Priority``,
+    ``launch_failed_requeued_held``, ...)."""
+    jobs: dict[str, tuple[str, str]] = {}
     for line in out.splitlines():
-        if "|" in line:
-            jid, state = line.split("|", 1)
-            states[jid.strip()] = state.strip()
-    return states
+        if "|" not in line:
+            continue
+        jid, state, *rest = (x.strip() for x in line.split("|"))
+        reason = rest[0] if rest else ""
+        jobs[jid] = ("HELD" if state == "PENDING" and held(reason) else state, reason)
+    return jobs
 
 
 def test_only_reason(returncode: int, stderr: str) -> str | None:

@@ -39,13 +39,18 @@ def job_states(job_ids: list[str]) -> dict[str, str] | None:
 
 def queue(job_ids: list[str]) -> dict[str, str]:
     """:func:`job_states`, but a failed squeue raises SlurmUnreachable saying why (the caller
-    names it) instead of answering None."""
+    names it) instead of answering None. A held job's state is ``HELD``."""
+    return {job: state for job, (state, _reason) in queue_reasons(job_ids).items()}
+
+
+def queue_reasons(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """:func:`queue` with Slurm's reason of each job (why it pends, or is held)."""
     if not job_ids:
         return {}
     # -r: one line per array task (pending tasks are otherwise shown collapsed, 12_[3-9%4])
-    out = asked(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    out = asked(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", parse.QUEUE_FORMAT])
     # None: every id unknown to slurmctld (gone past MinJobAge): they have all left the queue
-    return parse.queue(out or "")
+    return parse.queue_reasons(out or "")
 
 
 def show_job(job_id: str) -> dict[str, str] | None:

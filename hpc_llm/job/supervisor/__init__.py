@@ -10,7 +10,8 @@ By concern, in the order a stop goes through them::
     hang_watch.py  a silent rank, a stuck collective, a storage stall, from the heartbeats
     generation.py  which ranks started and how each ended; what the loop saw (GenerationEnd)
     facts.py       the facts of a stop, for the policy: what it saw, and Slurm's word
-    policy.py      what a stop means: the decision table (pure); history.py: streaks and blame
+    policy.py      what a stop means: the decision table (pure); stop.py: its inputs and output;
+                   classify.py: whose fault a failure was; history.py: streaks and blame
     act.py         carry the decision out: done, restart, swap, requeue (hpc_llm.slurm.requeue), fail
     lost.py        book an allocation that ended with nobody there to record it
     options.py     the policy and timings the batch script passes

@@ -15,7 +15,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from hpc_llm.job.supervisor import policy
+from hpc_llm.job.supervisor.stop import Decision
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 from hpc_llm.slurm import allocation, requeue
@@ -26,9 +26,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("hpc_llm.supervisor")
 
 
-def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> int | None:
+def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int | None:
     """Record the decision, then carry it out: the job's exit code, or None to run the next
-    generation in this allocation."""
+    generation in this allocation. A supervisor that stands down, or whose job Slurm has
+    requeued meanwhile, writes nothing: its record would contradict Slurm's."""
+    if d.action == Action.STAND_DOWN:
+        return stand_down(sup, d)
+    if d.action != Action.SLURM_REQUEUES and sup.superseded():
+        log.warning("hpc_llm supervisor: the job runs a newer allocation than this one: writing nothing, ending")
+        sup.agents.end()
+        return 0
     if d.action == Action.DONE:
         if a.alloc_nodes > len(a.nodes):
             # rank 0 wrote the completed record; the spares' node-seconds go in beside it
@@ -61,7 +68,17 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision
     return requeue_job(sup, attempts, a, d)
 
 
-def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
+def stand_down(sup: SupervisorState, d: Decision) -> int:
+    """This host is cut off (the policy's reason says why): no record, no requeue (slurmctld does
+    not answer anyway); the agent on this node ends its ranks, and this process ends. Slurm finds
+    the host not responding, requeues the job, and the next start books this attempt from its
+    record; a host that heals later carries no process of the job."""
+    log.error("hpc_llm supervisor: %s", d.reason)
+    sup.agents.end()
+    return 1
+
+
+def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
     a.action = Action.RESTART
     attempts.save()
     update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
@@ -70,7 +87,7 @@ def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Deci
         time.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next generation
 
 
-def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> None:
+def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
     """The next generation runs without ``d.swap_out``: spares take their node ranks
     (:func:`~hpc_llm.job.supervisor.agents.next_layout`), in this allocation, with no requeue. A
     left-out node's agent, if it still answers, is told to end; the node stays in the job
@@ -103,7 +120,7 @@ def end_for_good(sup: SupervisorState) -> None:
         log.warning("hpc_llm supervisor: could not set Requeue=0 (%s): Slurm may start the job once more", err)
 
 
-def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.Decision) -> int:
+def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int:
     """Put the job back in the queue without the nodes whose blame is in force, sized to what its
     partition holds."""
     exclude, warning = exclusions(sup, attempts, d)
@@ -157,7 +174,7 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: policy.
     return 0
 
 
-def exclusions(sup: SupervisorState, attempts: Attempts, d: policy.Decision) -> tuple[list[str], str | None]:
+def exclusions(sup: SupervisorState, attempts: Attempts, d: Decision) -> tuple[list[str], str | None]:
     """The next allocation's ExcNodeList: the user's own exclusions plus the nodes whose blame
     is in force (d.exclude; forgiven nodes come back), never so many that the nodes up in the
     partition cannot hold the run. Returns it and, when it had to stop excluding, why."""

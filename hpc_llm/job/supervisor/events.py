@@ -45,11 +45,15 @@ class Cleared:
 
 @dataclass(frozen=True)
 class Dead:
-    """A suspect agent's probe failed: its node is dead; its lease ends ``lease_left_s`` from now."""
+    """A suspect agent's probe failed; its lease ends ``lease_left_s`` from now. ``host_answers``:
+    the host answered the probe's connection (refused it: nothing listens), so the agent is gone
+    and the node lives; otherwise no answer came from the host at all (gone, frozen or cut off,
+    or the supervisor's own host cut off)."""
 
     node: str
     why: str
     lease_left_s: float
+    host_answers: bool = False
 
 
 FleetEvent = Joined | Heard | Suspect | Cleared | Dead

@@ -1,7 +1,7 @@
 """The facts of one stop, gathered for the fault policy: what the supervisor saw, and Slurm's word.
 
 :func:`gather` turns a :class:`~hpc_llm.job.supervisor.generation.GenerationEnd` into the
-policy's :class:`~hpc_llm.job.supervisor.policy.Stop`: why the stop signal came (asked again
+policy's :class:`~hpc_llm.job.supervisor.stop.Stop`: why the stop signal came (asked again
 now that the ranks have saved), whether a preemption's grace time runs, whether Slurm itself is
 requeueing the job (a node failure: its SIGTERM reached the batch host), the ranks' failure
 reports, the nodes srun found failed, and whether the supervisor itself stalled past its agents'
@@ -15,8 +15,9 @@ import time
 from typing import TYPE_CHECKING
 
 from hpc_llm.job import failures, wire
-from hpc_llm.job.supervisor import policy, state
+from hpc_llm.job.supervisor import state
 from hpc_llm.job.supervisor.generation import GenerationEnd
+from hpc_llm.job.supervisor.stop import Stop
 from hpc_llm.rundir.outcome import Cause
 from hpc_llm.slurm import allocation
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hpc_llm.supervisor")
 
 
-def gather(sup: SupervisorState, end: GenerationEnd) -> policy.Stop:
+def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
     """The facts of this stop the policy decides on: Slurm is asked again (the end time moves
     with ``scontrol update TimeLimit``; a PreemptTime says a preemption's grace time runs)."""
     ask_why_again(sup, end)
@@ -44,11 +45,17 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> policy.Stop:
         # requeue (PREEMPTED), and Slurm requeues the job itself: its SIGTERM reaches the batch
         # host. Not a cancellation, and not ours to requeue again.
         requeueing = allocation.requeued_by_slurm(sup.job.job_id, sup.job.restart)
+    remote, heard = heard_remote(sup)
+    answers = None
+    if sup.job.job_id and remote and not heard:
+        # every other node's agent lost: dead nodes, or this host cut off? slurmctld tells
+        info = info or sup.job_info()
+        answers = bool(info)
     tag = f"{sup.job.job_id or 'local'}.{sup.job.restart}.{sup.gen}"
     # srun's error lines pile up over the agent step's life: a node swapped out earlier is no
     # cause of this stop (it would have blamed a node already gone, and requeued for it)
     failed_nodes = [n for n in failures.failed_nodes(end.srun_errors) if n not in sup.agents.left_out]
-    return policy.Stop(
+    return Stop(
         returncode=end.returncode,
         now=time.time(),
         stop_cause=end.stop_cause if end.stop else None,
@@ -64,7 +71,12 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> policy.Stop:
         rank_exits=tuple(end.rank_exits),
         failed_nodes=tuple(failed_nodes),
         dead_nodes=tuple(sorted(end.dead_nodes.items())),
+        agents_died=tuple(sorted(end.agents_died.items())),
         agent_errors=tuple(sorted(end.agent_errors.items())),
+        batch_host=sup.node,
+        remote_nodes=len(remote),
+        remote_heard=len(heard),
+        slurmctld_answers=answers,
         on_slurm=sup.job.ref is not None,
         spares=sup.agents.spares(),
         draining=end.draining if end.stop_cause == Cause.DRAIN else (),
@@ -95,3 +107,11 @@ def self_stall(sup: SupervisorState) -> str | None:
     why = f"the supervisor's own loop stalled for {gap:.1f} s (its host frozen?), longer than its agents wait"
     log.error("hpc_llm supervisor: %s", why)
     return why
+
+
+def heard_remote(sup: SupervisorState) -> tuple[list[str], list[str]]:
+    """The generation's nodes other than the batch host, and those whose agent is still heard."""
+    view = sup.agents.fleet.view()
+    remote = [n for n in sup.agents.layout if n != sup.node]
+    heard = [n for n in remote if n in view and view[n].alive and view[n].state != "suspect"]
+    return remote, heard

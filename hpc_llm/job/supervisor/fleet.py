@@ -18,8 +18,12 @@ A node is declared dead in two steps, never on silence alone:
    or unreachable connection fails it at once). A SIGSTOPped agent's kernel
    still accepts the TCP connection, but nobody answers on it.
 
-An agent that answers the probe is live again. One that said ``bye`` left on
-purpose (the end) or of its own error (a bug, not the node): that is an event
+What the probe's failure says is kept (:class:`~hpc_llm.job.supervisor.events.Dead`'s
+``host_answers``): a refused connection is the host answering that nothing listens (the
+agent died, the node lives: a new agent there, the node no more than a suspect); no answer
+at all (a timeout, EHOSTUNREACH) is the host gone, frozen or cut off, or this supervisor
+cut off from it. An agent that answers the probe is live again. One that said ``bye`` left
+on purpose (the end) or of its own error (a bug, not the node): that is an event
 of its own, never a dead node. The declaration of a dead node comes no sooner
 than the agent's lease runs out (``lease_s`` after the last ping), so a
 generation started after it can never overlap a rank that still holds a lease.
@@ -349,7 +353,7 @@ class Fleet:
         err = sock.connect_ex((a.addr or "127.0.0.1", a.probe_port))
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
-            self._dead(a, f"{why}, and its probe port refused ({errno.errorcode.get(err, err)})")
+            self._dead(a, f"{why}, and {probe_failed(err)}", host_answers=err == errno.ECONNREFUSED)
             return
         p = _Probe(a.node, sock, now + self.probe_timeout_s)
         self._probes[sock.fileno()] = p
@@ -362,7 +366,7 @@ class Fleet:
         if not p.sent:
             err = p.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
-                self._probe_done(fd, f"its probe port refused ({errno.errorcode.get(err, err)})")
+                self._probe_done(fd, probe_failed(err), host_answers=err == errno.ECONNREFUSED)
                 return
             with contextlib.suppress(OSError):
                 p.sock.send(messages.encode(messages.Probe(self.token)))
@@ -377,11 +381,15 @@ class Fleet:
             chunk = b""
         p.buf += chunk
         if any(isinstance(messages.decode(line), messages.Pong) for line in p.buf.split(b"\n")[:-1]):
-            self._probe_done(fd, "answered")
+            self._probe_done(fd, "answered", host_answers=True)
         elif not chunk:
-            self._probe_done(fd, "its probe connection closed unanswered")
+            self._probe_done(fd, "its probe connection closed unanswered", host_answers=True)
 
-    def _probe_done(self, fd: int, outcome: str | None) -> None:
+    def _probe_done(self, fd: int, outcome: str | None, host_answers: bool = False) -> None:
+        """The probe of a suspect agent ended: ``outcome`` None is no answer in time (the host
+        gone, frozen or cut off, or this observer cut off); ``host_answers``: the host's kernel
+        answered (a refused connection, or one accepted and closed, or the agent answered but
+        its connection to us is gone): the agent is gone, the node lives."""
         p = self._probes.pop(fd, None)
         if p is None:
             return
@@ -397,18 +405,28 @@ class Fleet:
         what = outcome or f"its probe went unanswered for {self.probe_timeout_s:g} s"
         if outcome == "answered":
             what = "its probe was answered, but its connection to the supervisor is gone"
-        self._dead(a, f"{a.why}; {what}")
+        self._dead(a, f"{a.why}; {what}", host_answers=host_answers)
 
     def _cleared(self, a: AgentView) -> None:
         a.state, a.why, a.suspect_since = WARM, None, None
         a.last_heard = time.monotonic()
         self._events.put(Cleared(a.node))
 
-    def _dead(self, a: AgentView, why: str) -> None:
+    def _dead(self, a: AgentView, why: str, host_answers: bool = False) -> None:
         a.state, a.why = DEAD, why
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(a.conn)
         a.conn.close()
         # no ping has gone to it since it became suspect: its lease ends lease_s after the last one
         lease_ends = a.last_ping + self.lease_s
-        self._events.put(Dead(a.node, why, max(0.0, lease_ends - time.monotonic())))
+        self._events.put(Dead(a.node, why, max(0.0, lease_ends - time.monotonic()), host_answers))
+
+
+def probe_failed(err: int) -> str:
+    """What a failed probe connection says: ECONNREFUSED is the host answering that nothing
+    listens (the agent died, the node lives); EHOSTUNREACH, ENETUNREACH or a timeout is no
+    answer from the host at all (it is gone or cut off, or this observer is)."""
+    name = errno.errorcode.get(err, str(err))
+    if err == errno.ECONNREFUSED:
+        return f"its probe port refused ({name}): the host answers, its agent is gone"
+    return f"its probe got no answer from the host ({name})"

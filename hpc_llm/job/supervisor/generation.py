@@ -45,6 +45,8 @@ class GenerationEnd:
     draining: tuple[str, ...] = ()
     #: agents that ended of their own error (a bug, not the node) or stalled: node -> why
     agent_errors: dict[str, str] = field(default_factory=dict)
+    #: agents gone on a host that still answers (their probe was refused): node -> why
+    agents_died: dict[str, str] = field(default_factory=dict)
     #: the highest batch any rank's heartbeat reported, and seconds from its first to its last batch
     top_batch: int = -1
     heartbeat_train_s: float = 0.0
@@ -52,6 +54,16 @@ class GenerationEnd:
     detected_at: float | None = None
     #: when the last rank of the generation was gone
     stopped_at: float | None = None
+
+    @property
+    def lost(self) -> dict[str, str]:
+        """Every node whose agent is gone, whichever way (dead, died, ended of its own): node -> why."""
+        return {**self.dead_nodes, **self.agents_died, **self.agent_errors}
+
+    def forget_lost(self) -> None:
+        self.dead_nodes.clear()
+        self.agents_died.clear()
+        self.agent_errors.clear()
 
 
 class Generation:

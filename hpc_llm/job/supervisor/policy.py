@@ -45,181 +45,19 @@ Rules a run of weeks needs:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from hpc_llm.job.failures import INFRA_PATTERNS, RankExit, RankFailure
+from hpc_llm.job.failures import RankFailure
+from hpc_llm.job.supervisor.classify import classify_failure
 from hpc_llm.job.supervisor.history import count, excluded_by_history, since_reset, streaks
+from hpc_llm.job.supervisor.stop import DAY_S, Decision, Settings, Stop
 from hpc_llm.rundir.outcome import FAILURE_CAUSES, STOP_CAUSES, Action, Cause, State
 from hpc_llm.rundir.record import Attempt
 
 #: the first wait before retrying a transient storage error in place, doubled each time in a row
 TRANSIENT_BACKOFF_S = 30.0
 TRANSIENT_BACKOFF_MAX_S = 900.0
-DAY_S = 86400.0
-
-#: errors of the code or the data although they name CUDA (a device-side assert, an illegal
-#: access at a given batch): ambiguous on first sight, decided by where they repeat
-AMBIGUOUS = re.compile(r"device-side assert|illegal memory access|CUDA out of memory|OutOfMemoryError")
-#: errors only a faulty GPU or node raises: the node's, even at a batch where another node had
-#: the same (a restart replays the batches since the last checkpoint; at 2,048 nodes two faulty
-#: GPUs at one batch happen: benchmarks/long_run.py failed 15 % of its runs as a user error)
-HARDWARE = re.compile(r"uncorrectable ECC|ECC error|\bXid\b|fallen off the bus", re.I)
-#: object-store and network hiccups worth retrying in place (botocore's and requests' words)
-TRANSIENT = re.compile(
-    r"SlowDown|Service ?Unavailable|\b503\b|\b500\b|InternalError|RequestTimeout|ReadTimeoutError|"
-    r"EndpointConnectionError|ConnectTimeoutError|Connection was closed before we received a valid response"
-)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """``fault.*`` as the policy reads them."""
-
-    #: nodes the run needs (an exclusion never leaves fewer; the supervisor checks the partition)
-    nodes: int = 1
-    recover: bool = True
-    restart_in_place: bool = True
-    #: failures in a row without a new checkpoint
-    max_failures: int = 5
-    #: failures in any 24 h of wall clock (None: no cap)
-    max_failures_per_day: float | None = 24.0
-    #: attempts in a row without a new checkpoint, whatever their cause
-    max_attempts_without_progress: int = 10
-    #: preemptions over the run's life (None: no limit)
-    max_preemptions: int | None = None
-    #: time-limit requeues over the run's life (None: no limit)
-    max_timeouts: int | None = None
-    #: a node's blame expires after this long without a new failure on it
-    forgive_after_s: float = DAY_S
-    #: a SIGTERM this close to the end time is the time limit
-    term_at_end_s: float = 5.0
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The facts of one stop of a generation, gathered by the supervisor
-    (:mod:`hpc_llm.job.supervisor.facts`)."""
-
-    returncode: int
-    now: float
-    #: why the supervisor forwarded a stop signal to the ranks (time_limit | preemption | signal | drain)
-    stop_cause: Cause | None = None
-    #: when the batch step got SIGTERM (Slurm ending the allocation), if it did
-    sigterm_at: float | None = None
-    #: the job's end time, read again when the stop was decided (``scontrol update TimeLimit`` moves it)
-    end_time: float | None = None
-    #: a preemption's grace time is running (scontrol's PreemptTime)
-    preempting: bool = False
-    #: Slurm itself is requeueing the job (its JobState, e.g. NODE_FAIL): the allocation ends
-    slurm_requeueing: str | None = None
-    #: a hang the supervisor named: (reason, nodes of the silent ranks)
-    hang: tuple[str, tuple[str, ...]] | None = None
-    #: a checkpoint save or upload that stalled (the supervisor's reason): the store's, not a node's
-    storage_stall: str | None = None
-    #: the supervisor itself stalled (its host frozen) past the agents' patience: they ended
-    self_stall: str | None = None
-    #: nodes whose agent was confirmed dead (silent, then its probe unanswered), with why
-    dead_nodes: tuple[tuple[str, str], ...] = ()
-    #: agents that ended of their own error (a bug, not the node), with why
-    agent_errors: tuple[tuple[str, str], ...] = ()
-    #: the start-up phase (imports, container, rendezvous, data) that outlived fault.startup_timeout_s
-    startup: str | None = None
-    failures: tuple[RankFailure, ...] = ()
-    #: the ranks that did not exit 0, first to end first (those the supervisor killed are marked)
-    rank_exits: tuple[RankExit, ...] = ()
-    #: nodes the agent step's srun reported failed (Slurm's NODE_FAIL)
-    failed_nodes: tuple[str, ...] = ()
-    on_slurm: bool = True
-    #: warm agents of this allocation outside the generation's layout (resources.spare_nodes):
-    #: the nodes a swap may put in the place of the nodes it leaves out
-    spares: tuple[str, ...] = ()
-    #: nodes of the generation Slurm shows draining (stop_cause drain: the supervisor stopped for them)
-    draining: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    cause: Cause
-    reason: str
-    #: the attempt's state to record (completed | stopped | failed | running)
-    state: State
-    #: nodes blamed for this stop
-    suspects: tuple[str, ...] = ()
-    #: nodes hpc_llm leaves out of the next allocation (blame still in force), sorted
-    exclude: tuple[str, ...] = ()
-    #: other things to record on the run (a budget's reason, a warning)
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    #: seconds to wait before a restart in place (backoff after transient storage errors)
-    delay_s: float = 0.0
-    #: on a swap: the nodes of this generation left out, each replaced by a spare (sorted)
-    swap_out: tuple[str, ...] = ()
-
-
-# -- blame --------------------------------------------------------------------------
-
-
-def first_failure(stop: Stop) -> RankFailure | None:
-    return min(stop.failures, key=lambda f: (f.time, f.rank)) if stop.failures else None
-
-
-def blamed_node(stop: Stop) -> str | None:
-    """The node where the generation failed first: the earliest rank failure report, else the
-    first rank to end that the supervisor did not kill (not a bystander)."""
-    first = first_failure(stop)
-    if first is not None:
-        return first.node
-    own = [e for e in stop.rank_exits if not e.killed]
-    return own[0].node if own else None
-
-
-# -- classification -----------------------------------------------------------------
-
-
-def _key(f: RankFailure) -> tuple[str, str]:
-    return (f.type, re.sub(r"\d+", "N", f.message)[:200])
-
-
-def classify_failure(stop: Stop, current: Attempt, earlier: Sequence[RankFailure]) -> tuple[Cause, str, str | None]:
-    """(cause, reason, node to blame) of a generation that failed without a stop signal or a hang."""
-    if stop.failed_nodes:
-        nodes = ", ".join(sorted(set(stop.failed_nodes)))
-        return Cause.NODE_FAILURE, f"Slurm reported node failure on {nodes}", sorted(set(stop.failed_nodes))[0]
-    by_signal = [e for e in stop.rank_exits if e.by_signal and not e.killed]
-    if by_signal:
-        # a rank killed by a signal (the OOM killer, a GPU off the bus) writes no report; the
-        # reports of its peers ("Connection closed by peer") are consequences
-        return Cause.FAILURE, str(by_signal[0]), by_signal[0].node
-    first = first_failure(stop)
-    if first is None:
-        node = blamed_node(stop)
-        ends = [e for e in stop.rank_exits if e.node == node] or list(stop.rank_exits)
-        return Cause.FAILURE, str(ends[0]) if ends else "the ranks ended abnormally and no rank said why", node
-    text = f"{first.type}: {first.message}"
-    what = f"{text} (rank {first.rank} on {first.node}"
-    same = [e for e in earlier if _key(e) == _key(first)]
-    if TRANSIENT.search(text):
-        return Cause.TRANSIENT, f"{what}, during batch {first.batch + 1}; a transient storage error, retrying)", None
-    if not HARDWARE.search(text) and any(e.batch == first.batch and e.node != first.node for e in same):
-        return (
-            Cause.USER_ERROR,
-            f"{what}, during batch {first.batch + 1} again, now on another node: the code or data)",
-            None,
-        )
-    infra = bool(INFRA_PATTERNS.search(text)) and not AMBIGUOUS.search(text)
-    if any(e.node == first.node and e.batch != first.batch for e in same) or (
-        infra and any(e.node == first.node for e in earlier)
-    ):
-        return Cause.FAILURE, f"{what}, again on this node at another batch: the node)", first.node
-    if infra:
-        return Cause.FAILURE, f"{what}, during batch {first.batch + 1})", first.node
-    if first.batch <= current.resumed_at_batch and not AMBIGUOUS.search(text):
-        return Cause.USER_ERROR, f"{what}, before the first batch of the attempt)", None
-    if any(e.batch == first.batch for e in same):
-        return Cause.USER_ERROR, f"{what}, during batch {first.batch + 1} again)", None
-    return Cause.FAILURE, f"{what}, during batch {first.batch + 1}; retrying once)", first.node
 
 
 # -- the decision ----------------------------------------------------------------------
@@ -243,6 +81,8 @@ def decide(
         return Decision(
             Action.DONE, Cause.COMPLETED, "training and the post-train stage finished", State.COMPLETED, notes=notes
         )
+    if stop.remote_nodes and not stop.remote_heard and stop.slurmctld_answers is False:
+        return _cut_off(stop)
     if not s.recover:
         last_words = str(stop.rank_exits[0]) if stop.rank_exits else None
         reason = current.error or last_words or f"the ranks exited with {stop.returncode}"
@@ -257,6 +97,20 @@ def decide(
         return Decision(Action.FAIL, Cause(current.cause), current.error or "the run failed", State.FAILED)
     cause, reason, nodes = what_failed(stop, current, earlier_failures)
     return _failed(history, current, stop, s, cause, reason, nodes)
+
+
+def _cut_off(stop: Stop) -> Decision:
+    """The supervisor lost every other node's agent and slurmctld does not answer it: it cannot
+    tell "they are dead" from "I am cut off", and the one it can vouch for is itself. It blames
+    its own host, writes no verdict (the attempt stays running: Slurm decides the job, and the
+    next start books it from Slurm's record) and ends what it runs on its node."""
+    host = stop.batch_host or "the batch host"
+    reason = (
+        f"the supervisor on {host} lost the agents of every other node ({stop.remote_nodes}) and slurmctld does "
+        f"not answer: its own host is cut off; it blames itself, writes no verdict and stands down"
+    )
+    suspects = (stop.batch_host,) if stop.batch_host else ()
+    return Decision(Action.STAND_DOWN, Cause.LOST, reason, State.RUNNING, suspects=suspects)
 
 
 def _drained(stop: Stop) -> Decision:
@@ -284,6 +138,15 @@ def what_failed(
         # whatever the other ranks reported after it went, they lost a peer: the node is the cause
         dead = ", ".join(f"{n} ({why})" for n, why in stop.dead_nodes)
         return Cause.NODE_FAILURE, f"node(s) stopped answering: {dead}", tuple(n for n, _ in stop.dead_nodes)
+    if stop.agents_died:
+        # the host answered the probe: the agent is gone, the node lives. A new agent there; the
+        # node a suspect (one point), left out only if it happens again (where it repeats decides)
+        gone = ", ".join(f"{n} ({why})" for n, why in stop.agents_died)
+        return (
+            Cause.FAILURE,
+            f"agent(s) gone on live node(s): {gone}; new agents",
+            tuple(n for n, _ in stop.agents_died),
+        )
     if stop.agent_errors:
         what = "; ".join(f"on {n}: {why}" for n, why in stop.agent_errors)
         return Cause.FAILURE, f"hpc_llm's agent ended with an error ({what}); restarting it", ()

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import fields
 
+from hpc_llm.job import heartbeat
 from hpc_llm.job.env import JobEnv
-from hpc_llm.job.supervisor import policy
 from hpc_llm.job.supervisor.agents import Agents
 from hpc_llm.job.supervisor.options import Policy
+from hpc_llm.job.supervisor.stop import Settings
 from hpc_llm.job.supervisor.timing import StopTiming
 from hpc_llm.rundir.record import read_results
 from hpc_llm.slurm import allocation
@@ -30,6 +31,8 @@ class SupervisorState:
         self.run_dir = policy.run_dir
         env = JobEnv.current()
         self.job = SlurmJob.ask(env.job_id, env.ref, env.restart, env.nodelist)
+        #: the batch host: this process's own node
+        self.node = heartbeat.node_name()
         #: the generation of ranks running or next (0 at the allocation's start)
         self.gen = 0
         #: Slurm's stop signals as the handler queued them: (signal, when)
@@ -45,14 +48,21 @@ class SupervisorState:
         self.agents = Agents(policy, command, self.job)
 
     @property
-    def settings(self) -> policy.Settings:
+    def settings(self) -> Settings:
         """The policy's settings: the fields of :class:`Policy` it shares by name."""
-        shared = {f.name: getattr(self.policy, f.name) for f in fields(policy.Settings) if hasattr(self.policy, f.name)}
-        return policy.Settings(**shared, term_at_end_s=TERM_AT_END_S)
+        shared = {f.name: getattr(self.policy, f.name) for f in fields(Settings) if hasattr(self.policy, f.name)}
+        return Settings(**shared, term_at_end_s=TERM_AT_END_S)
 
     def job_info(self) -> dict[str, str]:
         """``scontrol show job`` of this allocation now ({} off Slurm, or unanswered)."""
         return allocation.show_job(self.job.job_id) if self.job.job_id else {}
+
+    def superseded(self) -> bool:
+        """The job runs (or waits for) a newer allocation than this one: Slurm requeued it while
+        this supervisor could not see it (its host cut off, or frozen, and back). Such a
+        supervisor writes nothing. False when slurmctld does not answer."""
+        info = self.job_info()
+        return bool(info) and int(info.get("Restarts", "0") or 0) > self.job.restart
 
     def status(self) -> str | None:
         """The run's status in results.json (None before there is one)."""

@@ -75,13 +75,17 @@ class GenerationRun:
             self.during(ev, self.gen)
 
     def lost(self, ev: FleetEvent) -> None:
-        """A node found dead, or an agent that ended of its own error."""
+        """A node found dead, an agent gone on a live node, or one that ended of its own error."""
         end = self.end
         match ev:
+            case Dead(node=node, why=why, host_answers=True):
+                end.agents_died[node] = why
+                end.detected_at = end.detected_at or time.time()
+                log.error("hpc_llm supervisor: the agent on %s is gone, its node answers: %s", node, why)
             case Dead(node=node, why=why):
                 end.dead_nodes[node] = why
                 end.detected_at = end.detected_at or time.time()
-                log.error("hpc_llm supervisor: node %s is dead: %s", node, why)
+                log.error("hpc_llm supervisor: node %s is dead or cut off: %s", node, why)
             case Heard(node=node, msg=messages.Bye(why=why) as bye) if not bye.on_purpose:
                 end.agent_errors[node] = why
                 end.detected_at = end.detected_at or time.time()
@@ -92,8 +96,8 @@ class GenerationRun:
         match ev:
             case Dead(node=node) | Heard(node=node, msg=messages.Bye()) if node in gen.layout:
                 self.lost(ev)
-                if node in end.dead_nodes or node in end.agent_errors:
-                    gen.lose(node, end.dead_nodes.get(node) or end.agent_errors[node])
+                if node in end.lost:
+                    gen.lose(node, end.lost[node])
             case Heard(node=node, msg=messages.Started(gen=number, pids=pids)) if number == gen.gen:
                 gen.on_started(node, pids)
             case Heard(msg=messages.Exit() as msg) if msg.gen == gen.gen:
@@ -117,7 +121,7 @@ class GenerationRun:
         if self.gen is None:
             if self.start_when_ready(now):
                 return
-        elif (self.end.dead_nodes or self.end.agent_errors or self.gen.failed() is not None) and not self.gen.killing:
+        elif (self.end.lost or self.gen.failed() is not None) and not self.gen.killing:
             self.kill(now)
         self.take_signals()
         self.timing.tick(forwarded=self.end.stop is not None)
@@ -139,18 +143,16 @@ class GenerationRun:
         this turn is done."""
         end, p = self.end, self.policy
         detected = end.detected_at
-        if (end.dead_nodes or end.agent_errors) and len(self.agents.warm_nodes()) >= p.nodes:
+        if end.lost and len(self.agents.warm_nodes()) >= p.nodes:
             # a spare lost (or a node lost between generations) while enough warm agents are
             # left: no stop, the generation starts on the others
-            lost = {**end.dead_nodes, **end.agent_errors}
-            log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", lost)
-            self.agents.left_out |= set(lost)
-            end.dead_nodes.clear()
-            end.agent_errors.clear()
+            log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", end.lost)
+            self.agents.left_out |= set(end.lost)
+            end.forget_lost()
             end.detected_at = detected
         step = self.agents.step
         assert step is not None
-        if end.dead_nodes or end.agent_errors:
+        if end.lost:
             self.over = True
         elif len(self.agents.warm_nodes()) >= p.nodes:
             self.gen = self.agents.start(self.sup.gen)
@@ -252,7 +254,7 @@ class GenerationRun:
         """End the generation now: every agent kills its ranks' process groups."""
         assert self.gen is not None
         self.end.detected_at = self.end.detected_at or time.time()
-        self.agents.kill(self.gen, set(self.end.dead_nodes) | set(self.end.agent_errors))
+        self.agents.kill(self.gen, set(self.end.lost))
         self.killed_at = now
 
     def finish(self) -> GenerationEnd:
