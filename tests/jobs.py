@@ -59,10 +59,10 @@ def story(run_dir: Path, lines: int = 25) -> str:
     """What a run went through, for a failed assertion: each attempt's cause and whole error,
     then the last lines of each of its logs (the supervisor's, the agents', the ranks')."""
     parts = [
-        f"attempt {a.get('restart')}.{a.get('step', 0)}: {a.get('state')} / {a.get('cause')}: {a.get('error')}"
+        f"attempt {a.get('restart')}.{a.get('generation', 0)}: {a.get('state')} / {a.get('cause')}: {a.get('error')}"
         for a in attempts(run_dir)
     ]
-    for log in sorted((run_dir / "logs").glob("*.log")):
+    for log in sorted([*(run_dir / "logs").glob("*.log"), *(run_dir / "logs").glob("*.out")]):
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         parts += [f"--- {log.name} (last {len(tail)} lines) ---", *tail]
     return "\n".join(parts)

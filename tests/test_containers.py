@@ -462,7 +462,7 @@ def test_a_2_node_run_trains_inside_apptainer_on_every_rank(slurm_env, sif, tmp_
     for x in ranks:
         assert x["container"] == {"image": str(sif), "apptainer_version": version}, x
     # the per-node check ran on both nodes before training
-    [log] = run_dir.rglob("slurm-*.out")
+    [log] = run_dir.rglob("slurm-*.0.out")  # the first attempt's own batch log
     checked = set(re.findall(r"hpc_llm: container check ok on (\S+)", log.read_text()))
     assert checked == {x["node"] for x in ranks}, log.read_text()
     # checkpoints and results landed in the bound run dir; the secret is in no file
@@ -510,7 +510,7 @@ def test_a_node_whose_image_has_no_python_is_named_and_nothing_trains(slurm_env,
     ]
     proc = run_app(args, env, cwd=tmp_path)
     assert proc.returncode == 1, explain(proc)
-    [out] = (tmp_path / "runs").rglob("slurm-*.out")
+    [out] = (tmp_path / "runs").rglob("slurm-*.0.out")
     text = out.read_text()
     failed = re.findall(r'container check failed on (n\d+): FATAL: +"python3": executable file not found', text)
     assert len(set(failed)) == 2, text

@@ -128,7 +128,7 @@ def test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm_env, test_site
     # restarted by the same agents: each node's agent warmed up once, and forked generation 1
     # seconds after the kill (loose bounds: a loaded CI machine; benchmarks/faults.py measures)
     logs = Path(run_dir) / "logs"
-    assert [p.read_text().count("warm in") for p in sorted(logs.glob("agent*.log"))] == [1, 1]
+    assert [p.read_text().count("warm in") for p in sorted(logs.glob("agent*.0.log"))] == [1, 1]
     full = attempts(run_dir)
     assert full[0]["detected_at"] - killed_at < 5 and full[1]["forked_at"] - full[0]["detected_at"] < 5
     # the agents removed the node-local scratch when the allocation ended

@@ -221,8 +221,9 @@ def _from_accounting(
 
 
 def batch_log_tail(run_dir: str, job_id: str, lines: int = 3) -> str:
-    """The last lines of the job's batch log (<run dir>/logs/slurm-<job id>.out)."""
-    path = RunDir(run_dir).batch_log(job_id)
+    """The last lines of the job's last batch log (its last attempt's, else Slurm's own file)."""
+    rd = RunDir(run_dir)
+    path = ([p for p in rd.attempt_logs(job_id) if p.stat().st_size] or [rd.batch_log(job_id)])[-1]
     if not path.is_file():
         return ""
     text = path.read_text(errors="replace").strip().splitlines()
@@ -443,7 +444,7 @@ def run_dir_among(refs: list[str], places: list[Path], up: int = 3) -> Path | No
     for place in places:
         for d in [place, *list(place.parents)[:up]]:
             for c in [d, *_subdirs(d)]:
-                logs = [RunDir(c).batch_log(ref) for ref in refs]
+                logs = [log for ref in refs for log in (RunDir(c).batch_log(ref), *RunDir(c).attempt_logs(ref))]
                 if any(log == place or log.is_file() for log in logs):
                     return c
     return None

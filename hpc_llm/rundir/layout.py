@@ -14,7 +14,9 @@ fails on a run-directory name literal anywhere else).
       sbatch.sh               the batch script (Slurm launcher)
       logs/rank<N>.log        one log per rank
       logs/agent<N>.log       the agent of the allocation's N-th node
-      logs/slurm-<job>.out    the batch script's own log (the supervisor's)
+      logs/slurm-<job>.<n>.out  each attempt's batch log (the supervisor's; n: Slurm's restart count)
+      logs/slurm-<job>.out    Slurm's own batch output (slurmstepd's messages)
+      logs/agent<i>.<n>.log   each attempt's log of the agent on the i-th node
       checkpoints/            the default local checkpoint folder
       checkpoints/unfinished/ saves a dead attempt did not finish
       .hydra/                 Hydra's own files
@@ -77,13 +79,30 @@ class RunDir:
     def rank_log(self, rank: int | str) -> Path:
         return self.logs / f"rank{rank}.log"
 
-    def agent_log(self, node_index: int | str) -> Path:
-        """The log of the agent on the allocation's ``node_index``-th node (srun's ``%t``)."""
-        return self.logs / f"agent{node_index}.log"
+    def agent_log(self, node_index: int | str, restart: int | str | None = None) -> Path:
+        """The log of the agent on the allocation's ``node_index``-th node (srun's ``%t``):
+        srun's own ``--output`` without ``restart``, else the agent's own file for that attempt
+        (its output from its start on: hpc_llm.job.agent.node.own_output)."""
+        if restart is None:
+            return self.logs / f"agent{node_index}.log"
+        return self.logs / f"agent{node_index}.{restart}.log"
 
     def batch_log(self, job_id: str) -> Path:
-        """The batch script's log; an array task's id is ``<array>_<task>``."""
+        """Slurm's own batch output file (``--output``): what slurmstepd writes of the job (a
+        requeue's, a cancel's, an OOM's message) and nothing of the script, which writes its
+        attempt's file (:meth:`attempt_log`). An array task's id is ``<array>_<task>``."""
         return self.logs / f"slurm-{job_id}.out"
+
+    def attempt_log(self, job_id: str, restart: int | str) -> Path:
+        """One attempt's batch log (the supervisor's): ``restart`` is SLURM_RESTART_COUNT. One file
+        per attempt, not Slurm's one per job id: a stale attempt on a host cut off and healed
+        writes into its own, never into the one the next attempt uses."""
+        return self.logs / f"slurm-{job_id}.{restart}.out"
+
+    def attempt_logs(self, job_id: str) -> list[Path]:
+        """The job's attempt logs that exist, first attempt first."""
+        found = self.logs.glob(f"slurm-{job_id}.*.out")
+        return sorted(found, key=lambda p: int(s) if (s := p.name.split(".")[-2]).isdigit() else -1)
 
     @property
     def batch_log_pattern(self) -> Path:

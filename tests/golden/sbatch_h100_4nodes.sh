@@ -22,6 +22,11 @@
 # job unrecorded; the supervisor reads the end time and any preemption itself.
 trap '' USR2
 set -euo pipefail
+# Each attempt (Slurm's restart count) writes its own log: a stale attempt, on a host cut off
+# and healed after Slurm requeued the job, never writes into the file of the attempt after it
+# (Slurm's file name patterns have no restart count; its own --output keeps slurmstepd's lines).
+job_ref="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-}}"
+exec >> /shared/runs/golden/0/logs/"slurm-${job_ref:-$SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}.out" 2>&1
 
 # The batch host's address: the supervisor listens there for the node agents (resolved here:
 # scontrol may not exist inside a container). Each generation of ranks meets on a port node

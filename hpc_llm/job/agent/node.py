@@ -75,10 +75,11 @@ def own_output(payload_path: Path) -> None:
     """This agent's stdout and stderr straight into its log file, and stdin from /dev/null: not
     through srun. srun writes a step's ``--output`` files itself, so once it dies with the batch
     host, what an agent writes through it reaches no file, and those are the lines that say what
-    the orphaned agents did. The file is the one srun's ``--output`` names (append mode, as
-    srun opens it), which keeps what came before this call."""
+    the orphaned agents did. The file is this attempt's own (a stale agent of an earlier attempt,
+    on a host cut off and healed, never writes into the file of the one after it); srun's
+    ``--output`` file keeps what came before this call."""
     job = JobEnv.current()
-    path = RunDir.of_payload(payload_path).agent_log(job.rank)
+    path = RunDir.of_payload(payload_path).agent_log(job.rank, job.restart)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -18,6 +18,7 @@ import jinja2
 from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import templates_dir
+from hpc_llm.rundir.layout import RunDir
 
 ENV_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -93,6 +94,7 @@ def render(spec: SbatchSpec) -> str:
         template=spec.template,
         cluster=spec.cluster,
         run_dir=spec.run_dir,
+        logs_dir=shlex.quote(str(RunDir(spec.run_dir).logs)),
         sbatch_flags=flags,
         setup=list(spec.setup),
         container_lines=list(spec.container_lines),
