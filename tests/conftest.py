@@ -7,6 +7,7 @@ tokenizer and MDS shards are built once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -229,7 +230,7 @@ def _fresh_shared(config: pytest.Config) -> Path:
     from hpc_llm.devcluster import cluster as devcluster
     from hpc_llm.devcluster import s3_server
 
-    for name in ("devcluster", CLUSTER_24_DIR):
+    for name in ("devcluster", CLUSTER_24_DIR, *HOSTS_DIRS.values()):
         devcluster.down(shared / name)  # a cluster an interrupted session left behind
     s3_server.stop(shared / S3_DIR)
     import shutil
@@ -291,6 +292,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         from hpc_llm.devcluster import s3_server
 
+        _stop_hosts_clusters(config)
         # one a worker started without a cluster; its data is the session's, thrown away: after a
         # busy session weed took ~12 s to honour TERM, which every run of the suite waited out
         s3_server.stop(shared_dir(config) / S3_DIR, timeout_s=1)
@@ -422,3 +424,112 @@ def dev_cluster_24(pytestconfig: pytest.Config):
 def slurm24_env(app_env: dict[str, str], dev_cluster_24) -> dict[str, str]:
     """The app's environment on the 24.11 cluster: its slurm.conf, and its commands first on PATH."""
     return dict(app_env, **dev_cluster_24.env())
+
+
+# -- clusters whose nodes are hosts (hpc_llm.devcluster.hosts: network, UTS and mount namespaces) --
+
+#: the session's multi-host clusters, under the shared dir, by Slurm version
+HOSTS_DIRS = {"22.05": "devcluster-hosts", "24.11": "devcluster-hosts-24.11"}
+
+
+def hosts_unavailable() -> str | None:
+    """Why nodes cannot be hosts of their own on this machine (None: they can)."""
+    from hpc_llm.devcluster import cluster as devcluster
+
+    return "network namespaces need root" if os.geteuid() != 0 else devcluster.hosts_unavailable()
+
+
+def require_hosts(config: pytest.Config, slurm: str = "22.05") -> None:
+    """Skip (fail in CI, as the other cluster fixtures do) without Slurm ``slurm``; skip, saying
+    why, where this machine cannot make nodes hosts of their own: the single-host cluster runs
+    everything else there."""
+    reason = None
+    if not _slurm_tests_wanted(config):
+        reason = "needs Debian slurm-wlm and root (scripts/setup-dev.sh installs it)"
+    elif slurm == "24.11" and not _slurm24_installed():
+        reason = "needs Slurm 24.11 beside 22.05, and root: bash scripts/install-slurm.sh 24.11 (setup-dev.sh runs it)"
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    why = hosts_unavailable()
+    if why is not None:
+        pytest.skip(f"nodes cannot be hosts of their own on this machine: {why}; the single-host cluster runs the rest")
+
+
+def _hosts_cluster(config: pytest.Config, slurm: str):
+    """The session's 3-node multi-host cluster of Slurm ``slurm`` (accounting, and the S3 server
+    when SeaweedFS is installed): started by the first process of the session that asks (an xdist
+    worker, under a lock in the shared dir; the others then load it), stopped by the controlling
+    process at the end (:func:`_stop_hosts_clusters`). Only a session that selects a test using
+    it starts it (~2-3 s)."""
+    import fcntl
+
+    from hpc_llm.devcluster import cluster as devcluster
+    from hpc_llm.devcluster import s3_server
+
+    require_hosts(config, slurm)
+    root = shared_dir(config) / HOSTS_DIRS[slurm]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(root) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster = devcluster.load(root)
+        if cluster is None or not cluster.hosts or "slurmctld" not in devcluster.running(cluster):
+            s3 = s3_server.weed_binary() is not None
+            cluster = devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm=slurm, hosts=True, s3=s3)
+    assert cluster.hosts and cluster.slurm == slurm
+    return cluster
+
+
+def _stop_hosts_clusters(config: pytest.Config) -> None:
+    """The controlling process, at the end of the session: the multi-host clusters any of its
+    processes started (their namespaces, links and bridge with them)."""
+    if not _slurm_tests_wanted(config):
+        return
+    from hpc_llm.devcluster import cluster as devcluster
+
+    for name in HOSTS_DIRS.values():
+        root = shared_dir(config) / name
+        if (root / "etc" / "slurm.conf").is_file():
+            devcluster.down(root)
+
+
+@pytest.fixture(scope="session")
+def dev_cluster_hosts(pytestconfig: pytest.Config):
+    """A real 3-node Slurm 22.05 cluster whose nodes are hosts of their own (``hpc-llm
+    dev-cluster up --hosts``): each slurmd in its own network, UTS and mount namespace, its own
+    address, hostname, /tmp and /dev/shm, on the cluster's bridge. Shared by the session."""
+    return _hosts_cluster(pytestconfig, "22.05")
+
+
+@pytest.fixture(scope="session")
+def dev_cluster_hosts_24(pytestconfig: pytest.Config):
+    """The same on Slurm 24.11 (skips, or fails in CI, where 24.11 is not installed)."""
+    return _hosts_cluster(pytestconfig, "24.11")
+
+
+@pytest.fixture
+def hosts_env(app_env: dict[str, str], dev_cluster_hosts) -> dict[str, str]:
+    """The app's environment on the multi-host 22.05 cluster (as `dev-cluster up --hosts` prints it)."""
+    return dict(app_env, **dev_cluster_hosts.env())
+
+
+@pytest.fixture
+def hosts24_env(app_env: dict[str, str], dev_cluster_hosts_24) -> dict[str, str]:
+    return dict(app_env, **dev_cluster_hosts_24.env())
+
+
+@contextlib.contextmanager
+def hosts_cluster_of_its_own(config: pytest.Config, slurm: str = "22.05", **options):
+    """A multi-host cluster of one test's own, for a test that cuts, slows, kills or freezes a
+    node: none of a shared cluster's jobs is hit. Without accounting and GPUs unless ``options``
+    say otherwise (``devcluster.up``'s): up in well under a second then."""
+    from hpc_llm.devcluster import cluster as devcluster
+
+    require_hosts(config, slurm)
+    root = shared_dir(config) / f"devcluster-hosts-own-{slurm}-{os.getpid()}"
+    kw = {"nodes": 3, "accounting": False, "gpus_per_node": 0, **options}
+    try:
+        yield devcluster.up(root=root, ctld_port=_free_port_block(16), slurm=slurm, hosts=True, **kw)
+    finally:
+        devcluster.down(root)
