@@ -673,3 +673,15 @@ def test_an_attempts_file_written_before_generation_was_the_word_reads_the_same(
     a = Attempt.from_dict(old)
     assert (a.generation, a.state) == (2, "stopped")
     assert Attempt.from_dict({**old, "generation": 3}).generation == 3
+
+
+def test_where_each_nodes_slurmd_listens_is_read_from_scontrol_show_node():
+    """A node whose agent's probe port refused is alive only if its slurmd still answers (a
+    single-host dev cluster's killed node refuses the probe too): its address and port, as
+    `scontrol show node -o` prints them on 22.05 (the lines of the dev cluster, cut short)."""
+    out = (
+        "NodeName=n1 Arch=x86_64 CoresPerSocket=1 Gres=gpu:8 NodeAddr=127.0.0.1 NodeHostName=vm Port=18818 "
+        "Version=22.05.8 State=MIXED Partitions=low,high\n"
+        "NodeName=n3 Arch=x86_64 NodeAddr=10.213.0.13 NodeHostName=n3 Version=22.05.8 State=IDLE\n"
+    )
+    assert parse.slurmd_addresses(out) == {"n1": ("127.0.0.1", 18818), "n3": ("10.213.0.13", 6818)}

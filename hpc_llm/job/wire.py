@@ -54,11 +54,25 @@ SILENT_PINGS = 10
 SILENT_LEASES = 3
 
 
-def supervisor_silent_s(beat_s: float, lease_s: float) -> float:
-    """How long an agent waits for its supervisor's next message before it gives up on it. A
-    supervisor whose own loop stalled longer than this finds every agent gone, by no fault of
-    theirs (supervisor.fleet)."""
-    return max(SILENT_PINGS * beat_s, SILENT_LEASES * lease_s)
+#: the supervisor's patience, as it tells the agent step (seconds; hpc_llm.job.agent.loop)
+SILENT_S = "HPC_LLM_SUPERVISOR_SILENT_S"
+#: an agent gives its supervisor up before Slurm can have called a silent node DOWN, by this much
+#: of SlurmdTimeout: a host cut off and healed after that carries no process of the job
+SLURMD_SHARE = 0.8
+
+
+def supervisor_silent_s(beat_s: float, lease_s: float, slurmd_timeout_s: float | None = None) -> float:
+    """How long an agent waits for its supervisor's next message before it gives up on it (ends
+    its ranks and itself). A supervisor whose own loop stalled longer than this finds every agent
+    gone, by no fault of theirs (supervisor.fleet). Never longer than :data:`SLURMD_SHARE` of
+    Slurm's ``SlurmdTimeout``: Slurm calls a node it has not heard from for that long DOWN and
+    requeues its job, and a node cut off, then healed after that, must carry no process of the
+    job (slurmctld drains a node that reports a job it placed elsewhere: "Duplicate jobid");
+    never shorter than a lease and two pings either."""
+    patience = max(SILENT_PINGS * beat_s, SILENT_LEASES * lease_s)
+    if slurmd_timeout_s:
+        patience = min(patience, max(SLURMD_SHARE * slurmd_timeout_s, lease_s + 2 * beat_s))
+    return patience
 
 
 def ephemeral_ports() -> tuple[int, int]:

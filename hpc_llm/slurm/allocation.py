@@ -12,6 +12,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -164,6 +165,27 @@ def draining(nodes: list[str]) -> list[str] | None:
     timeout: the supervisor's loop waits on it (a preemption's signal too)."""
     states = node_states(nodes=nodes, timeout=5)
     return parse.draining(states) if states else None
+
+
+def slurmd_addresses(nodes: list[str]) -> dict[str, tuple[str, int]]:
+    """Where each node's slurmd listens (NodeAddr, Port), asked once ({} when it cannot be)."""
+    if not nodes:
+        return {}
+    try:
+        out = run(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout=10)
+    except SlurmUnreachable:
+        return {}
+    return parse.slurmd_addresses(out.stdout) if out.returncode == 0 else {}
+
+
+def slurmd_answers(address: tuple[str, int], timeout_s: float = 1.0) -> bool:
+    """A node's slurmd accepts a TCP connection: its host is up and reachable (whatever became
+    of the processes the job runs there)."""
+    try:
+        socket.create_connection(address, timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def node_gone(name: str) -> bool | None:

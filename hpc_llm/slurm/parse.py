@@ -199,6 +199,21 @@ def draining(states: dict[str, str]) -> list[str]:
     return sorted(n for n, s in states.items() if s in _DRAINING)
 
 
+#: slurmd's port where a node line of ``scontrol show node`` names none (Slurm's default)
+SLURMD_PORT = 6818
+
+
+def slurmd_addresses(out: str) -> dict[str, tuple[str, int]]:
+    """``scontrol show node -o <nodes>`` -> node -> (NodeAddr, slurmd's Port)."""
+    found = {}
+    for line in out.splitlines():
+        fields = show_job(line)
+        if fields.get("NodeName") and fields.get("NodeAddr"):
+            port = fields.get("Port", "")
+            found[fields["NodeName"]] = (fields["NodeAddr"], int(port) if port.isdigit() else SLURMD_PORT)
+    return found
+
+
 def state_gone(state: str) -> bool:
     """``scontrol show node``'s State (``IDLE+NOT_RESPONDING``, ``DOWN+DRAIN+NOT_RESPONDING``;
     sinfo's ``down*`` too) says the node is dead or missed slurmctld's pings."""

@@ -71,7 +71,9 @@ class Agent:
         self.orphaned = False
         self.silent = False
         self.heard = time.monotonic()  # the supervisor's last message
-        self.silent_s = wire.supervisor_silent_s(beat_s, lease_s)
+        #: the supervisor tells its patience (bounded by SlurmdTimeout); else the default
+        told = os.environ.get(wire.SILENT_S)
+        self.silent_s = float(told) if told else wire.supervisor_silent_s(beat_s, lease_s)
         self.lost_at = 0.0  # when the supervisor was found gone (wall clock)
         self.payload: Any = None
         self.board: heartbeat.Board | None = None

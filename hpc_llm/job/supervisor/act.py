@@ -74,7 +74,7 @@ def stand_down(sup: SupervisorState, d: Decision) -> int:
     the host not responding, requeues the job, and the next start books this attempt from its
     record; a host that heals later carries no process of the job."""
     log.error("hpc_llm supervisor: %s", d.reason)
-    sup.agents.end()
+    sup.agents.abandon()
     return 1
 
 

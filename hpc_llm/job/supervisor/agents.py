@@ -36,8 +36,10 @@ PORT_WAIT_S = 10.0
 
 
 class Agents:
-    def __init__(self, policy: Policy, command: list[str], job: SlurmJob) -> None:
+    def __init__(self, policy: Policy, command: list[str], job: SlurmJob, silent_s: float | None = None) -> None:
         self.policy = policy
+        #: how long the agents wait for the supervisor (told in their environment)
+        self.silent_s = silent_s
         self.command = command
         self.job = job
         self.token = secrets.token_hex(16)
@@ -52,6 +54,9 @@ class Agents:
         self._drain_noted: set[str] = set()
         #: fleet events read while waiting for something else, for the generation's loop
         self._held: list[FleetEvent] = []
+        #: where each node's slurmd listens: a host whose agent is gone but whose slurmd answers
+        #: is alive (asked once; {} off Slurm)
+        self.slurmd = allocation.slurmd_addresses(job.nodes) if job.job_id else {}
 
     # -- the fleet and the agent step --------------------------------------------------------
     def new_fleet(self) -> Fleet:
@@ -92,6 +97,8 @@ class Agents:
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
+        if self.silent_s is not None:
+            env[wire.SILENT_S] = f"{self.silent_s:g}"
         full = self.full_size()
         if self.job.ref and self.policy.recover and full > self.policy.nodes:
             # submitted with spares (even if fewer are left): a --no-kill job outlives its batch
@@ -113,6 +120,19 @@ class Agents:
         step, self.step = self.step, None
         if step is not None and step.running and step.wait(timeout=END_WAIT_S) is None:
             step.kill()
+
+    def abandon(self) -> None:
+        """This host is cut off: end the agents that still hear us (this node's own) and SIGKILL
+        srun, not srun's abort. An abort asks slurmctld to cancel the step, and an srun still
+        asking when the host heals would cancel the step of the same id in the job's next
+        allocation (a requeued job keeps its id)."""
+        for node, a in self.fleet.view().items():
+            if a.alive:
+                self.fleet.send(node, messages.End())
+        step, self.step = self.step, None
+        if step is not None and step.running:
+            step.wait(timeout=END_WAIT_S / 3)
+            step.proc.kill()
 
     def close(self) -> None:
         self.end()
@@ -207,6 +227,13 @@ class Agents:
                     case _:
                         self._held.append(ev)
         return None
+
+    def host_answers(self, node: str) -> bool | None:
+        """Whether ``node``'s host is up: its slurmd accepts a connection (None: not known where
+        it listens, off Slurm). An agent's probe port refused on a single-host dev cluster, where
+        every node is one host, says nothing of the node: its slurmd does."""
+        address = self.slurmd.get(node)
+        return allocation.slurmd_answers(address) if address else None
 
     def signal(self, gen: Generation, name: str) -> None:
         for node in gen.layout:

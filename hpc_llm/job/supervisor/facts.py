@@ -14,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from hpc_llm.job import failures, wire
+from hpc_llm.job import failures
 from hpc_llm.job.supervisor import state
 from hpc_llm.job.supervisor.generation import GenerationEnd
 from hpc_llm.job.supervisor.stop import Stop
@@ -102,7 +102,7 @@ def self_stall(sup: SupervisorState) -> str | None:
     """This process went without a ping for longer than its agents wait for one (its host
     frozen, or starved): they have ended their ranks, and every node would look dead."""
     gap = sup.agents.fleet.take_stall()
-    if gap <= wire.supervisor_silent_s(sup.policy.heartbeat_s, sup.policy.lease_s):
+    if gap <= sup.silent_s:
         return None
     why = f"the supervisor's own loop stalled for {gap:.1f} s (its host frozen?), longer than its agents wait"
     log.error("hpc_llm supervisor: %s", why)

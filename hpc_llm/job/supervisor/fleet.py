@@ -428,5 +428,5 @@ def probe_failed(err: int) -> str:
     answer from the host at all (it is gone or cut off, or this observer is)."""
     name = errno.errorcode.get(err, str(err))
     if err == errno.ECONNREFUSED:
-        return f"its probe port refused ({name}): the host answers, its agent is gone"
+        return f"its probe port refused ({name})"
     return f"its probe got no answer from the host ({name})"

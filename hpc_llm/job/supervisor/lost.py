@@ -19,7 +19,7 @@ from typing import Any
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts
-from hpc_llm.slurm.allocation import SlurmJob, previous_state
+from hpc_llm.slurm.allocation import SlurmJob, node_gone, previous_state
 
 log = logging.getLogger("hpc_llm.supervisor")
 
@@ -44,7 +44,9 @@ def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
     a.action = Action.REQUEUE
     gone = [n for n in a.nodes if n not in job.nodes]
     if a.cause == Cause.NODE_FAILURE and gone:
-        a.suspects = gone
+        # the nodes of that attempt not in this one, but not those Slurm finds responding: a
+        # healthy node the new allocation merely did not get is nobody's suspect
+        a.suspects = [n for n in gone if node_gone(n) is not False]
     seen = seen_by_agents(run_dir, a)
     if seen:
         # an agent found this attempt's supervisor gone and requeued the job (--no-kill: Slurm

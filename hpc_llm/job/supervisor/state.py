@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import fields
 
-from hpc_llm.job import heartbeat
+from hpc_llm.job import heartbeat, wire
 from hpc_llm.job.env import JobEnv
 from hpc_llm.job.supervisor.agents import Agents
 from hpc_llm.job.supervisor.options import Policy
@@ -45,7 +45,11 @@ class SupervisorState:
             signal_lead_s=policy.signal_lead_s,
             ask=self.job_info if self.job.job_id else None,
         )
-        self.agents = Agents(policy, command, self.job)
+        #: how long an agent waits for this supervisor before giving it up (bounded by Slurm's
+        #: SlurmdTimeout, asked once: hpc_llm.job.wire.supervisor_silent_s)
+        slurmd = allocation.slurmd_timeout_s(allocation.slurm_config()) if self.job.job_id else None
+        self.silent_s = wire.supervisor_silent_s(policy.heartbeat_s, policy.lease_s, slurmd)
+        self.agents = Agents(policy, command, self.job, self.silent_s)
 
     @property
     def settings(self) -> Settings:

@@ -78,10 +78,14 @@ class GenerationRun:
         """A node found dead, an agent gone on a live node, or one that ended of its own error."""
         end = self.end
         match ev:
-            case Dead(node=node, why=why, host_answers=True):
+            case Dead(node=node, why=why, host_answers=True) if self.agents.host_answers(node) is not False:
                 end.agents_died[node] = why
                 end.detected_at = end.detected_at or time.time()
                 log.error("hpc_llm supervisor: the agent on %s is gone, its node answers: %s", node, why)
+            case Dead(node=node, why=why, host_answers=True):
+                end.dead_nodes[node] = f"{why}; its slurmd does not answer either: the node is dead"
+                end.detected_at = end.detected_at or time.time()
+                log.error("hpc_llm supervisor: node %s is dead: %s", node, end.dead_nodes[node])
             case Dead(node=node, why=why):
                 end.dead_nodes[node] = why
                 end.detected_at = end.detected_at or time.time()
