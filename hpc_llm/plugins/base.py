@@ -210,7 +210,7 @@ class ContainerRuntime(Component):
         return []
 
     def script_lines(self, section: DictConfig, mounts: Mounts, passthrough: list[str]) -> list[str]:
-        """Batch-script lines run once before the training step (after the rendezvous)."""
+        """Batch-script lines run once before the supervisor starts the agents (on the batch host)."""
         return []
 
 

@@ -5,11 +5,11 @@ the estimator read: the same fields whatever happened to the run (see
 :func:`skeleton`). ``.hpc_llm/attempts.json`` lists every start of the run
 (a Slurm requeue, a restart inside the allocation) and how each ended.
 
-Two writers, never at the same time. Inside a training step, global rank 0
+Two writers, never at the same time. Inside a generation of ranks, global rank 0
 keeps a :class:`RunRecord`: it opens an attempt when it starts, notes
 progress, and closes the attempt through exactly one of
 :meth:`RunRecord.completed`, :meth:`RunRecord.failed` or
-:meth:`RunRecord.stopped`. Between steps the job's supervisor
+:meth:`RunRecord.stopped`. Between generations the job's supervisor
 (:mod:`hpc_llm.job.supervisor`) decides what happens next and records it
 in the attempts. Both end by writing results.json through
 :func:`update_results`, so the summary of the attempts (restarts by cause,
@@ -451,9 +451,9 @@ def fold_trained(results: dict[str, Any], kept: dict[str, Any] | None) -> None:
 
 
 class RunRecord:
-    """The record of one run, kept by global rank 0 of a training step.
+    """The record of one run, kept by global rank 0 of a generation of ranks.
 
-    Every way a step ends goes through :meth:`completed`, :meth:`failed` or
+    Every way a generation ends goes through :meth:`completed`, :meth:`failed` or
     :meth:`stopped`; each closes the current attempt first and then writes
     results.json, so the two files always agree.
     """
