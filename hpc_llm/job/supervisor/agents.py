@@ -93,7 +93,10 @@ class Agents:
     def env(self) -> dict[str, str]:
         """The agent step's environment: the supervisor's address and the allocation's token."""
         env = dict(os.environ)
-        host = env.get("MASTER_ADDR") or "127.0.0.1"
+        # the batch script exports the batch host's address; without it, the batch host's slurmd
+        # address (a node's own loopback would send every agent on another host to itself)
+        here = self.slurmd.get(os.environ.get("SLURMD_NODENAME", ""))
+        host = env.get("MASTER_ADDR") or (here[0] if here else "127.0.0.1")
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"

@@ -348,9 +348,12 @@ class Fleet:
             return
         a.state, a.why, a.suspect_since = SUSPECT, why, now
         self._events.put(Suspect(a.node, why))
+        if not a.addr:  # nothing to ask on another host: this host's loopback would answer for it
+            self._dead(a, f"{why}, and it gave no address to probe")
+            return
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
-        err = sock.connect_ex((a.addr or "127.0.0.1", a.probe_port))
+        err = sock.connect_ex((a.addr, a.probe_port))
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
             self._dead(a, f"{why}, and {probe_failed(err)}", host_answers=err == errno.ECONNREFUSED)

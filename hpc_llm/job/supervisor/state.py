@@ -62,11 +62,14 @@ class SupervisorState:
         return allocation.show_job(self.job.job_id) if self.job.job_id else {}
 
     def superseded(self) -> bool:
-        """The job runs (or waits for) a newer allocation than this one: Slurm requeued it while
-        this supervisor could not see it (its host cut off, or frozen, and back). Such a
-        supervisor writes nothing. False when slurmctld does not answer."""
+        """The job runs a newer allocation than this one: Slurm requeued it and started it again
+        while this supervisor could not see it (its host cut off, or frozen, and back). Such a
+        supervisor writes nothing: the next one writes. Not when the requeued job only waits in
+        the queue (Slurm's own requeue at a preemption's end, say: this supervisor is still the
+        last to know its attempt), nor when slurmctld does not answer."""
         info = self.job_info()
-        return bool(info) and int(info.get("Restarts", "0") or 0) > self.job.restart
+        newer = int(info.get("Restarts", "0") or 0) > self.job.restart
+        return bool(info) and newer and info.get("JobState") in ("RUNNING", "CONFIGURING")
 
     def status(self) -> str | None:
         """The run's status in results.json (None before there is one)."""
