@@ -685,3 +685,53 @@ def test_where_each_nodes_slurmd_listens_is_read_from_scontrol_show_node():
         "NodeName=n3 Arch=x86_64 NodeAddr=10.213.0.13 NodeHostName=n3 Version=22.05.8 State=IDLE\n"
     )
     assert parse.slurmd_addresses(out) == {"n1": ("127.0.0.1", 18818), "n3": ("10.213.0.13", 6818)}
+
+
+def test_an_agent_gives_its_supervisor_up_before_slurm_can_call_a_silent_node_down():
+    """The agents' patience (how long they wait for a silent supervisor before ending their ranks)
+    is at most 0.8 x SlurmdTimeout: a host cut off, then healed after Slurm called it DOWN and
+    requeued the job, carries no process of the job (slurmctld drains a node that reports a job
+    it placed elsewhere). Never below a lease and two pings; Slurm's default 300 s leaves the
+    default patience as it is."""
+    from hpc_llm.job import wire
+
+    default = wire.supervisor_silent_s(1.0, 4.5)
+    assert default == 13.5
+    assert wire.supervisor_silent_s(1.0, 4.5, slurmd_timeout_s=300) == default
+    assert wire.supervisor_silent_s(1.0, 4.5, slurmd_timeout_s=10) == 8.0 < 10
+    assert wire.supervisor_silent_s(1.0, 4.5, slurmd_timeout_s=5) == 6.5  # a lease and two pings
+
+
+def test_a_supervisor_whose_job_runs_a_newer_allocation_or_that_stands_down_writes_nothing(tmp_path, monkeypatch):
+    """The fenced writer, for the supervisor: one back after Slurm requeued and restarted its job
+    (a host cut off or frozen, then healed) finds a newer Restarts running and writes nothing;
+    one that stands down (its host cut off) writes nothing either. Only a requeue waiting in the
+    queue (Slurm's own, at a preemption's end) leaves it the last to know its attempt."""
+    from hpc_llm.job.supervisor import act
+    from hpc_llm.job.supervisor.stop import Decision
+    from hpc_llm.rundir.outcome import Action, Cause, State
+    from hpc_llm.rundir.record import read_results
+
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
+    try:
+        sup.job.job_id, sup.job.ref, sup.job.restart = "7", "7", 0
+        attempts = Attempts.load(sup.run_dir)
+        a = sup.this_attempt(attempts)
+        attempts.save()
+        before = (sup.run_dir / ".hpc_llm" / "attempts.json").read_text()
+        requeue = Decision(Action.REQUEUE, Cause.NODE_FAILURE, "node(s) stopped answering: n2", State.FAILED, ("n2",))
+        monkeypatch.setattr(sup, "job_info", lambda: {"JobState": "RUNNING", "Restarts": "1"})
+        assert act.act(sup, attempts, a, requeue) == 0
+        stand_down = Decision(Action.STAND_DOWN, Cause.LOST, "cut off", State.RUNNING, ("n1",))
+        assert act.act(sup, attempts, a, stand_down) == 1
+        assert (sup.run_dir / ".hpc_llm" / "attempts.json").read_text() == before
+        assert read_results(sup.run_dir) is None
+        # the same requeue while the requeued job only waits in the queue: recorded as before
+        monkeypatch.setattr(sup, "job_info", lambda: {"JobState": "PENDING", "Restarts": "1"})
+        monkeypatch.setattr(act.requeue, "requeue", lambda *a, **k: act.requeue.Requeued())
+        monkeypatch.setattr(act.requeue, "requeued_by_ending", lambda *a, **k: False)
+        monkeypatch.setattr(act.allocation, "nodes_up", lambda partition: [])
+        assert act.act(sup, attempts, a, requeue) == 0
+        assert read_results(sup.run_dir)["status"] == "requeued"
+    finally:
+        sup.agents.close()
