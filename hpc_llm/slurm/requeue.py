@@ -74,7 +74,7 @@ def requeue(
     update_error = None
     if exclude is not None or resize:
         update_error = update_pending(ref, exclude=exclude, nodes=resize[0] if resize else None, per_node=per_node)
-    hold_error = hold_if_dead_node_lingers(ref) if after_dead_node else None
+    hold_error = hold_if_dead_node_lingers(ref) if after_dead_node else hold_for_cleanup(ref)
     return Requeued(resized=resize[1] if resize else None, update_error=update_error, hold_error=hold_error)
 
 
@@ -220,16 +220,36 @@ def ending_for_good(ref: str) -> str | None:
 REQUEUE_DELAY_SINCE = (24, 5)
 
 
+#: seconds beyond cred_expire a job hpc_llm requeued waits on Slurm < 24.05 whatever the cause:
+#: seen on 22.05.8 under load, the requeued job (same job id) was allocated its old batch host
+#: again 11 s after the requeue (cred_expire=10) while the old allocation's job container was
+#: still being torn down there; the new batch step failed in job_container/tmpfs
+#: ("container_p_join: open failed for .../<node>/<job>/.ns"), the job ended FAILED, and the
+#: run was left "requeued" for good (tests/test_faults.py, a node's ECC error, requeued)
+CLEANUP_S = 10
+
+
+def _cred_expire(conf: dict[str, str]) -> int:
+    for part in (conf.get("AuthInfo") or "").split(","):
+        if part.strip().startswith("cred_expire="):
+            return int(part.split("=", 1)[1])
+    return 120
+
+
 def hold_after_dead_node(conf: dict[str, str]) -> int:
     """Seconds a job requeued around a dead node must not start again (Slurm < 24.05,
     REQUEUE_DELAY_SINCE): until Slurm can have called the node DOWN (SlurmdTimeout and up to a
     third more), plus the cred_expire Slurm's own requeue would wait after that."""
-    slurmd = slurmd_timeout_s(conf)
-    cred = 120
-    for part in (conf.get("AuthInfo") or "").split(","):
-        if part.strip().startswith("cred_expire="):
-            cred = int(part.split("=", 1)[1])
-    return int(slurmd * 4 / 3) + cred
+    return int(slurmd_timeout_s(conf) * 4 / 3) + _cred_expire(conf)
+
+
+def hold_for_cleanup(ref: str) -> str | None:
+    """On Slurm < 24.05, hold a job just requeued for cred_expire + :data:`CLEANUP_S`: its old
+    allocation's job containers are gone by then (None when held or not needed)."""
+    version = slurm_version()
+    if version is None or version >= REQUEUE_DELAY_SINCE:
+        return None
+    return hold_start(ref, _cred_expire(slurm_config()) + CLEANUP_S)
 
 
 def hold_if_dead_node_lingers(ref: str) -> str | None:
