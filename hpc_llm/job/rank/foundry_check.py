@@ -13,8 +13,8 @@ training stack does not import here (the login side then says so once and skips)
 
 What is checked is what the job would build first, from the same code, without data,
 weights or a GPU: LLM Foundry's ``TrainConfig`` (unknown and missing keys) with its batch-size
-arithmetic at the point's world size; every time string by Composer's ``Time``; the precision
-for the cluster profile's device; the scheduler, the optimizer on a dummy module and the
+arithmetic at the point's world size; every time string by Composer's ``Time`` and the precision
+for the cluster profile's device (:mod:`hpc_llm.job.rank.composer_check`); the scheduler, the optimizer on a dummy module and the
 algorithms, built; callbacks, loggers, loaders and the model looked up in LLM Foundry's
 registries (their arguments checked against the constructor's signature: none is built, some
 contact a service); a torch ``DataLoader`` over a dummy dataset with each loader's arguments
@@ -43,12 +43,11 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+from hpc_llm.job.rank.composer_check import check_precision, check_times
+
 #: the training stack is not importable in this environment
 EXIT_NO_STACK = 3
 
-#: train-config keys that hold a Composer time string
-TIME_KEYS = ("max_duration", "eval_interval", "save_interval", "console_log_interval")
-TIME_ALLOWED = "an integer and a unit: ba, ep, sp, tok (e.g. 100ba, 1ep, 2e6tok)"
 #: torch.utils.data.DataLoader arguments LLM Foundry's loader builders pass on
 LOADER_ARGS = ("drop_last", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "timeout")
 
@@ -180,45 +179,6 @@ def _foundry_config(train: dict[str, Any], world_size: int, problems: Problems) 
             os.environ.pop("WORLD_SIZE", None)
         else:
             os.environ["WORLD_SIZE"] = before
-
-
-def _time(value: Any, key: str) -> None:
-    from composer.core import Time, TimeUnit
-
-    if isinstance(value, str):
-        t = Time.from_timestring(value)
-        if key == "max_duration" and t.unit == TimeUnit.DURATION:
-            raise ValueError("max_duration cannot be in units of dur (a fraction of itself)")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{value!r} is a {type(value).__name__}, not a time")
-
-
-def check_times(train: dict[str, Any], problems: Problems) -> None:
-    for key in TIME_KEYS:
-        if train.get(key) is not None:
-            with problems.about(key, TIME_ALLOWED + ("" if key == "max_duration" else ", 0.5dur")):
-                _time(train[key], key)
-    for key, value in (train.get("scheduler") or {}).items():
-        if key.startswith("t_") and isinstance(value, str):  # Composer parses them at the first batch
-            with problems.about(f"scheduler.{key}", TIME_ALLOWED + ", 0.5dur"):
-                _time(value, key)
-
-
-def check_precision(value: Any, device: str, problems: Problems) -> None:
-    from composer.core.precision import Precision, _validate_precision
-
-    if value is None:
-        return
-    allowed = ", ".join(p.value for p in Precision)
-    with problems.about("precision", allowed):
-        precision = Precision(value)
-    if device == "cpu" and value in {p.value for p in Precision}:
-        from composer.devices import DeviceCPU
-
-        # judged by the cluster profile's device, not this machine's
-        cpu = "fp32 on a CPU profile (cluster.device=cpu); a GPU profile such as cluster=h100"
-        with problems.about("precision", cpu):
-            _validate_precision(precision, DeviceCPU())
 
 
 def check_scheduler(section: Any, problems: Problems) -> None:
