@@ -132,7 +132,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(b[0]) for b in BAD])
-def test_bad_yaml_input_is_one_line_and_leaves_nothing(args, message, app_env, runs_dir, tmp_path):
+def test_bad_yaml_input_is_one_line_and_leaves_nothing(args, message, app_env, runs_dir, cache_dir, tmp_path):
+    # the yamls below point at the tiny corpus: built here, or the first error would be its
+    # missing folder (seen when this test ran before any other that builds it)
+    corpus(cache_dir)
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "broken.yaml").write_text("max_duration: 8ba\nmodel: [unclosed\n")
     tiny = yaml.safe_load(run_cli(["config", "+experiment=mpt_tiny", "--as-yaml"], app_env).stdout)
