@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -169,9 +170,21 @@ def cluster_of_its_own(pytestconfig, slurm: str = "22.05"):
 
     root = shared_dir(pytestconfig) / f"devcluster-own-{slurm}-{os.getpid()}"
     try:
-        yield devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm=slurm)
+        yield devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm=slurm, hosts=nodes_as_hosts())
     finally:
         devcluster.down(root)
+
+
+def nodes_as_hosts() -> bool:
+    """Whether a node-fault test's own cluster makes each node a host of its own: where this
+    machine can (root, network namespaces), so a killed or frozen node is a host gone, its
+    address unanswered, as on a real cluster; else the single-host cluster, saying so."""
+    from tests.conftest import hosts_unavailable
+
+    why = hosts_unavailable()
+    if why is not None:
+        warnings.warn(f"node faults on the single-host dev cluster: {why}", stacklevel=2)
+    return why is None
 
 
 @pytest.fixture
@@ -251,7 +264,13 @@ def slow_cluster(pytestconfig):
     root = shared_dir(pytestconfig) / f"devcluster-300-{os.getpid()}"
     version = "24.11" if _slurm24_installed() else "22.05"
     cluster = devcluster.up(
-        root=root, nodes=3, ctld_port=_free_port_block(16), accounting=False, slurmd_timeout_s=300, slurm=version
+        root=root,
+        nodes=3,
+        ctld_port=_free_port_block(16),
+        accounting=False,
+        slurmd_timeout_s=300,
+        slurm=version,
+        hosts=nodes_as_hosts(),
     )
     yield cluster
     devcluster.down(root)
