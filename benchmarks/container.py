@@ -95,6 +95,7 @@ def main() -> None:
     if shutil.which("apptainer") is None:
         raise SystemExit("apptainer is not on PATH: run scripts/install-apptainer.sh")
     version = subprocess.run(["apptainer", "--version"], capture_output=True, text=True).stdout.strip()
+    (Path.home() / ".hpc_llm").mkdir(exist_ok=True)  # not /tmp: every job gets a private one
     work = Path(tempfile.mkdtemp(prefix="container-bench-", dir=str(Path.home() / ".hpc_llm")))
     try:
         image = build(work / "skeleton.sif", skeleton(work / "skeleton"))

@@ -458,6 +458,7 @@ def main() -> None:
     rows: dict[str, dict[str, Any]] = {}
     before: dict[str, dict[str, Any]] = {}
     every: dict[str, Any] = {"runs": {}, "baseline": {}}
+    (Path.home() / ".hpc_llm").mkdir(exist_ok=True)  # not /tmp: every job gets a private one
     runs = Path(tempfile.mkdtemp(prefix="faults-bench-", dir=str(Path.home() / ".hpc_llm")))
 
     def envs(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -522,6 +523,7 @@ def fabric_main(args: argparse.Namespace) -> None:
     from _cluster import dev_cluster
 
     kinds = [k for k in (args.only.split(",") if args.only != "kill,node,frozen" else FABRIC) if k]
+    (Path.home() / ".hpc_llm").mkdir(exist_ok=True)  # not /tmp: every job gets a private one
     runs = Path(tempfile.mkdtemp(prefix="faults-bench-", dir=str(Path.home() / ".hpc_llm")))
     rows: dict[str, dict[str, Any]] = {}
     every: dict[str, Any] = {"runs": {}}

@@ -265,6 +265,7 @@ def main() -> None:
     from _cluster import dev_cluster
 
     with dev_cluster("bench-cluster", nodes=4, ctld_port=26817) as (_cluster, env):
+        (Path.home() / ".hpc_llm").mkdir(exist_ok=True)  # not /tmp: every job gets a private one
         runs = Path(tempfile.mkdtemp(prefix="login-latency-", dir=str(Path.home() / ".hpc_llm")))
         # the check before the queue is measured apart (benchmarks/precheck.py, and --submitit below)
         env.update(HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"), HPC_LLM_PRECHECK="0")
