@@ -66,6 +66,7 @@ from pathlib import Path
 
 from hpc_llm.devcluster import accounting_db, s3_server
 from hpc_llm.devcluster import hosts as nethosts
+from hpc_llm.devcluster.pids import alive, read_pid
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import user_dir
 
@@ -333,26 +334,6 @@ def _write_gpu_devices(c: DevCluster) -> None:
             link.symlink_to("/dev/null")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _slurmd_pidfile(c: DevCluster, node: str) -> Path:
     return c.root / "run" / f"slurmd-{node}.pid"
 
@@ -369,8 +350,8 @@ def running(c: DevCluster) -> dict[str, int]:
     """Daemons of this cluster that are alive, by name."""
     out = {}
     for name, pf in _daemons(c):
-        pid = _read_pid(pf)
-        if pid is not None and _alive(pid):
+        pid = read_pid(pf)
+        if pid is not None and alive(pid):
             out[name] = pid
     return out
 
@@ -650,9 +631,9 @@ def _stop(pids: dict[str, int], timeout_s: float) -> list[str]:
         stopped.append(f"{name} (pid {pid})")
     deadline = time.monotonic() + timeout_s
     for pid in pids.values():
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(pid):
+        if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     return stopped
@@ -740,8 +721,8 @@ def _node_pids(c: DevCluster, node: str) -> set[int]:
     if c.net is not None:
         return nethosts.pids(c.net.netns(node))
     pids: set[int] = set()
-    slurmd = _read_pid(_slurmd_pidfile(c, node))
-    if slurmd is not None and _alive(slurmd):
+    slurmd = read_pid(_slurmd_pidfile(c, node))
+    if slurmd is not None and alive(slurmd):
         pids.add(slurmd)
     sockets = {f"socket:[{i}]" for i in _unix_socket_inodes(c.root / "spool" / node)}
     log = str(c.root / "log" / f"slurmd-{node}.log")
@@ -805,7 +786,7 @@ def _kill_tree(pids: set[int]) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return sorted(pids)
 
@@ -857,13 +838,13 @@ def revive_node(c: DevCluster, name: str, timeout_s: float = 60) -> None:
         raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
     env = c.full_env()
     pidfile = _slurmd_pidfile(c, name)
-    pid = _read_pid(pidfile)
+    pid = read_pid(pidfile)
     deadline = time.monotonic() + timeout_s
-    if pid is None or not _alive(pid):
+    if pid is None or not alive(pid):
         _start_slurmd(c, name, env)
         # slurmd forks and the child writes the pid file a moment after the command returns
         # (seen: `running()` right after read the dead slurmd's pid)
-        while (new := _read_pid(pidfile)) in (None, pid) or not _alive(new):
+        while (new := read_pid(pidfile)) in (None, pid) or not alive(new):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"slurmd of node {name} did not start; see {c.root / 'log'}")
             time.sleep(0.05)

@@ -42,6 +42,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_llm.devcluster.pids import alive, read_pid
 from hpc_llm.errors import ConfigError
 
 #: the bucket the dev server creates at start
@@ -138,26 +139,10 @@ def load(root: Path) -> S3Server | None:
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def pid_of(server: S3Server) -> int | None:
     """The running server's pid (None: not running)."""
-    try:
-        pid = int(server.pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if _alive(pid) else None
+    pid = read_pid(server.pidfile)
+    return pid if pid is not None and alive(pid) else None
 
 
 def _taken(server: S3Server) -> tuple[int, str] | None:
@@ -313,9 +298,9 @@ def stop(root: Path, timeout_s: float = 20) -> list[str]:
         os.kill(pid, signal.SIGCONT)  # a frozen one (freeze()) cannot act on TERM
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(pid):
+    if alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     server.pidfile.unlink(missing_ok=True)
@@ -331,7 +316,7 @@ def kill(server: S3Server) -> None:
     pid = pid_of(server)
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.05)
     server.pidfile.unlink(missing_ok=True)
 
