@@ -11,15 +11,15 @@ key, message], ...]}``, ``key`` a train-config key (``optimizer.lrr``) and ``mes
 is wrong and what is allowed. Exit 0 whatever was found; :data:`EXIT_NO_STACK` when the
 training stack does not import here (the login side then says so once and skips).
 
-What is checked is what the job would build first, from the same code, without data,
-weights or a GPU: LLM Foundry's ``TrainConfig`` (unknown and missing keys) with its batch-size
-arithmetic at the point's world size; every time string by Composer's ``Time`` and the precision
-for the cluster profile's device (:mod:`hpc_llm.job.rank.composer_check`); the scheduler, the optimizer on a dummy module and the
-algorithms, built; callbacks, loggers, loaders and the model looked up in LLM Foundry's
-registries (their arguments checked against the constructor's signature: none is built, some
-contact a service); a torch ``DataLoader`` over a dummy dataset with each loader's arguments
-and the defaults LLM Foundry's builder fills in. What this cannot see (data shards, the
-tokenizer against the vocabulary, memory) is listed in docs/guides/your-yaml.md.
+What is checked is what the job would build first, from the same code, without data, weights or
+a GPU: LLM Foundry's ``TrainConfig`` (unknown and missing keys) with its batch-size arithmetic
+at the point's world size; every time string by Composer's ``Time`` and the precision for the
+cluster profile's device (:mod:`hpc_llm.job.rank.composer_check`); the scheduler, the optimizer
+on a dummy module and the algorithms, built; callbacks, loggers, loaders and the model looked up
+in LLM Foundry's registries (their arguments checked against the constructor's signature: none
+is built, some contact a service); a torch ``DataLoader`` over a dummy dataset with each
+loader's arguments and the defaults LLM Foundry's builder fills in. What this cannot see (data
+shards, the tokenizer against the vocabulary, memory) is listed in docs/guides/your-yaml.md.
 
 With ``--cache DIR --environment ID`` a point already checked with this stack is answered from
 :mod:`hpc_llm.job.rank.verdict_cache` and the stack is imported only for the others; the last
