@@ -212,7 +212,6 @@ def main() -> None:
     ap.add_argument("--no-image", action="store_true", help="without the rows through apptainer")
     ap.add_argument("--submits-only", action="store_true", help="only the dry runs (not the check alone)")
     args = ap.parse_args()
-    (Path.home() / ".hpc_llm").mkdir(exist_ok=True)
     (Path.home() / ".hpc_llm").mkdir(exist_ok=True)  # not /tmp: every job gets a private one
     work = Path(tempfile.mkdtemp(prefix="precheck-", dir=str(Path.home() / ".hpc_llm")))
     print(f"uptime at the start: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")

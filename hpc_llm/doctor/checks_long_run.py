@@ -7,14 +7,12 @@ row out.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_llm.doctor.facts import Facts, Needs
 from hpc_llm.doctor.row import FAIL, OK, WARN, Row
+from hpc_llm.slurm import parse
 
-#: Slurm's default AuthInfo cred_expire: a requeued job may start again this long after it stopped
-CRED_EXPIRE_DEFAULT_S = 120
 #: after SIGTERM the supervisor records the stop and asks for the requeue (its scontrol
 #: calls time out after 10 s): KillWait shorter than this may SIGKILL it first
 KILL_WAIT_MIN_S = 10
@@ -34,14 +32,6 @@ def listed(text: str | None) -> set[str]:
     if not text or text == "(null)":
         return set()
     return {item.strip() for item in text.split(",") if item.strip()}
-
-
-def cred_expire_s(config: Mapping[str, str]) -> int:
-    for item in listed(config.get("AuthInfo")):
-        key, _, value = item.partition("=")
-        if key == "cred_expire" and value.isdigit():
-            return int(value)
-    return CRED_EXPIRE_DEFAULT_S
 
 
 @dataclass(frozen=True)
@@ -211,7 +201,7 @@ def check_kill_wait(facts: Facts, needs: Needs, part: str | None) -> Row:
 
 
 def check_requeue_delay(facts: Facts, needs: Needs, part: str | None) -> Row:
-    expire = cred_expire_s(facts.config)
+    expire = parse.cred_expire_s(facts.config)
     said = "AuthInfo" if any(i.startswith("cred_expire=") for i in listed(facts.config.get("AuthInfo"))) else "default"
     return Row(
         "requeue delay",

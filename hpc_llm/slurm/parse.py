@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # -- scontrol show job / partition / config / --version ---------------------------------------
@@ -90,6 +91,20 @@ def seconds_setting(conf: dict[str, str], key: str, default: int) -> int:
     """A setting of :func:`show_config` in seconds ("300 sec"), ``default`` when unreadable."""
     words = (conf.get(key) or "").split()
     return int(words[0]) if words and words[0].isdigit() else default
+
+
+#: Slurm's default AuthInfo cred_expire: a requeued job may start again this long after it stopped
+CRED_EXPIRE_DEFAULT_S = 120
+
+
+def cred_expire_s(conf: Mapping[str, str]) -> int:
+    """``cred_expire`` of :func:`show_config`'s AuthInfo (``cred_expire=10,...``), Slurm's
+    default when it is not set."""
+    for item in (conf.get("AuthInfo") or "").split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "cred_expire" and value.isdigit():
+            return int(value)
+    return CRED_EXPIRE_DEFAULT_S
 
 
 # -- sinfo ----------------------------------------------------------------------------------

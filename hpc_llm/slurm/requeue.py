@@ -229,18 +229,11 @@ REQUEUE_DELAY_SINCE = (24, 5)
 CLEANUP_S = 10
 
 
-def _cred_expire(conf: dict[str, str]) -> int:
-    for part in (conf.get("AuthInfo") or "").split(","):
-        if part.strip().startswith("cred_expire="):
-            return int(part.split("=", 1)[1])
-    return 120
-
-
 def hold_after_dead_node(conf: dict[str, str]) -> int:
     """Seconds a job requeued around a dead node must not start again (Slurm < 24.05,
     REQUEUE_DELAY_SINCE): until Slurm can have called the node DOWN (SlurmdTimeout and up to a
     third more), plus the cred_expire Slurm's own requeue would wait after that."""
-    return int(slurmd_timeout_s(conf) * 4 / 3) + _cred_expire(conf)
+    return int(slurmd_timeout_s(conf) * 4 / 3) + parse.cred_expire_s(conf)
 
 
 def hold_for_cleanup(ref: str) -> str | None:
@@ -249,7 +242,7 @@ def hold_for_cleanup(ref: str) -> str | None:
     version = slurm_version()
     if version is None or version >= REQUEUE_DELAY_SINCE:
         return None
-    return hold_start(ref, _cred_expire(slurm_config()) + CLEANUP_S)
+    return hold_start(ref, parse.cred_expire_s(slurm_config()) + CLEANUP_S)
 
 
 def hold_if_dead_node_lingers(ref: str) -> str | None:
