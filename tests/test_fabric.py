@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_llm.rundir.layout import RunDir
 from tests.conftest import hosts_cluster_of_its_own, run_cli, with_site
 from tests.jobs import attempts, finished, in_queue, job_nodes, results, story, submit, wait_for
 from tests.test_faults import PACE, SHORT, node_state, rank_at, reference, same_loss, scontrol_job
@@ -144,6 +145,50 @@ def test_a_worker_cut_off_for_20_s_then_healed_is_requeued_around(
         no_healthy_node_blamed(r, victim)
         wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
         assert "drain" not in node_state(victim, env), node_state(victim, env)
+
+
+def test_the_batch_host_cut_off_with_a_spare_an_agent_takes_over_in_the_same_job(
+    slurm_env, app_env, test_site, tmp_path, pytestconfig
+):
+    """The batch host's link down for good, a spare (24.11): Slurm takes the host out of the
+    --no-kill job and keeps it RUNNING without its batch script. The other nodes' agents lose
+    their supervisor; once slurmctld finds the host not responding, the first one takes the
+    supervisor's place in the same job (no requeue, no wait for cred_expire), starts new agents
+    without the cut host, and the spare trains in its place. The lost generation is booked on
+    the cut host alone, as a swap; the new supervisor cancels its job once the run completed
+    (no batch script is left to end it)."""
+    from hpc_llm.devcluster import fabric
+
+    ref = reference(SHORT, slurm_env, pytestconfig)
+    with hosts_cluster_of_its_own(pytestconfig, "24.11") as cluster:
+        env = with_site(dict(app_env, **cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+        job_id, run_dir = submit([*RUN, "resources.spare_nodes=1", "hydra.launcher.exclusive=true"], env, tmp_path)
+        rank_at(run_dir, 1, 8)
+        host = scontrol_job(job_id, env)["BatchHost"]
+        watch = Watch(job_id, run_dir, env)
+        fabric.cut(cluster, host)
+        try:
+            r = finished(run_dir, 420)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{story(run_dir)}\n{slurm_story(cluster, job_id, env)}") from None
+        finally:
+            watch.close()
+        try:
+            same_loss(r, ref)
+            first = attempts(run_dir)[0]
+            what = (first["state"], first["cause"], first["action"], first["suspects"], first["left_out"])
+            assert what == ("lost", "node_failure", "swap", [host], [host]), first
+            assert "took its place in the same job" in first["error"], first["error"]
+            assert r["slurm_job_ids"] == [job_id] and {a["restart"] for a in r["attempts"]} == {0}, r["attempts"]
+            assert host not in r["attempts"][-1]["nodes"], r["attempts"][-1]
+            no_healthy_node_blamed(r, host)
+            watch.never_failed_nor_held()
+            [log] = [p for p in RunDir(run_dir).attempt_logs(job_id) if p.name != f"slurm-{job_id}.0.out"]
+            assert "taken over" in log.read_text() or "previous generation" in log.read_text(), log.read_text()[-3000:]
+            # no batch script is left to end the job: the new supervisor cancelled it
+            wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+        finally:
+            fabric.heal(cluster, host)
 
 
 @pytest.mark.parametrize("heal_after_s", [None, 40], ids=["for-good", "40s-then-healed"])

@@ -26,10 +26,10 @@ def failure(rank=0, type_="RuntimeError", message="boom", batch=7, node="n1", t=
     return failures.RankFailure(rank, node, type_, message, batch, t or time.time())
 
 
-def in_process(tmp_path, monkeypatch, *, nodes=1, per_node=1, **policy_kw):
+def in_process(tmp_path, monkeypatch, *, nodes=1, per_node=1, env=None, **policy_kw):
     """A Supervisor in this process (so a test can patch what it asks Slurm) over real agents
     off Slurm (tests/local_srun.py), whose forked ranks train until the stop signal
-    (tests/agent_tasks.py: they exit 0 on it after a save)."""
+    (tests/agent_tasks.py: they exit 0 on it after a save); ``env``: more of its environment."""
     from tests import agent_tasks
     from tests.test_agents import agents_command, agents_env, payload
 
@@ -42,7 +42,7 @@ def in_process(tmp_path, monkeypatch, *, nodes=1, per_node=1, **policy_kw):
         run_dir, agent_tasks.train, tmp_path / "conf", nodes=nodes, out=str(out), batches=100000, batch_s=0.05
     )
     logs.mkdir(parents=True, exist_ok=True)
-    for k, v in agents_env(logs).items():
+    for k, v in {**agents_env(logs), **(env or {})}.items():
         monkeypatch.setenv(k, v)
     policy = Policy(
         run_dir=run_dir,
@@ -633,6 +633,8 @@ def test_the_agent_step_is_sized_to_the_allocation_and_leaves_out_lost_nodes():
     assert for_nodes(wrapped, ["n1"]) == ["/usr/bin/srun", "--nodes=1", "--ntasks=1", *wrapped[3:]]
     assert for_nodes(["python", "-m", "x", "--nodes=2"], ["n1"]) == ["python", "-m", "x", "--nodes=2"]  # no srun
     assert for_nodes(rendered, []) == rendered  # the allocation unknown: as rendered
+    # a supervisor that took over runs in a task of the old agent step, which holds the CPUs
+    assert for_nodes(rendered, ["n1", "n2", "n3"], {"n1"}, overlap=True)[:3] == ["srun", "--overlap", "--exclude=n1"]
     assert rendered_nodes(rendered) == 3 and rendered_nodes(wrapped) == 2 and rendered_nodes(["python"]) is None
 
 
@@ -735,3 +737,96 @@ def test_a_supervisor_whose_job_runs_a_newer_allocation_or_that_stands_down_writ
         assert read_results(sup.run_dir)["status"] == "requeued"
     finally:
         sup.agents.close()
+
+
+def test_one_orphaned_agent_claims_the_takeover_and_only_where_it_can_start_a_supervisor(tmp_path, monkeypatch):
+    """The takeover (hpc_llm.job.agent.takeover): the supervisor's command line comes from the
+    agent step's environment; one claim per lost supervisor (O_EXCL), the others see who holds
+    it; no takeover without srun, without the supervisor's Python, or with too few nodes left."""
+    import json
+    import shutil
+
+    from hpc_llm.job import wire
+    from hpc_llm.job.agent import takeover
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hpc_llm").mkdir(parents=True)
+    monkeypatch.setenv(wire.TAKEOVER, json.dumps(["/usr/bin/python3", "-m", "hpc_llm.job.supervisor", "--", "srun"]))
+    argv = takeover.command()
+    assert argv is not None and argv[0] == "/usr/bin/python3"
+    monkeypatch.setenv(wire.TAKEOVER, "not json")
+    assert takeover.command() is None
+    assert takeover.claimed_by(run_dir, "7", 0, "n1") is None
+    assert takeover.claim(run_dir, "7", 0, "n1", "n2") is None  # ours
+    assert takeover.claim(run_dir, "7", 0, "n1", "n3") == "n2"  # too late: n2 holds it
+    assert takeover.claimed_by(run_dir, "7", 0, "n1") == "n2"
+    assert takeover.claimed_by(run_dir, "7", 1, "n1") is None  # the next allocation's is its own
+    assert takeover.claim(run_dir, "7", 0, "n2", "n3") is None  # the supervisor that took over, lost too
+    real = shutil.which
+    monkeypatch.setattr(
+        takeover.shutil, "which", lambda name: f"/usr/bin/{name}" if name in ("srun", "scontrol") else real(name)
+    )
+    py = shutil.which("python3") or "/usr/bin/python3"
+    assert takeover.why_not([py, "-m", "x"], ["n1", "n2", "n3"], "n1", 2) is None
+    assert takeover.why_not([py, "-m", "x"], ["n1", "n2"], "n1", 2) == "1 node(s) left and the run needs 2"
+    assert "is not here" in takeover.why_not(["/no/such/python", "-m", "x"], ["n1", "n2"], "n1", 1)
+    assert takeover.why_not(None, ["n1", "n2"], "n1", 1) == "the supervisor offered no takeover"
+    monkeypatch.setattr(takeover.shutil, "which", lambda name: None if name == "srun" else real(name))
+    assert "no srun" in takeover.why_not([py, "-m", "x"], ["n1", "n2"], "n1", 1)
+
+
+def test_a_supervisor_that_took_over_books_the_lost_generation_as_a_swap_and_the_lost_one_stands_aside(
+    tmp_path, monkeypatch
+):
+    """The new supervisor (started by an agent, TAKEN_OVER_FROM=n1) books its predecessor's last
+    generation: lost, node_failure on n1 alone, a swap with n1 left out, with when the agents found
+    it gone and when one took over; it runs the next generation number, and leaves n1 out of its
+    agent step (--overlap). The lost supervisor, back (a frozen host thawed), finds the claim and
+    writes nothing. Each supervisor's log has its place in the attempt's order."""
+    import json
+
+    from hpc_llm.job import wire
+    from hpc_llm.job.supervisor import lost
+    from hpc_llm.rundir.layout import RunDir
+    from hpc_llm.rundir.outcome import Action, Cause, State
+
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
+    try:
+        sup.job.job_id, sup.job.ref, sup.job.restart = "7", "7", 0
+        attempts = Attempts.load(sup.run_dir)
+        a = sup.this_attempt(attempts)
+        a.generation, a.nodes = 2, ["n1", "n2"]
+        attempts.save()
+        rd = RunDir(sup.run_dir)
+        seen = {"job_id": "7", "restart": 0, "node": "n1", "how": "not responding to slurmctld", "by": "n2"}
+        rd.supervisor_lost.write_text(json.dumps({**seen, "detected_at": 100.0, "taken_over_at": 103.0}))
+        assert lost.taken_over(sup.run_dir, sup.job, Attempts.load(sup.run_dir), "n1") == 3
+        [booked] = Attempts.load(sup.run_dir).items
+        what = (booked.state, booked.cause, booked.action, booked.suspects, booked.left_out)
+        assert what == (State.LOST, Cause.NODE_FAILURE, Action.SWAP, ["n1"], ["n1"])
+        assert (booked.detected_at, booked.decided_at) == (100.0, 103.0)
+        assert "the agent on n2 took its place in the same job" in booked.error
+        assert not rd.supervisor_lost.exists()
+        # the lost supervisor, thawed: it was taken over, so it writes nothing
+        monkeypatch.setattr(sup, "job_info", lambda: {"JobState": "RUNNING", "Restarts": "0"})
+        assert not sup.superseded()
+        rd.takeover_claim("7", 0, sup.node).write_text("n2")
+        assert sup.superseded()
+    finally:
+        sup.agents.close()
+    (tmp_path / "again").mkdir()
+    sup = in_process(
+        tmp_path / "again", monkeypatch, env={wire.TAKEN_OVER_FROM: "n1"}, stop_signal="USR2", signal_lead_s=60
+    )
+    try:
+        assert sup.taken_over_from == "n1" and "n1" in sup.agents.left_out and sup.agents.overlap
+    finally:
+        sup.agents.close()
+    for name in ("slurm-7.1.out", "slurm-7.0.n2.out", "slurm-7.0.out", "slurm-7.10.out"):
+        (rd.logs / name).write_text("x")
+    assert [p.name for p in rd.attempt_logs("7")] == [
+        "slurm-7.0.out",
+        "slurm-7.0.n2.out",
+        "slurm-7.1.out",
+        "slurm-7.10.out",
+    ]

@@ -223,48 +223,60 @@ def test_with_no_spare_left_the_job_is_requeued_by_hpc_llm_with_the_node_exclude
     assert scontrol_job(job_id, env)["ExcNodeList"] == trainer
 
 
-@pytest.mark.parametrize("spares", [1, 2])
-def test_the_batch_host_killed_the_agents_requeue_the_job_and_the_run_completes(  # noqa: F811 - own_cluster_24
+@pytest.mark.parametrize("spares", [1, 2], ids=["1-spare-taken-over", "2-spares-requeued"])
+def test_the_batch_host_killed_an_agent_takes_over_or_the_agents_requeue_and_the_run_completes(  # noqa: F811
     spares, slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
 ):
     """The batch host dies, and the supervisor with it. The job has --no-kill (it has a spare):
     Slurm takes the node out and keeps the job RUNNING with no batch script, and requeues
-    nothing. An agent left finds its supervisor gone, checks it does not answer and that the
-    job is still this allocation, and requeues it with the dead host excluded; the next
-    allocation books the lost attempt on that node and resumes from the last checkpoint.
-    With 2 spares the job held the whole 3-node cluster: the agent also shrinks it to the 2
-    nodes up, or it would pend until an operator returned the dead host. The agents write their
-    own logs: srun, dead with the host, writes no more."""
+    nothing. An agent left finds its supervisor gone, its address refused, and waits until
+    slurmctld finds the host not responding (a supervisor that merely died ends its batch script,
+    and the job with it). With 1 spare it then takes the supervisor's place in the same job: the
+    spare trains in the dead host's rank, the lost generation is booked on that host as a swap,
+    and the new supervisor ends the job when the run completed. With 2 spares and
+    ``fault.take_over=false`` it requeues the job with the dead host excluded, and shrinks it to
+    the 2 nodes up (or it would pend until an operator returned the dead host); the next
+    allocation books the lost attempt on that node and resumes from the last checkpoint. The
+    agents write their own logs: srun, dead with the host, writes no more."""
     from hpc_llm.devcluster import cluster as devcluster
 
     base = [*ALONE, "train.max_duration=300ba"]
     ref = reference(base, slurm24_env, pytestconfig)
     env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
     args = [*base, *PACE, "checkpoint.interval=5ba", f"resources.spare_nodes={spares}", "hydra.launcher.exclusive=true"]
-    job_id, run_dir = submit(args, env, tmp_path)
+    take_over = spares == 1
+    job_id, run_dir = submit([*args, f"fault.take_over={str(take_over).lower()}"], env, tmp_path)
     rank_at(run_dir, 0, 20)
     host = scontrol_job(job_id, env)["BatchHost"]
     devcluster.kill_node(own_cluster_24, host)
     killed_at = time.time()
     try:
         r = finished(run_dir, 600)
+        if take_over:  # nothing ends a job whose batch script is gone but the new supervisor
+            wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
     finally:
         wait_for(lambda: "down" in node_state(host, env), 120, f"Slurm to call {host} down")
         devcluster.revive_node(own_cluster_24, host)
     same_loss(r, ref)
     lost, *_rest, done = r["attempts"]
-    assert (lost["state"], lost["cause"], lost["suspects"]) == ("lost", "node_failure", [host]), lost
     booked = attempts(run_dir)[0]  # the full record (results.json lists a summary of each attempt)
     assert booked["detected_at"] - killed_at < 10 and booked["decided_at"] - killed_at < 30, (killed_at, booked)
-    assert done["job_id"] == job_id and done["restart"] >= 1 and host not in done["nodes"], done
+    assert done["job_id"] == job_id and host not in done["nodes"], done
     assert done["resumed_at_batch"] >= 15, done
+    said = "\n".join(p.read_text(errors="replace") for p in RunDir(run_dir).logs.glob("agent*.log"))
+    if take_over:
+        what = (lost["state"], lost["cause"], lost["action"], lost["suspects"])
+        assert what == ("lost", "node_failure", "swap", [host]), lost
+        assert {a["restart"] for a in r["attempts"]} == {0} and r["slurm_job_ids"] == [job_id], r["attempts"]
+        assert f"the supervisor on {host} is lost: taking its place" in said, said[-3000:]
+        return
+    assert (lost["state"], lost["cause"], lost["suspects"]) == ("lost", "node_failure", [host]), lost
+    assert done["restart"] >= 1, done
     job = scontrol_job(job_id, env)
     assert host in job["ExcNodeList"]
-    if spares == 2:  # the 3-node cluster less the dead host
-        assert "the job now asks for 2 (1 spare(s) instead of 2)" in booked["error"], booked
-        assert job["NumNodes"].split("-")[0] == "2", job
-        assert attempts(run_dir)[-1]["alloc_nodes"] == 2
-    said = "\n".join(p.read_text(errors="replace") for p in RunDir(run_dir).logs.glob("agent*.log"))
+    assert "the job now asks for 2 (1 spare(s) instead of 2)" in booked["error"], booked
+    assert job["NumNodes"].split("-")[0] == "2", job
+    assert attempts(run_dir)[-1]["alloc_nodes"] == 2
     assert f"its batch host {host} refused connections: job requeued" in said, said[-3000:]
 
 

@@ -177,6 +177,10 @@ class FaultConfig:
     # After a failure with no suspect node, restart inside the same allocation (no
     # queue wait); a node that fails twice is suspect and the job is requeued without it.
     restart_in_place: bool = True
+    # With spare nodes: when the batch host is lost (dead, or cut off), an agent on another
+    # node takes the supervisor's place in the same job and a spare trains in the host's
+    # place; false: the agents requeue the job without the host, as without this.
+    take_over: bool = True
     # The period of every heartbeat (docs/design/control-plane.md, "Agents, detection and restarts"):
     # each rank into its node agent's shared memory, each agent to the supervisor over the
     # network (a node's file in the run dir shows them too).

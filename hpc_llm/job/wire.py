@@ -37,6 +37,12 @@ LEASE_S = "HPC_LLM_LEASE_S"
 #: was submitted with (spares included) and the ranks per node, to size the requeued job to what
 #: the partition can hold (hpc_llm.slurm.requeue.fit_partition)
 REQUEUE_ON_LOSS = "HPC_LLM_REQUEUE_ON_LOSS"
+#: with :data:`REQUEUE_ON_LOSS`: the supervisor's node, and its own command line (JSON), for an
+#: agent to take its place in the same allocation when that node is lost (hpc_llm.job.agent.takeover)
+SUPERVISOR_NODE = "HPC_LLM_SUPERVISOR_NODE"
+TAKEOVER = "HPC_LLM_TAKEOVER"
+#: told to a supervisor started by an agent that took over: the node whose supervisor was lost
+TAKEN_OVER_FROM = "HPC_LLM_TAKEN_OVER_FROM"
 
 
 def requeue_on_loss(value: str | None) -> tuple[int, int, int] | None:

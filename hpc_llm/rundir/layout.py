@@ -99,10 +99,20 @@ class RunDir:
         writes into its own, never into the one the next attempt uses."""
         return self.logs / f"slurm-{job_id}.{restart}.out"
 
+    def takeover_log(self, job_id: str, restart: int | str, node: str) -> Path:
+        """The log of a supervisor an agent on ``node`` started in place of a lost one, in the
+        same attempt (hpc_llm.job.agent.takeover)."""
+        return self.logs / f"slurm-{job_id}.{restart}.{node}.out"
+
     def attempt_logs(self, job_id: str) -> list[Path]:
-        """The job's attempt logs that exist, first attempt first."""
-        found = self.logs.glob(f"slurm-{job_id}.*.out")
-        return sorted(found, key=lambda p: int(s) if (s := p.name.split(".")[-2]).isdigit() else -1)
+        """The job's attempt logs that exist, first attempt first (in an attempt, the batch
+        host's supervisor before any that took its place)."""
+
+        def order(p: Path) -> tuple[int, str]:
+            restart, _, node = p.name.removeprefix(f"slurm-{job_id}.").removesuffix(".out").partition(".")
+            return (int(restart) if restart.isdigit() else -1, node)
+
+        return sorted(self.logs.glob(f"slurm-{job_id}.*.out"), key=order)
 
     @property
     def batch_log_pattern(self) -> Path:
@@ -161,6 +171,12 @@ class RunDir:
     def supervisor_lost(self) -> Path:
         """What an agent saw when it requeued a job whose supervisor (batch host) was gone."""
         return self.private / "supervisor_lost.json"
+
+    def takeover_claim(self, job_id: str, restart: int, node: str) -> Path:
+        """Created (O_EXCL) by the one agent that takes the place of the supervisor lost with
+        ``node`` in this allocation (hpc_llm.job.agent.takeover): the others, and that supervisor
+        if it comes back, find it and stand aside."""
+        return self.private / f"takeover-{job_id}.{restart}.{node}"
 
     @property
     def git_diff(self) -> Path:

@@ -1,12 +1,14 @@
-"""An agent whose supervisor is gone: requeue the job, once, when the batch host died.
+"""An agent whose supervisor is gone: take its place, or requeue the job, once, when its host died.
 
 A job with spare nodes runs with ``sbatch --no-kill``, and Slurm keeps such a job RUNNING when
 its batch host dies, with no batch script left to requeue it (docs/design/control-plane.md,
 "Spare nodes"). Its agents then see their supervisor's connection drop (or go silent) without
-an ``end``: :func:`requeue_orphaned` requeues the job with that host excluded, sized to what
+an ``end``. Once Slurm confirms the host gone, the first agent alive takes the supervisor's place
+in the same allocation (:mod:`hpc_llm.job.agent.takeover`); where it cannot,
+:func:`requeue_orphaned` requeues the job with that host excluded, sized to what
 the partition can still hold (:func:`hpc_llm.slurm.requeue.requeue`, the same sequence the
-supervisor runs), and leaves what it saw in ``.hpc_llm/supervisor_lost.json`` for the next
-allocation's supervisor to book (:mod:`hpc_llm.job.supervisor.lost`).
+supervisor runs). Either way it leaves what it saw in ``.hpc_llm/supervisor_lost.json`` for the
+next supervisor to book (:mod:`hpc_llm.job.supervisor.lost`).
 
 The agents ask in node order, each only while the job still runs this allocation. Not when
 the agent's own node was frozen (its loop stalled: the supervisor left it out), nor while the
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_llm.job import wire
+from hpc_llm.job.agent import takeover
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.slurm import allocation, requeue
 
@@ -86,30 +89,50 @@ def requeue_orphaned(o: Orphan) -> None:
         "refuses" if refused else "does not answer",
     )
     info = job_info(o.job_id)
-    host = info.get("BatchHost") or "?"
+    lost = takeover.supervisor_node()  # a supervisor that took over runs on another node than BatchHost
+    host = lost or info.get("BatchHost") or "?"
     how = "refused connections"
-    if not refused:
-        verdict = await_verdict(o, host)
+    argv = takeover.command()
+    # A supervisor that ends leaves its batch script ending the job: only a host Slurm finds gone
+    # keeps the job RUNNING for another supervisor (one that took over ends no batch script)
+    if not refused or (argv is not None and host == info.get("BatchHost")):
+        verdict = await_verdict(o, host, follow_batch_host=lost is None)
         if verdict is None:
             return
-        info, host = verdict, verdict.get("BatchHost") or host
-        how = "not responding to slurmctld"
+        info, host = verdict, lost or verdict.get("BatchHost") or host
+        how = "refused connections, and not responding to slurmctld" if refused else "not responding to slurmctld"
     if not allocation.still_this_allocation(info, o.restart):
         log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", o.node, info.get("JobState"))
         return
+    by = takeover.claimed_by(o.run_dir, o.job_id, o.restart, host) if host != "?" else None
+    if by:
+        log.warning("hpc_llm agent on %s: the agent on %s took the supervisor's place: ending", o.node, by)
+        return
+    needed = o.requeue_on_loss[0]
+    why = takeover.why_not(argv, allocation.hostnames(info.get("NodeList")), host, needed) if host != "?" else "?"
+    if argv is not None and why is None:
+        by = takeover.claim(o.run_dir, o.job_id, o.restart, host, o.node)
+        if by:
+            log.warning("hpc_llm agent on %s: the agent on %s took the supervisor's place: ending", o.node, by)
+            return
+        seen = {"job_id": o.job_id, "restart": o.restart, "node": host, "how": how, "by": o.node}
+        takeover.take_over(argv, o.run_dir, o.job_ref, o.restart, o.node, host, {**seen, "detected_at": o.lost_at})
+    elif argv is not None:
+        log.warning("hpc_llm agent on %s: cannot take the supervisor's place (%s): requeueing", o.node, why)
     _requeue(o, info, host, how)
 
 
-def await_verdict(o: Orphan, host: str) -> dict[str, str] | None:
-    """Wait until slurmctld finds the batch host ``host`` gone (then the job's info now), or give
-    up (None) after SlurmdTimeout and :data:`VERDICT_SLACK_S`, or when the job moved on."""
+def await_verdict(o: Orphan, host: str, follow_batch_host: bool = True) -> dict[str, str] | None:
+    """Wait until slurmctld finds the supervisor's host ``host`` gone (then the job's info now), or
+    give up (None) after SlurmdTimeout and :data:`VERDICT_SLACK_S`, or when the job moved on.
+    ``follow_batch_host``: ``host`` is the job's BatchHost, as slurmctld names it."""
     deadline = time.monotonic() + allocation.slurmd_timeout_s(allocation.slurm_config()) + VERDICT_SLACK_S
     log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", o.node, host)
     # staggered like the first ask: at scale, not every agent polls slurmctld at once
     while host == "?" or not allocation.node_gone(host):
         time.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (o.node_id % 8))
         info = job_info(o.job_id)
-        host = info.get("BatchHost") or host
+        host = (info.get("BatchHost") if follow_batch_host else None) or host
         if time.monotonic() > deadline or (info and not allocation.still_this_allocation(info, o.restart)):
             log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", o.node, host)
             return None

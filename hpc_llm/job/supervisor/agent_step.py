@@ -19,13 +19,17 @@ import threading
 import time
 
 
-def for_nodes(command: list[str], nodes: list[str], left_out: set[str] | frozenset[str] = frozenset()) -> list[str]:
+def for_nodes(
+    command: list[str], nodes: list[str], left_out: set[str] | frozenset[str] = frozenset(), overlap: bool = False
+) -> list[str]:
     """The agent step's srun command for the nodes it may use now: one agent on each of ``nodes``
     (the allocation, as ``scontrol show job`` lists it) but those ``left_out``. The script
     renders ``--nodes=``/``--ntasks=`` with the count asked for at submit; a requeued job that
     was shrunk to fit its partition (hpc_llm.slurm.requeue.fit_partition) may have fewer nodes, and srun refuses
     a step larger than its allocation. A left-out node (dead, frozen, drained) gets no agent in
-    a new step: ``--exclude``. Unchanged when ``command`` is no srun or ``nodes`` is unknown."""
+    a new step: ``--exclude``. ``overlap``: the step may share CPUs with the steps running
+    (``--overlap``: a supervisor that took over runs inside the old agent step). Unchanged when
+    ``command`` is no srun or ``nodes`` is unknown."""
     at = next((i for i, a in enumerate(command) if a.rsplit("/", 1)[-1] == "srun"), None)
     use = [n for n in nodes if n not in left_out]
     if at is None or not use:
@@ -40,6 +44,8 @@ def for_nodes(command: list[str], nodes: list[str], left_out: set[str] | frozens
     gone = sorted(set(nodes) & set(left_out))
     if gone:
         out.insert(at + 1, f"--exclude={','.join(gone)}")
+    if overlap:
+        out.insert(at + 1, "--overlap")
     return out
 
 

@@ -11,6 +11,7 @@ the agents with the allocation. Stdlib only.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -36,8 +37,20 @@ PORT_WAIT_S = 10.0
 
 
 class Agents:
-    def __init__(self, policy: Policy, command: list[str], job: SlurmJob, silent_s: float | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        command: list[str],
+        job: SlurmJob,
+        silent_s: float | None = None,
+        relaunch: list[str] | None = None,
+        here: str | None = None,
+    ) -> None:
         self.policy = policy
+        #: the supervisor's own command line and node, for an agent to take its place (with spares)
+        self.relaunch, self.here = relaunch, here
+        #: start agent steps with ``srun --overlap`` (a supervisor that took over runs in a step)
+        self.overlap = False
         #: how long the agents wait for the supervisor (told in their environment)
         self.silent_s = silent_s
         self.command = command
@@ -87,7 +100,7 @@ class Agents:
             self.end()
             self.fleet.close()
             self.fleet = self.new_fleet()
-        self.step = Step(for_nodes(self.command, self.job.nodes, self.left_out), self.env())
+        self.step = Step(for_nodes(self.command, self.job.nodes, self.left_out, overlap=self.overlap), self.env())
         self.since = time.monotonic()
 
     def env(self) -> dict[str, str]:
@@ -107,6 +120,9 @@ class Agents:
             # submitted with spares (even if fewer are left): a --no-kill job outlives its batch
             # host; the agents requeue it then
             env[wire.REQUEUE_ON_LOSS] = f"{self.policy.nodes},{full},{self.policy.tasks_per_node}"
+            if self.relaunch and self.here and self.policy.take_over:
+                # ... or the first of them takes this supervisor's place (hpc_llm.job.agent.takeover)
+                env[wire.TAKEOVER], env[wire.SUPERVISOR_NODE] = json.dumps(self.relaunch), self.here
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
 

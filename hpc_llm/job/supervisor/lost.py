@@ -52,7 +52,10 @@ def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
         # an agent found this attempt's supervisor gone and requeued the job (--no-kill: Slurm
         # does not): the batch host, and no one else, is to blame
         a.cause, a.suspects = Cause.NODE_FAILURE, [str(seen["node"])]
-        a.detected_at, a.decided_at = seen.get("detected_at") or a.decided_at, seen["requeued_at"]
+        a.detected_at, a.decided_at = (
+            seen.get("detected_at") or a.decided_at,
+            seen.get("requeued_at") or seen.get("taken_over_at"),
+        )
         a.error = (
             f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
             f"requeued the job{'' if not seen.get('exclude_error') else ' but could not exclude the host'}"
@@ -60,6 +63,32 @@ def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
         )
     attempts.save()
     log.warning("hpc_llm supervisor: previous attempt %s", a.error)
+
+
+def taken_over(run_dir: Path, job: SlurmJob, attempts: Attempts, host: str) -> int:
+    """This supervisor took the place of the one lost with ``host``, in the same allocation
+    (hpc_llm.job.agent.takeover): book that supervisor's last attempt (lost, ``node_failure`` on
+    ``host`` alone, a swap: the next generation runs here without it) and return the generation
+    to run next."""
+    mine = [a for a in attempts.items if (a.job_id, a.restart) == (job.job_id, job.restart)]
+    if not mine:
+        return 0
+    a = mine[-1]
+    seen = seen_by_agents(run_dir, a) or {}
+    if a.state == State.RUNNING:
+        now = time.time()
+        a.state, a.cause, a.action = State.LOST, Cause.NODE_FAILURE, Action.SWAP
+        a.suspects, a.left_out = [host], [host]
+        a.detected_at = seen.get("detected_at") or a.detected_at or now
+        a.ended_at = a.ended_at or a.detected_at
+        a.decided_at = seen.get("taken_over_at") or now
+        a.error = (
+            f"the supervisor's host {host} was lost ({seen.get('how') or 'gone'}); the agent on "
+            f"{seen.get('by') or '?'} took its place in the same job"
+        )
+        attempts.save()
+        log.warning("hpc_llm supervisor: previous generation: %s", a.error)
+    return a.generation + 1
 
 
 def seen_by_agents(run_dir: Path, a: Attempt) -> dict[str, Any] | None:
@@ -71,7 +100,7 @@ def seen_by_agents(run_dir: Path, a: Attempt) -> dict[str, Any] | None:
         return None
     path.unlink(missing_ok=True)
     ok = isinstance(seen, dict) and (seen.get("job_id"), seen.get("restart")) == (a.job_id, a.restart)
-    return seen if ok and seen.get("node") and seen.get("requeued_at") else None
+    return seen if ok and seen.get("node") and (seen.get("requeued_at") or seen.get("taken_over_at")) else None
 
 
 def lost_cause(slurm_state: str | None) -> Cause:

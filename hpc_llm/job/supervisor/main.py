@@ -5,7 +5,10 @@ The batch script ``exec``s it on the batch host::
     python -m hpc_llm.job.supervisor --run-dir DIR [policy] -- srun <args> python -m hpc_llm.job.agent <payload>
 
 It is the batch step's main process, so Slurm's ``--signal=B:USR2@lead`` reaches it (the batch
-script ignores that signal until then: a signal that comes before is never fatal). Once per
+script ignores that signal until then: a signal that comes before is never fatal). With spares,
+an agent ``exec``\ s the same command line in its place when the batch host is lost
+(:mod:`hpc_llm.job.agent.takeover`): that supervisor books the lost generation, runs the next
+ones without the host, and cancels its job at the end (:func:`end_taken_over`). Once per
 allocation it starts the agent step (the command after ``--``: one agent per node,
 :mod:`hpc_llm.job.agent`), then runs one generation of ranks after another:
 
@@ -26,6 +29,7 @@ training stack on the batch host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -38,8 +42,10 @@ from hpc_llm.job.supervisor.generation import GenerationEnd
 from hpc_llm.job.supervisor.options import parse_args
 from hpc_llm.job.supervisor.state import SupervisorState
 from hpc_llm.job.supervisor.watch import GenerationRun
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
-from hpc_llm.slurm import allocation
+from hpc_llm.slurm import allocation, query
+from hpc_llm.slurm.commands import SlurmUnreachable
 
 log = logging.getLogger("hpc_llm.supervisor")
 
@@ -54,6 +60,8 @@ class Supervisor(SupervisorState):
         self._install_handlers()
         attempts = Attempts.load(self.run_dir)
         lost.close(self.run_dir, self.job, attempts)
+        if self.taken_over_from:
+            self.gen = lost.taken_over(self.run_dir, self.job, attempts, self.taken_over_from)
         if self.status() == "completed":
             # a run that already completed has nothing to do. Budgets are the policy's, counted
             # per stop (failures in a row without progress), so a resubmitted failed run goes on
@@ -158,14 +166,36 @@ class Supervisor(SupervisorState):
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    policy, command = parse_args(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    policy, command = parse_args(args)
     if not command:
         raise SystemExit("hpc_llm.job.supervisor: nothing to run after --")
+    sup = None
     try:
-        code = Supervisor(policy, command).run()
+        sup = Supervisor(policy, command, relaunch=[sys.executable, "-u", "-m", "hpc_llm.job.supervisor", *args])
+        code = sup.run()
     except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
         log.exception("hpc_llm supervisor failed")
         error = f"hpc_llm supervisor: {type(exc).__name__}: {exc}"
         update_results(policy.run_dir, Attempts.load(policy.run_dir), "failed", {"error": error})
         code = 1
+    if sup is not None and sup.taken_over_from:
+        end_taken_over(sup)
     raise SystemExit(code)
+
+
+def end_taken_over(sup: Supervisor) -> None:
+    """A supervisor that took over has no batch script whose end ends the job: Slurm would keep
+    it RUNNING to its time limit. Unless the job moved on (requeued, or ended), cancel it: the
+    record says how the run ended. Not when another agent took this one's place in turn."""
+    if RunDir(sup.run_dir).takeover_claim(str(sup.job.job_id), sup.job.restart, sup.node).exists():
+        return
+    info = sup.job_info()
+    if info and allocation.still_this_allocation(info, sup.job.restart) and sup.job.job_id:
+        log.warning(
+            "hpc_llm supervisor: ending job %s (its batch script was lost with %s)", sup.job.ref, sup.taken_over_from
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with contextlib.suppress(SlurmUnreachable):
+            query.cancel([str(sup.job.ref)])

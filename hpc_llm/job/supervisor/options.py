@@ -31,6 +31,8 @@ class Policy:
     max_attempts_without_progress: int = 10
     forgive_after_s: float = 86400.0
     restart_in_place: bool = True
+    #: with spares, an agent takes the place of a supervisor whose host was lost (hpc_llm.job.agent.takeover)
+    take_over: bool = True
     #: fixed seconds before the time limit to stop; None: derived from measured saves
     stop_lead_s: float | None = None
     #: the period of every heartbeat: ranks into their agent's board, agents to the supervisor
@@ -71,6 +73,7 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     p.add_argument("--max-attempts-without-progress", type=int, default=10)
     p.add_argument("--forgive-after-s", type=float, default=86400.0)
     p.add_argument("--no-restart-in-place", action="store_true")
+    p.add_argument("--no-take-over", action="store_true")
     p.add_argument("--stop-lead-s", type=float, default=None)
     p.add_argument("--heartbeat-s", type=float, default=1.0)
     p.add_argument("--node-timeout-s", type=float, default=3.0)
@@ -94,6 +97,7 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
         max_attempts_without_progress=a.max_attempts_without_progress,
         forgive_after_s=a.forgive_after_s,
         restart_in_place=not a.no_restart_in_place,
+        take_over=not a.no_take_over,
         stop_lead_s=a.stop_lead_s,
         heartbeat_s=a.heartbeat_s,
         node_timeout_s=a.node_timeout_s,

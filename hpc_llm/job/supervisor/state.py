@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import fields
 
@@ -16,6 +17,7 @@ from hpc_llm.job.supervisor.agents import Agents
 from hpc_llm.job.supervisor.options import Policy
 from hpc_llm.job.supervisor.stop import Settings
 from hpc_llm.job.supervisor.timing import StopTiming
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import read_results
 from hpc_llm.slurm import allocation
 from hpc_llm.slurm.allocation import SlurmJob
@@ -25,14 +27,16 @@ TERM_AT_END_S = 5.0
 
 
 class SupervisorState:
-    def __init__(self, policy: Policy, command: list[str]) -> None:
+    def __init__(self, policy: Policy, command: list[str], relaunch: list[str] | None = None) -> None:
         self.policy = policy
         self.command = command
         self.run_dir = policy.run_dir
         env = JobEnv.current()
         self.job = SlurmJob.ask(env.job_id, env.ref, env.restart, env.nodelist)
-        #: the batch host: this process's own node
+        #: the batch host, or the node of the agent that took over: this process's own node
         self.node = heartbeat.node_name()
+        #: the node whose supervisor this one replaced in this allocation (None: the batch script's)
+        self.taken_over_from = os.environ.get(wire.TAKEN_OVER_FROM) or None
         #: the generation of ranks running or next (0 at the allocation's start)
         self.gen = 0
         #: Slurm's stop signals as the handler queued them: (signal, when)
@@ -49,7 +53,11 @@ class SupervisorState:
         #: SlurmdTimeout, asked once: hpc_llm.job.wire.supervisor_silent_s)
         slurmd = allocation.slurmd_timeout_s(allocation.slurm_config()) if self.job.job_id else None
         self.silent_s = wire.supervisor_silent_s(policy.heartbeat_s, policy.lease_s, slurmd)
-        self.agents = Agents(policy, command, self.job, self.silent_s)
+        self.agents = Agents(policy, command, self.job, self.silent_s, relaunch=relaunch, here=self.node)
+        if self.taken_over_from:
+            # the lost node gets no agent; the old agent step holds the others' CPUs (our own task)
+            self.agents.left_out.add(self.taken_over_from)
+            self.agents.overlap = True
 
     @property
     def settings(self) -> Settings:
@@ -67,6 +75,8 @@ class SupervisorState:
         supervisor writes nothing: the next one writes. Not when the requeued job only waits in
         the queue (Slurm's own requeue at a preemption's end, say: this supervisor is still the
         last to know its attempt), nor when slurmctld does not answer."""
+        if RunDir(self.run_dir).takeover_claim(str(self.job.job_id), self.job.restart, self.node).exists():
+            return True  # an agent took this supervisor's place (its host was lost, and is back)
         info = self.job_info()
         newer = int(info.get("Restarts", "0") or 0) > self.job.restart
         return bool(info) and newer and info.get("JobState") in ("RUNNING", "CONFIGURING")

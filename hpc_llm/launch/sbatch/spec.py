@@ -201,6 +201,8 @@ def supervisor_command(
         args += ["--stop-lead-s", f"{float(fault.stop_lead_s):g}"]
     if not fault.restart_in_place:
         args.append("--no-restart-in-place")
+    if not fault.take_over:
+        args.append("--no-take-over")
     return args
 
 
