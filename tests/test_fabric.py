@@ -112,6 +112,7 @@ def test_a_worker_cut_off_for_good_is_swapped_for_the_spare(slurm_env, app_env, 
         assert detected - cut_at < 10, (cut_at, detected)
         assert r["slurm_job_ids"] == [job_id] and {a["restart"] for a in r["attempts"]} == {0}
         assert victim not in r["attempts"][-1]["nodes"] and host in r["attempts"][-1]["nodes"]
+        assert r["given_back_nodes"] == [victim], r  # cut off, still in the job: given back to Slurm
         no_healthy_node_blamed(r, victim)
 
 

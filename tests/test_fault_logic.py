@@ -830,3 +830,29 @@ def test_a_supervisor_that_took_over_books_the_lost_generation_as_a_swap_and_the
         "slurm-7.1.out",
         "slurm-7.10.out",
     ]
+
+
+def test_a_node_left_out_goes_back_to_slurm_but_never_the_batch_host(tmp_path, monkeypatch):
+    """After a swap the job shrinks (``scontrol update JobId=J NodeList=<kept>``): the left-out
+    nodes go back to Slurm, except this supervisor's node and the batch host (a job cannot let
+    go of it; Slurm takes a lost batch host out itself). A refusal changes nothing."""
+    from hpc_llm.job.supervisor import agents as agents_mod
+
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
+    try:
+        ag = sup.agents
+        ag.job.job_id, ag.job.ref, ag.job.nodes, ag.here = "7", "7", ["n1", "n2", "n3", "n4"], "n2"
+        info = {"NodeList": "n[1-4]", "BatchHost": "n1"}
+        monkeypatch.setattr(agents_mod.allocation, "show_job", lambda job_id: info)
+        monkeypatch.setattr(agents_mod.allocation, "hostnames", lambda nl: ["n1", "n2", "n3", "n4"] if nl else [])
+        asked: list[list[str]] = []
+        answer: list[str | None] = [None]
+        monkeypatch.setattr(agents_mod.requeue, "give_back", lambda ref, keep: asked.append(keep) or answer[0])
+        assert ag.give_back() == []  # nothing left out
+        ag.left_out |= {"n1", "n2", "n4"}
+        answer[0] = "Requested operation is presently disabled"
+        assert ag.give_back() == [] and ag.job.nodes == ["n1", "n2", "n3", "n4"]
+        answer[0] = None
+        assert ag.give_back() == ["n4"] and asked[-1] == ["n1", "n2", "n3"] and ag.job.nodes == ["n1", "n2", "n3"]
+    finally:
+        sup.agents.close()

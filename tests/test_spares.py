@@ -67,14 +67,22 @@ def one_job_record(job_id: str, env: dict[str, str]) -> list[tuple[str, list[str
     return rows
 
 
-def swapped(r: dict, job_id: str, victim: str) -> None:
+def swapped(r: dict, job_id: str, victim: str, env: dict[str, str]) -> None:
     """The run completed in the job it started in, on the two other nodes, the spare's
-    node-seconds counted as allocated."""
+    node-seconds counted as allocated; the left-out node given back to Slurm (the job shrank to
+    the two nodes it trained on), unless it was the batch host, which a job cannot let go of."""
     assert r["slurm_job_ids"] == [job_id] and {a["restart"] for a in r["attempts"]} == {0}, r["attempts"]
     done = r["attempts"][-1]
     assert victim not in done["nodes"] and len(done["nodes"]) == 2, done
     assert r["left_out_nodes"] == [victim]
     assert r["spare_node_s"] > 0 and r["allocated_node_s"] > r["productive_node_s"]
+    job = scontrol_job(job_id, env)
+    if job.get("BatchHost") != victim:
+        assert r["given_back_nodes"] == [victim], r
+        held = subprocess.run(
+            ["scontrol", "show", "hostnames", job["NodeList"]], env=env, capture_output=True, text=True
+        )
+        assert victim not in held.stdout.split() and done["alloc_nodes"] in (0, 2), (job, done)
 
 
 def test_spare_nodes_are_refused_on_slurm_22_05_before_anything_is_submitted(slurm_env, runs_dir, tmp_path):
@@ -115,7 +123,7 @@ def test_a_killed_node_is_swapped_for_the_spare_in_the_same_job(
         [victim],
     ), first
     assert first["detected_at"] - killed_at < 8, (killed_at, first)
-    swapped(r, job_id, victim)
+    swapped(r, job_id, victim, env)
     one_job_record(job_id, env)
 
 
@@ -144,7 +152,7 @@ def test_a_frozen_node_is_swapped_for_the_spare_in_the_same_job(  # noqa: F811 -
     wait_for(lambda: not Path(f"/proc/{victim['pid']}").exists(), 60, "the old rank on the thawed node to end")
     r = finished(run_dir, 420)
     same_loss(r, ref)
-    swapped(r, job_id, victim["node"])
+    swapped(r, job_id, victim["node"], env)
 
 
 def test_a_node_whose_gpu_fails_every_generation_is_swapped_for_the_spare(
@@ -170,7 +178,7 @@ def test_a_node_whose_gpu_fails_every_generation_is_swapped_for_the_spare(
     assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", [bad]), first
     assert "ECC" in first["error"]
     assert (second["cause"], second["action"], second["left_out"]) == ("failure", "swap", [bad]), second
-    swapped(r, job_id, bad)
+    swapped(r, job_id, bad, env)
     one_job_record(job_id, env)
 
 
@@ -304,5 +312,5 @@ def test_a_node_drained_for_maintenance_is_swapped_for_the_spare_with_nothing_lo
     assert what == ("stopped", "drain", "swap", [], [node]), first
     second = r["attempts"][1]
     assert second["resumed_at_batch"] == first["stopped_at_batch"] > 0 and r["batches_lost"] == 0, r["attempts"]
-    swapped(r, job_id, node)
+    swapped(r, job_id, node, env)
     one_job_record(job_id, env)

@@ -235,6 +235,8 @@ class Attempt:
     alloc_nodes: int = 0
     #: nodes this stop left out of the allocation, each replaced by a spare (action "swap")
     left_out: list[str] = field(default_factory=list)
+    #: nodes the job gave back to Slurm after this stop (left out and still allocated: the job shrank)
+    given_back: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -366,6 +368,7 @@ class Attempts:
             "allocated_node_s": round(allocated_node_s, 3),
             "spare_node_s": round(spare_node_s, 3),
             "left_out_nodes": sorted({n for a in items for n in a.left_out}),
+            "given_back_nodes": sorted({n for a in items for n in a.given_back}),
             "productive_node_s": round(productive_node_s, 3),
             "goodput": round(productive_node_s / allocated_node_s, 4) if allocated_node_s > 0 else None,
         }

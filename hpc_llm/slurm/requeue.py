@@ -158,6 +158,21 @@ def update_pending(
     return None if out.returncode == 0 else (said or f"exit {out.returncode}")
 
 
+def give_back(ref: str, keep: list[str]) -> str | None:
+    """Shrink the running job to the nodes ``keep`` (``scontrol update JobId=J NodeList=...``):
+    the others go back to Slurm, and nobody pays for a node the run no longer uses. None when
+    Slurm took it, else its one-line complaint. Slurm (job_mgr.c, ``_update_job``, 24.11) lets a
+    running job shrink unless SchedulerParameters has ``disable_job_shrink``, never without its
+    batch host; it kills the job's processes on the nodes let go (``abort_job_on_nodes``), only
+    their tasks of each step (``kill_step_on_node`` without a node failure), and the steps go on
+    on the nodes kept (verified: docs/design/verified/slurm.md)."""
+    try:
+        out = run(["scontrol", "update", f"JobId={ref}", f"NodeList={','.join(keep)}"], timeout=30)
+    except SlurmUnreachable as exc:
+        return unreachable_why(exc)
+    return None if out.returncode == 0 else (" ".join(out.stderr.split()) or f"exit {out.returncode}")
+
+
 #: Slurm >= 24.05 books a batch job that ends after its preemption's grace-time signal as
 #: PREEMPTED and requeues it (proc_req.c, the job's GRACE_PREEMPT flag: SchedMD commit a689104d,
 #: "Treat jobs completing after being signalled for GraceTime as preempted"). The flag is cleared

@@ -147,7 +147,10 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
     needed, full, per_node = o.requeue_on_loss
     exclude = [n for n in allocation.hostnames(info.get("ExcNodeList")) if n != host]
     exclude += [host] if host != "?" else []
-    asked = len(allocation.hostnames(info.get("NodeList"))) or full
+    # what the requeued job will ask for is not its NodeList now (a job that gave nodes back asks
+    # for its allocated size again), nor known here: taken as the most it can be, so that a short
+    # partition always gets the job sized down to what is up, never left pending
+    asked = full
     shrunk = requeue.fit_partition(requeue.Size(asked, full, needed, info.get("Partition") or None, tuple(exclude)))
     seen = {
         "job_id": o.job_id,

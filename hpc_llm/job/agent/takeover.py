@@ -7,7 +7,7 @@ the ``--no-kill`` branch; the agent step, ``srun --no-kill``, lives on there too
 costs what Slurm makes it cost: the job waits until the host is DOWN and cred_expire has passed,
 and its new allocation starts cold (47 s from the cut to training again on the 24.11 dev
 cluster). Instead, the first orphaned agent alive, once slurmctld confirms the supervisor's host
-is gone, becomes the supervisor (:func:`take_over`): it ``exec``\\ s the supervisor's own command
+is gone, becomes the supervisor (:func:`take_over`): it execs the supervisor's own command
 line (the supervisor puts it in the agent step's environment, :data:`wire.TAKEOVER`) on its own
 node, in its own task of the agent step, with:
 

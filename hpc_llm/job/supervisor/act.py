@@ -90,11 +90,15 @@ def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -
 def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
     """The next generation runs without ``d.swap_out``: spares take their node ranks
     (:func:`~hpc_llm.job.supervisor.agents.next_layout`), in this allocation, with no requeue. A
-    left-out node's agent, if it still answers, is told to end; the node stays in the job
-    (draining it needs operator rights) and is recorded with the evidence (suspects, error)."""
+    left-out node's agent, if it still answers, is told to end; the node goes back to Slurm (the
+    job shrinks; draining it needs operator rights) and is recorded with the evidence (suspects,
+    error)."""
     a.action, a.left_out = Action.SWAP, list(d.swap_out)
     attempts.save()
     sup.agents.swap_out(d.swap_out)
+    # a node left out is paid for until the job ends: give it back (the job shrinks)
+    a.given_back = sup.agents.give_back()
+    attempts.save()
     update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
     log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
 
@@ -138,7 +142,7 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
     # (requeue.requeued_by_ending); a new ExcNodeList needs the job pending, so not then
     by_ending = not change and requeue.requeued_by_ending(job.job_id, job.partition)
     full = sup.agents.full_size()
-    size = requeue.Size(len(job.nodes) or full, full, sup.policy.nodes, job.partition, tuple(exclude))
+    size = requeue.Size(sup.agents.asked or full, full, sup.policy.nodes, job.partition, tuple(exclude))
     done = requeue.requeue(
         str(job.ref),
         exclude=exclude if change else None,

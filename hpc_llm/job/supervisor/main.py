@@ -6,7 +6,7 @@ The batch script ``exec``s it on the batch host::
 
 It is the batch step's main process, so Slurm's ``--signal=B:USR2@lead`` reaches it (the batch
 script ignores that signal until then: a signal that comes before is never fatal). With spares,
-an agent ``exec``\ s the same command line in its place when the batch host is lost
+an agent execs the same command line in its place when the batch host is lost
 (:mod:`hpc_llm.job.agent.takeover`): that supervisor books the lost generation, runs the next
 ones without the host, and cancels its job at the end (:func:`end_taken_over`). Once per
 allocation it starts the agent step (the command after ``--``: one agent per node,
