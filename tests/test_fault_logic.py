@@ -856,3 +856,39 @@ def test_a_node_left_out_goes_back_to_slurm_but_never_the_batch_host(tmp_path, m
         assert ag.give_back() == ["n4"] and asked[-1] == ["n1", "n2", "n3"] and ag.job.nodes == ["n1", "n2", "n3"]
     finally:
         sup.agents.close()
+
+
+def test_a_spare_whose_agent_dies_or_never_starts_is_given_up_and_back_and_the_account_says_so(tmp_path, monkeypatch):
+    """A spare serves only with a warm agent. One whose agent dies (or never says hello past
+    the grace: 120 s, or 3x the slowest start of the others) is left out and given back to
+    Slurm; .hpc_llm/spares.json (what `hpc-llm status <run>` shows) counts the spares left."""
+    from hpc_llm.job.supervisor import agents as agents_mod
+    from hpc_llm.job.supervisor import spares
+    from hpc_llm.rundir import spare_record
+
+    assert spares.never_started(["n3", "n4"], {"n1", "n2", "n4"}, 100.0, [10.0]) == []  # in its grace
+    assert spares.never_started(["n3", "n4"], {"n1", "n2", "n4"}, 121.0, [10.0]) == ["n3"]
+    assert spares.never_started(["n3"], {"n1"}, 121.0, [50.0]) == []  # the others were slow: 150 s
+    assert spares.never_started(["n3"], {"n1"}, 151.0, [50.0]) == ["n3"]
+
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
+    try:
+        ag = sup.agents
+        ag.job.job_id, ag.job.ref, ag.job.nodes, ag.here = "7", "7", ["n1", "n3", "n4"], "n1"
+        ag.layout = ["n1"]  # the run needs 1 node (policy.nodes), and was submitted with 2 spares
+        monkeypatch.setattr(ag, "full_size", lambda: 3)
+        monkeypatch.setattr(agents_mod.allocation, "show_job", lambda job_id: {"BatchHost": "n1"})
+        monkeypatch.setattr(agents_mod.allocation, "hostnames", lambda nl: [])
+        monkeypatch.setattr(agents_mod.requeue, "give_back", lambda ref, keep: None)
+        ag.note_spares()
+        assert spare_record.read(sup.run_dir)["left"] == ["n3", "n4"]
+        ag.lose_spare("n3", "its agent never started")
+        ag.lose_spare("n1", "not a spare: in the layout")  # ignored
+        record = spare_record.read(sup.run_dir)
+        assert (record["submitted"], record["left"], record["given_back"]) == (2, ["n4"], ["n3"])
+        assert ag.job.nodes == ["n1", "n4"] and "n1" not in ag.left_out
+        assert spare_record.describe(record) == (
+            "1 of 2 left; lost n3 (its agent never started); given back to Slurm: n3"
+        )
+    finally:
+        sup.agents.close()

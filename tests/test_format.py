@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -223,6 +224,17 @@ def test_status_of_one_run_shows_its_error_literally(home):
     out = io.StringIO()
     assert show(ref="1", out=Console(file=out, width=300)) == 0
     assert "run dir " in out.getvalue() and "[/usr/bin/true]" in out.getvalue()
+
+
+def test_status_of_one_run_says_how_many_spares_are_left_literally(home):
+    """With spares, the run's own account (.hpc_llm/spares.json) is a line of `status <run>`."""
+    from hpc_llm.rundir import spare_record
+
+    [first] = [r for r in ledger.runs() if r.id == 1]
+    Path(first.run_dir, ".hpc_llm").mkdir(parents=True, exist_ok=True)
+    spare_record.write(Path(first.run_dir), 2, ["n4"], {"n3": "its agent ended: [/oops]"}, ["n3"])
+    shown = " ".join("".join(render(x, width=300) for x in run_details([first], lambda run: [])).split())
+    assert "spare nodes: 1 of 2 left; lost n3 (its agent ended: [/oops]); given back to Slurm: n3" in shown
 
 
 def test_hpc_llm_status_with_such_overrides(home):

@@ -16,6 +16,7 @@ from rich.table import Table
 from hpc_llm.results import ledger
 from hpc_llm.results.format import add_row, literal, table, wide_console
 from hpc_llm.results.status import SHOWN_WITHOUT_SLURM, attempts_of, causes, counts, refresh, runs_of, short
+from hpc_llm.rundir import spare_record
 
 COLUMNS = ("id", "state", "cause", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
 
@@ -89,6 +90,9 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
             + f", job(s) {', '.join(run.job_ids) or '-'}"
         )
         yield literal(f"  run dir {run.run_dir}")
+        held = spare_record.read(run.run_dir)
+        if held is not None:
+            yield literal(f"  spare nodes: {spare_record.describe(held)}")
         if run.error:
             yield literal(f"  error: {run.error}")
         rows = attempts(run)

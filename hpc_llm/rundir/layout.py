@@ -172,6 +172,11 @@ class RunDir:
         """What an agent saw when it requeued a job whose supervisor (batch host) was gone."""
         return self.private / "supervisor_lost.json"
 
+    @property
+    def spares(self) -> Path:
+        """The spare nodes' account, the supervisor its only writer (hpc_llm.job.supervisor.spares)."""
+        return self.private / "spares.json"
+
     def takeover_claim(self, job_id: str, restart: int, node: str) -> Path:
         """Created (O_EXCL) by the one agent that takes the place of the supervisor lost with
         ``node`` in this allocation (hpc_llm.job.agent.takeover): the others, and that supervisor

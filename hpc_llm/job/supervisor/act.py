@@ -99,6 +99,7 @@ def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> N
     # a node left out is paid for until the job ends: give it back (the job shrinks)
     a.given_back = sup.agents.give_back()
     attempts.save()
+    sup.agents.note_spares()
     update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
     log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
 

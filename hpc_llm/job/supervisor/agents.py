@@ -25,6 +25,7 @@ from hpc_llm.job.supervisor.events import FleetEvent, Heard
 from hpc_llm.job.supervisor.fleet import Fleet
 from hpc_llm.job.supervisor.generation import Generation
 from hpc_llm.job.supervisor.options import Policy
+from hpc_llm.rundir import spare_record
 from hpc_llm.slurm import allocation, requeue
 from hpc_llm.slurm.allocation import SlurmJob
 
@@ -68,6 +69,10 @@ class Agents:
         #: nodes of this allocation left out (a swap, a spare or node lost): never used again here
         self.left_out: set[str] = set()
         self._drain_noted: set[str] = set()
+        #: spares lost (their agent died or never started: hpc_llm.job.supervisor.spares), and why
+        self.lost_spares: dict[str, str] = {}
+        #: nodes this allocation gave back to Slurm
+        self.given_back: list[str] = []
         #: fleet events read while waiting for something else, for the generation's loop
         self._held: list[FleetEvent] = []
         #: where each node's slurmd listens: a host whose agent is gone but whose slurmd answers
@@ -197,8 +202,31 @@ class Agents:
             log.warning("hpc_llm supervisor: could not give %s back to Slurm: %s", ",".join(out), err)
             return []
         self.job.nodes = keep
+        self.given_back += out
         log.warning("hpc_llm supervisor: gave %s back to Slurm: the job now holds %s", ",".join(out), ",".join(keep))
         return out
+
+    def lose_spare(self, node: str, why: str) -> None:
+        """A spare that cannot serve (its agent died or never started): left out, given back to
+        Slurm, and the run goes on with the spares left."""
+        if node in self.left_out or node in self.layout:
+            return
+        self.left_out.add(node)
+        self.lost_spares[node] = why
+        self.give_back()
+        left = self.spares_held()
+        log.warning("hpc_llm supervisor: spare %s lost (%s); %d spare(s) left", node, why, len(left))
+        self.note_spares()
+
+    def spares_held(self) -> list[str]:
+        """The allocation's nodes outside the layout and not left out: the spares left."""
+        return [n for n in self.job.nodes if n not in self.left_out and n not in self.layout]
+
+    def note_spares(self) -> None:
+        """The spares' account in the run dir, for ``hpc-llm status`` (runs without spares: none)."""
+        submitted = self.full_size() - self.policy.nodes
+        if submitted > 0:
+            spare_record.write(self.policy.run_dir, submitted, self.spares_held(), self.lost_spares, self.given_back)
 
     def draining_to_swap(self, gen: Generation) -> tuple[str, ...]:
         """Nodes of ``gen`` an operator drains, when warm spares can take all their places (the
@@ -248,6 +276,7 @@ class Agents:
                 env=ours,
             )
             self.fleet.send(node, start)
+        self.note_spares()
         log.info(
             "hpc_llm supervisor: generation %d on %s (rendezvous %s:%s)",
             number,

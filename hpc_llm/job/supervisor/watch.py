@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hpc_llm.job import messages
+from hpc_llm.job.supervisor import spares
 from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Suspect
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
@@ -34,6 +35,8 @@ POLL_S = 0.2
 #: how often a generation with a warm spare asks Slurm whether a node of it is being drained (one
 #: sinfo for the generation's nodes)
 DRAIN_POLL_S = 10.0
+#: how often a generation looks for spares whose agent never started
+SPARES_POLL_S = 5.0
 #: seconds the agents get to report a killed generation's ranks gone before they count as lost
 KILL_WAIT_S = 60.0
 
@@ -49,6 +52,7 @@ class GenerationRun:
         self.started_at = 0.0
         self.killed_at: float | None = None
         self.drain_polled = time.monotonic()
+        self.spares_checked = time.monotonic()
         self.watch = HangWatch(
             floor_s=p.hang_floor_s,
             factor=p.hang_factor,
@@ -102,6 +106,10 @@ class GenerationRun:
                 self.lost(ev)
                 if node in end.lost:
                     gen.lose(node, end.lost[node])
+            case Dead(node=node, why=why) if node not in gen.layout:
+                self.agents.lose_spare(node, f"its agent is gone: {why}")
+            case Heard(node=node, msg=messages.Bye(why=why) as bye) if node not in gen.layout and not bye.on_purpose:
+                self.agents.lose_spare(node, f"its agent ended: {why}")
             case Heard(node=node, msg=messages.Started(gen=number, pids=pids)) if number == gen.gen:
                 gen.on_started(node, pids)
             case Heard(msg=messages.Exit() as msg) if msg.gen == gen.gen:
@@ -139,6 +147,7 @@ class GenerationRun:
             self.end.detected_at = self.end.detected_at or time.time()
         if self.gen is not None:
             self.watch_heartbeats(self.gen, now)
+            self.check_spares(now)
             self.check_gone(self.gen, now)
 
     def start_when_ready(self, now: float) -> bool:
@@ -151,6 +160,8 @@ class GenerationRun:
             # a spare lost (or a node lost between generations) while enough warm agents are
             # left: no stop, the generation starts on the others
             log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", end.lost)
+            for node, why in end.lost.items():
+                self.agents.lose_spare(node, why)
             self.agents.left_out |= set(end.lost)
             end.forget_lost()
             end.detected_at = detected
@@ -235,6 +246,17 @@ class GenerationRun:
             end.startup = stuck
             log.error("hpc_llm supervisor: start-up stuck in %s; ending generation %d", stuck, gen.gen)
             self.kill(now)
+
+    def check_spares(self, now: float) -> None:
+        """Every :data:`SPARES_POLL_S`: a spare whose agent never started is given up (and back)."""
+        if now - self.spares_checked < SPARES_POLL_S or self.agents.since is None:
+            return
+        self.spares_checked = now
+        view = self.agents.fleet.view()
+        starts = [a.import_s for a in view.values() if a.import_s is not None]
+        held = self.agents.spares_held()
+        for node in spares.never_started(held, set(view), now - self.agents.since, starts):
+            self.agents.lose_spare(node, "its agent never started")
 
     def check_gone(self, gen: Generation, now: float) -> None:
         """Every rank is gone, the agent step with them, or the agents never said so after a kill."""
