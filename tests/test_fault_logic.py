@@ -892,3 +892,33 @@ def test_a_spare_whose_agent_dies_or_never_starts_is_given_up_and_back_and_the_a
         )
     finally:
         sup.agents.close()
+
+
+def test_a_supervisor_taken_over_keeps_its_batch_script_alive_until_slurm_ends_the_job(tmp_path, monkeypatch):
+    """Back before Slurm took its host out of the job (a short cut, a thaw), a supervisor whose
+    place an agent took is still the batch script: its end would end the job under the new
+    supervisor. So it stands aside: with the claim there it waits for Slurm's SIGTERM; without one
+    it waits as long as one may come, and not at all when its job runs a newer allocation."""
+    import threading
+
+    from hpc_llm.job.supervisor import act
+    from hpc_llm.rundir.layout import RunDir
+
+    sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
+    try:
+        sup.job.job_id, sup.job.ref, sup.job.restart = "7", "7", 0
+        monkeypatch.setattr(act, "ASIDE_POLL_S", 0.05)
+        monkeypatch.setattr(sup.agents, "takeover_offered", lambda: True)
+        t0 = time.monotonic()
+        act.stand_aside(sup, wait_for_claim=False)  # no claim, a newer allocation: at once
+        sup.silent_s, sup.slurmd_timeout_s = 0.2, 0.2
+        monkeypatch.setattr(act, "ASIDE_SLACK_S", 0.2)
+        act.stand_aside(sup)  # no claim came within the agents' patience and Slurm's verdict
+        assert time.monotonic() - t0 < 5
+        RunDir(sup.run_dir).takeover_claim("7", 0, sup.node).write_text("n2")
+        threading.Timer(1.5, lambda: setattr(sup, "terminated_at", time.time())).start()
+        t1 = time.monotonic()
+        act.stand_aside(sup)  # the claim: past the deadline, until Slurm's SIGTERM
+        assert time.monotonic() - t1 >= 1.4
+    finally:
+        sup.agents.close()

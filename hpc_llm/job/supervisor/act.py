@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hpc_llm.job.supervisor.stop import Decision
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 from hpc_llm.slurm import allocation, requeue
@@ -35,6 +36,7 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
     if d.action != Action.SLURM_REQUEUES and sup.superseded():
         log.warning("hpc_llm supervisor: the job runs a newer allocation than this one: writing nothing, ending")
         sup.agents.end()
+        stand_aside(sup, wait_for_claim=False)
         return 0
     if d.action == Action.DONE:
         if a.alloc_nodes > len(a.nodes):
@@ -75,7 +77,37 @@ def stand_down(sup: SupervisorState, d: Decision) -> int:
     record; a host that heals later carries no process of the job."""
     log.error("hpc_llm supervisor: %s", d.reason)
     sup.agents.abandon()
+    stand_aside(sup)
     return 1
+
+
+#: how often a supervisor standing aside looks for an agent's takeover claim, and how long beyond
+#: the agents' patience and Slurm's verdict it looks for one before it ends
+ASIDE_POLL_S = 2.0
+ASIDE_SLACK_S = 90.0
+
+
+def stand_aside(sup: SupervisorState, wait_for_claim: bool = True) -> None:
+    """With spares, an agent may take this supervisor's place in the same job
+    (hpc_llm.job.agent.takeover) while this host is cut off or frozen. If this host is back before
+    Slurm took it out of the job, this process is still the batch script, and its end would end
+    the job under the supervisor that took over: so once the claim is there it keeps the batch
+    script alive, writing nothing, until Slurm ends the job (its SIGTERM). Without a claim it
+    waits as long as one may still come (the agents' patience and Slurm's verdict), then ends;
+    not at all unless ``wait_for_claim`` (a supervisor whose job runs a newer allocation)."""
+    if not sup.job.job_id or not sup.agents.takeover_offered():
+        return
+    claim = RunDir(sup.run_dir).takeover_claim(str(sup.job.job_id), sup.job.restart, sup.node)
+    deadline = time.monotonic() + sup.silent_s + sup.slurmd_timeout_s + ASIDE_SLACK_S
+    said = False
+    while not sup.terminated_at:
+        if claim.exists():
+            if not said:
+                log.warning("hpc_llm supervisor: an agent took this supervisor's place: keeping the batch script")
+                said = True
+        elif not wait_for_claim or time.monotonic() > deadline:
+            return
+        time.sleep(ASIDE_POLL_S)
 
 
 def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:

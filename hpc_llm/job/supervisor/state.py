@@ -52,6 +52,7 @@ class SupervisorState:
         #: how long an agent waits for this supervisor before giving it up (bounded by Slurm's
         #: SlurmdTimeout, asked once: hpc_llm.job.wire.supervisor_silent_s)
         slurmd = allocation.slurmd_timeout_s(allocation.slurm_config()) if self.job.job_id else None
+        self.slurmd_timeout_s = float(slurmd or 300)
         self.silent_s = wire.supervisor_silent_s(policy.heartbeat_s, policy.lease_s, slurmd)
         self.agents = Agents(policy, command, self.job, self.silent_s, relaunch=relaunch, here=self.node)
         if self.taken_over_from:
