@@ -128,7 +128,7 @@ class Agents:
             # submitted with spares (even if fewer are left): a --no-kill job outlives its batch
             # host; the agents requeue it then
             env[wire.REQUEUE_ON_LOSS] = f"{self.policy.nodes},{full},{self.policy.tasks_per_node}"
-            if self.takeover_offered() and self.here and self.policy.take_over:
+            if self.takeover_offered():
                 # ... or the first of them takes this supervisor's place (hpc_llm.job.agent.takeover)
                 env[wire.TAKEOVER], env[wire.SUPERVISOR_NODE] = json.dumps(self.relaunch), self.here
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
@@ -138,7 +138,8 @@ class Agents:
         """Whether the agents may take this supervisor's place (:meth:`env`: spares, recovery on,
         ``fault.take_over``)."""
         full = self.full_size()
-        return bool(self.job.ref and self.policy.recover and full > self.policy.nodes and self.relaunch)
+        offered = self.policy.recover and self.policy.take_over and full > self.policy.nodes
+        return bool(self.job.ref and offered and self.relaunch and self.here)
 
     def full_size(self) -> int:
         """The nodes the run was submitted with, spares included (its allocation may be fewer)."""
