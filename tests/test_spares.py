@@ -202,9 +202,10 @@ def test_with_no_spare_left_the_job_is_requeued_by_hpc_llm_with_the_node_exclude
     slurm24_env, test_site, tmp_path, pytestconfig
 ):
     """One training node and one spare. The spare's agent dies first (training goes on: a spare
-    is no part of the generation): the spare is given up and given back to Slurm, and `hpc-llm
-    status <run>` says no spare is left; then the training node's GPU fails twice: no warm spare
-    is left, so hpc_llm requeues the job itself, without that node, and it completes."""
+    is no part of the generation): the spare is given up (and given back to Slurm unless it is
+    the batch host), and `hpc-llm status <run>` says no spare is left; then the training node's
+    GPU fails twice: no warm spare is left, so hpc_llm requeues the job itself, without that
+    node, and it completes."""
     base = [*ALONE, "train.max_duration=300ba"]
     ref = reference(base, slurm24_env, pytestconfig)
     env = with_site(dict(slurm24_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
@@ -223,8 +224,11 @@ def test_with_no_spare_left_the_job_is_requeued_by_hpc_llm_with_the_node_exclude
     bad_node_file.write_text(trainer)  # read at batch 100 of each generation (paced: 10 s from the start)
     [spare] = [n for n in job_nodes(job_id, env) if n != trainer]
     os.kill(agent_pid(job_id, spare), signal.SIGKILL)
-    account = wait_for(lambda: (spare_record.read(run_dir) or {}).get("given_back"), 60, "the spare given back")
-    assert account == [spare] and spare not in job_nodes(job_id, env), spare_record.read(run_dir)
+    lost = wait_for(lambda: (spare_record.read(run_dir) or {}).get("lost"), 60, "the spare given up")
+    account = spare_record.read(run_dir)
+    assert list(lost) == [spare] and account["left"] == [], account
+    if spare != scontrol_job(job_id, env)["BatchHost"]:  # a job cannot let go of its batch host
+        assert account["given_back"] == [spare] and spare not in job_nodes(job_id, env), account
     shown = run_cli(["status", job_id], env, timeout=60).stdout
     assert f"spare nodes: 0 of 1 left; lost {spare} (its agent is gone" in " ".join(shown.split()), shown
     first, second = decided(run_dir, 0), decided(run_dir, 1)
