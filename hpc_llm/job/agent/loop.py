@@ -16,9 +16,8 @@ buffer are stale) and tells the supervisor. When the connection to the
 supervisor is lost, the agent kills its ranks and ends: a rank never runs
 unsupervised.
 
-Environment (set by the supervisor for the agent step): ``HPC_LLM_SUPERVISOR``
-(host:port), ``HPC_LLM_AGENT_TOKEN``, ``HPC_LLM_HEARTBEAT_S``,
-``HPC_LLM_LEASE_S``; the node's name and index come from Slurm (JobEnv).
+Environment (set by the supervisor for the agent step: :mod:`hpc_llm.job.wire` names it all); the
+node's name and index come from Slurm (JobEnv). A lost supervisor: :mod:`~hpc_llm.job.agent.orphan`.
 """
 
 from __future__ import annotations
