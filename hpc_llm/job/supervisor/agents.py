@@ -130,7 +130,7 @@ class Agents:
             env[wire.REQUEUE_ON_LOSS] = f"{self.policy.nodes},{full},{self.policy.tasks_per_node}"
             if self.takeover_offered():
                 # ... or the first of them takes this supervisor's place (hpc_llm.job.agent.takeover)
-                env[wire.TAKEOVER], env[wire.SUPERVISOR_NODE] = json.dumps(self.relaunch), self.here
+                env[wire.TAKEOVER], env[wire.SUPERVISOR_NODE] = json.dumps(self.relaunch), str(self.here)
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
 
