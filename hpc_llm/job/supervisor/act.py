@@ -16,7 +16,6 @@ import time
 from typing import TYPE_CHECKING
 
 from hpc_llm.job.supervisor.stop import Decision
-from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 from hpc_llm.slurm import allocation, requeue
@@ -97,11 +96,10 @@ def stand_aside(sup: SupervisorState, wait_for_claim: bool = True) -> None:
     not at all unless ``wait_for_claim`` (a supervisor whose job runs a newer allocation)."""
     if not sup.job.job_id or not sup.agents.takeover_offered():
         return
-    claim = RunDir(sup.run_dir).takeover_claim(str(sup.job.job_id), sup.job.restart, sup.node)
     deadline = time.monotonic() + sup.silent_s + sup.slurmd_timeout_s + ASIDE_SLACK_S
     said = False
     while not sup.terminated_at:
-        if claim.exists():
+        if sup.taken_over():
             if not said:
                 log.warning("hpc_llm supervisor: an agent took this supervisor's place: keeping the batch script")
                 said = True

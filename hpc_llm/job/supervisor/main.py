@@ -42,7 +42,6 @@ from hpc_llm.job.supervisor.generation import GenerationEnd
 from hpc_llm.job.supervisor.options import parse_args
 from hpc_llm.job.supervisor.state import SupervisorState
 from hpc_llm.job.supervisor.watch import GenerationRun
-from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 from hpc_llm.slurm import allocation, query
 from hpc_llm.slurm.commands import SlurmUnreachable
@@ -188,7 +187,7 @@ def end_taken_over(sup: Supervisor) -> None:
     """A supervisor that took over has no batch script whose end ends the job: Slurm would keep
     it RUNNING to its time limit. Unless the job moved on (requeued, or ended), cancel it: the
     record says how the run ended. Not when another agent took this one's place in turn."""
-    if RunDir(sup.run_dir).takeover_claim(str(sup.job.job_id), sup.job.restart, sup.node).exists():
+    if sup.taken_over():
         return
     info = sup.job_info()
     if info and allocation.still_this_allocation(info, sup.job.restart) and sup.job.job_id:

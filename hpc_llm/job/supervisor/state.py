@@ -75,12 +75,18 @@ class SupervisorState:
         while this supervisor could not see it (its host cut off, or frozen, and back). Such a
         supervisor writes nothing: the next one writes. Not when the requeued job only waits in
         the queue (Slurm's own requeue at a preemption's end, say: this supervisor is still the
-        last to know its attempt), nor when slurmctld does not answer."""
-        if RunDir(self.run_dir).takeover_claim(str(self.job.job_id), self.job.restart, self.node).exists():
-            return True  # an agent took this supervisor's place (its host was lost, and is back)
+        last to know its attempt), nor when slurmctld does not answer. Also when an agent took its
+        place in this allocation (:meth:`taken_over`)."""
+        if self.taken_over():
+            return True  # its host was lost, and is back
         info = self.job_info()
         newer = int(info.get("Restarts", "0") or 0) > self.job.restart
         return bool(info) and newer and info.get("JobState") in ("RUNNING", "CONFIGURING")
+
+    def taken_over(self) -> bool:
+        """An agent took this supervisor's place in this allocation (hpc_llm.job.agent.takeover):
+        its claim names this node."""
+        return RunDir(self.run_dir).takeover_claim(str(self.job.job_id), self.job.restart, self.node).exists()
 
     def status(self) -> str | None:
         """The run's status in results.json (None before there is one)."""
