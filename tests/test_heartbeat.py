@@ -137,15 +137,18 @@ def test_a_board_slot_is_never_read_half_written_while_a_forked_rank_beats():
         seq = 0
         while time.monotonic() < end:
             seq += 1
-            board.write(1, 3, 9, seq, seq * 7, os.getpid(), "train" if seq % 2 else "save")
+            board.write(
+                1, 3, 9, seq, seq * 7, os.getpid(), "train" if seq % 2 else "save", (seq, seq * 1000, seq * 3000)
+            )
         os._exit(0)
     seen = 0
     try:
         while True:
             got = board.read(1)
             if got is not None:
-                gen, rank, seq, batch, _pid, phase = got
+                gen, rank, seq, batch, _pid, phase, pace = got
                 assert (gen, rank, batch, phase) == (3, 9, seq * 7, "train" if seq % 2 else "save"), got
+                assert pace[0] == seq and pace[1:] == pytest.approx((seq / 1000, seq * 3 / 1000)), got
                 seen += 1
             done, _ = os.waitpid(pid, os.WNOHANG)
             if done:

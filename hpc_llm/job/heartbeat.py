@@ -43,7 +43,7 @@ from pathlib import Path
 
 from hpc_llm.rundir.layout import RunDir
 
-_state: dict[str, int | str] = {"batch": -1, "phase": "start"}
+_state: dict[str, int | str] = {"batch": -1, "phase": "start", "win": -1, "busy_us": -1, "wall_us": -1}
 #: phases in which a rank is expected to finish batches (a stall is a hang only then)
 TRAINING = "train"
 #: the phases before training, in order (a rank's phase names where a start-up is stuck)
@@ -76,6 +76,22 @@ def progress(batch: int) -> None:
 def phase(name: str) -> None:
     """What the rank is doing: start, setup, data, build, train, eval, save, upload, post."""
     _state["phase"] = name
+    if name != TRAINING:
+        _state["asides"] = int(_state.get("asides", 0)) + 1
+
+
+def asides() -> int:
+    """How many times this rank has left training for another phase (an eval, a save): a batch's
+    time that spans a change of it is not a training batch's (hpc_llm.job.rank.straggler)."""
+    return int(_state.get("asides", 0))
+
+
+def pace(window: int, busy_s: float, wall_s: float) -> None:
+    """This rank's figures for its straggler window ``window`` (:mod:`hpc_llm.job.rank.straggler`):
+    the median seconds per batch it was busy (not waiting inside a collective), and the median
+    seconds per batch. Cheap: memory only; the heartbeat thread carries them."""
+    _state["busy_us"], _state["wall_us"] = round(busy_s * 1e6), round(wall_s * 1e6)
+    _state["win"] = int(window)  # last: a reader of win sees its figures (one process, the GIL)
 
 
 def current_batch() -> int:
@@ -97,6 +113,10 @@ class Beat:
     phase: str = TRAINING
     #: the generation the rank belongs to (-1: unknown)
     gen: int = -1
+    #: the rank's last straggler window (-1: none yet) and its median busy and batch seconds
+    win: int = -1
+    busy_s: float = -1.0
+    wall_s: float = -1.0
 
 
 # -- the node's shared-memory board: rank slots and the agent's fence ---------------------
@@ -104,9 +124,10 @@ class Beat:
 #: header: live generation (int64), lease deadline on this node's monotonic clock (float64)
 _HEADER = struct.Struct("<qd")
 _HEADER_SIZE = 64
-#: slot: version (seqlock: odd while written), generation, rank, seq, batch, pid, phase
-_SLOT = struct.Struct("<qqqqqq16s")
-_SLOT_SIZE = 64
+#: slot: version (seqlock: odd while written), generation, rank, seq, batch, pid, straggler
+#: window, busy and batch microseconds (hpc_llm.job.rank.straggler), phase
+_SLOT = struct.Struct("<qqqqqqqqq16s")
+_SLOT_SIZE = 128
 #: the fence's "no generation is live" value
 NO_GENERATION = -1
 
@@ -205,24 +226,37 @@ class Board:
         off = _HEADER_SIZE + slot * _SLOT_SIZE
         self.mm[off : off + _SLOT_SIZE] = bytes(_SLOT_SIZE)
 
-    def read(self, slot: int) -> tuple[int, int, int, int, int, str] | None:
-        """(generation, rank, seq, batch, pid, phase) of ``slot``; None while empty."""
+    def read(self, slot: int) -> tuple[int, int, int, int, int, str, tuple[int, float, float]] | None:
+        """(generation, rank, seq, batch, pid, phase, (straggler window, busy s, batch s)) of
+        ``slot``; None while empty."""
         off = _HEADER_SIZE + slot * _SLOT_SIZE
         for _ in range(100):
             raw = self.mm[off : off + _SLOT.size]
-            version, gen, rank, seq, batch, pid, ph = _SLOT.unpack(raw)
+            version, gen, rank, seq, batch, pid, win, busy, wall, ph = _SLOT.unpack(raw)
             if version % 2 == 0 and self.mm[off : off + 8] == raw[:8]:
                 if version == 0:
                     return None
-                return gen, rank, seq, batch, pid, ph.rstrip(b"\0").decode(errors="replace")
+                pace = (win, busy / 1e6 if busy >= 0 else -1.0, wall / 1e6 if wall >= 0 else -1.0)
+                return gen, rank, seq, batch, pid, ph.rstrip(b"\0").decode(errors="replace"), pace
         return None
 
     # a rank's side
-    def write(self, slot: int, gen: int, rank: int, seq: int, batch: int, pid: int, ph: str) -> None:
+    def write(
+        self,
+        slot: int,
+        gen: int,
+        rank: int,
+        seq: int,
+        batch: int,
+        pid: int,
+        ph: str,
+        pace: tuple[int, int, int] = (-1, -1, -1),
+    ) -> None:
+        """``pace``: (straggler window, busy microseconds, batch microseconds)."""
         off = _HEADER_SIZE + slot * _SLOT_SIZE
         (version,) = struct.unpack_from("<q", self.mm, off)
         struct.pack_into("<q", self.mm, off, version + 1 if version % 2 == 0 else version)
-        body = _SLOT.pack(0, gen, rank, seq, batch, pid, ph.encode()[:16])[8:]
+        body = _SLOT.pack(0, gen, rank, seq, batch, pid, *pace, ph.encode()[:16])[8:]
         self.mm[off + 8 : off + _SLOT.size] = body
         struct.pack_into("<q", self.mm, off, (version | 1) + 1)
 
@@ -274,7 +308,8 @@ def start(rank: int, interval_s: float) -> None:
         while True:
             seq += 1
             with contextlib.suppress(ValueError):  # the mapping closed at exit
-                brd.write(slot, gen, rank, seq, int(_state["batch"]), pid, str(_state["phase"]))
+                win, busy, wall = int(_state["win"]), int(_state["busy_us"]), int(_state["wall_us"])
+                brd.write(slot, gen, rank, seq, int(_state["batch"]), pid, str(_state["phase"]), (win, busy, wall))
             time.sleep(interval_s)
 
     _thread = threading.Thread(target=beat, name="hpc_llm-heartbeat", daemon=True)

@@ -11,7 +11,7 @@ type (``t``)   from                        what
 =============  ==========================  =====================================================
 hello          agent, first                token, node, node id, pid, probe port, address, version
 warm           agent                       the training stack is imported: generations start now
-beat           agent, every period         its ranks' heartbeats (rank, seq, batch, phase, pid, gen)
+beat           agent, every period         its ranks' heartbeats (rank, seq, batch, phase, pid, gen, pace)
 port           agent                       the free rendezvous port it found for generation G
 started        agent                       its ranks of generation G are forked (rank -> pid)
 exit           agent                       a rank of generation G ended: its exit status
@@ -86,6 +86,11 @@ class RankBeat:
     phase: str
     pid: int
     gen: int
+    #: its last straggler window (-1: none yet), the median seconds per batch it was busy in it
+    #: (not waiting inside a collective) and the median seconds per batch
+    win: int = -1
+    busy_s: float = -1.0
+    wall_s: float = -1.0
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,7 @@ class Beat(Message):
     @classmethod
     def from_fields(cls, data: dict[str, Any]) -> Message:
         keys = [f.name for f in dataclasses.fields(RankBeat)]
-        return cls(int(data["seq"]), tuple(RankBeat(**{k: r[k] for k in keys}) for r in data["ranks"]))
+        return cls(int(data["seq"]), tuple(RankBeat(**{k: r[k] for k in keys if k in r}) for r in data["ranks"]))
 
 
 @dataclass(frozen=True)

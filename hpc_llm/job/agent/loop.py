@@ -387,9 +387,9 @@ class Agent:
                 if got is None:
                     slots.append(None)
                     continue
-                gen, rank, seq, batch, pid, ph = got
+                gen, rank, seq, batch, pid, ph, (win, busy, wall) = got
                 slots.append(heartbeat.Beat(rank, seq, batch, self.node, pid, ph, gen))
-                beats.append(messages.RankBeat(rank, seq, batch, ph, pid, gen))
+                beats.append(messages.RankBeat(rank, seq, batch, ph, pid, gen, win, busy, wall))
         if any(slots) and not self.stalled:
             self.file.write(slots)
         self._send(messages.Beat(self._seq, tuple(beats)))

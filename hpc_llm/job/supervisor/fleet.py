@@ -322,7 +322,9 @@ class Fleet:
     def _message(self, a: AgentView, msg: messages.Message) -> None:
         if isinstance(msg, messages.Beat):
             for b in msg.ranks:
-                a.beats[b.rank] = heartbeat.Beat(b.rank, b.seq, b.batch, a.node, b.pid, b.phase, b.gen)
+                a.beats[b.rank] = heartbeat.Beat(
+                    b.rank, b.seq, b.batch, a.node, b.pid, b.phase, b.gen, b.win, b.busy_s, b.wall_s
+                )
             if a.state == SUSPECT and not a.conn.closed:
                 self._cleared(a)
             return
