@@ -47,6 +47,12 @@ def cur(history, **kw):
     return a
 
 
+def slow(a: Attempt, node: str, action: str, at: float) -> Attempt:
+    """``a`` with a straggler verdict on ``node`` (hpc_llm.job.supervisor.stragglers), ``action`` taken."""
+    a.stragglers.append({"node": node, "ratio": 3.0, "busy_s": {node: 0.3, "n1": 0.1}, "action": action, "at": at})
+    return a
+
+
 def fail(rank=0, node="n1", type_="RuntimeError", message="boom", batch=5, time=0.0):
     return RankFailure(rank, node, type_, message, batch, time)
 
@@ -836,6 +842,60 @@ ROWS = [
         "failure",
         suspects=("n1",),
         state="failed",
+    ),
+    row(
+        "straggler: a slow node saved from and swapped for the spare: one blame point, no requeue",
+        [],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "straggler", "stragglers": ("n2",), "spares": ("n3",)},
+        S,
+        "swap",
+        "straggler",
+        suspects=("n2",),
+        state="stopped",
+        swap=("n2",),
+    ),
+    row(
+        "straggler: the spare went meanwhile: resumed here",
+        [],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "straggler", "stragglers": ("n2",), "spares": ()},
+        S,
+        "restart",
+        "straggler",
+        suspects=("n2",),
+        state="stopped",
+    ),
+    row(
+        "straggler exclude: the time limit's requeue leaves the slow node out",
+        [slow(att(0, "failure", action="restart"), "n2", "exclude", NOW - H)],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "time_limit"},
+        S,
+        "requeue",
+        "time_limit",
+        exclude=("n2",),
+        state="stopped",
+    ),
+    row(
+        "straggler exclude: a verdict older than forgive_after_s leaves nobody out",
+        [slow(att(0, "failure", action="restart"), "n2", "exclude", NOW - 25 * H)],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "time_limit"},
+        S,
+        "requeue",
+        "time_limit",
+        state="stopped",
+    ),
+    row(
+        "straggler warn: a verdict recorded with warn leaves nobody out",
+        [slow(att(0, "failure", action="restart"), "n2", "warn", NOW - H)],
+        {"state": "stopped", "stopped": 40},
+        {"returncode": 0, "stop_cause": "time_limit"},
+        S,
+        "requeue",
+        "time_limit",
+        state="stopped",
     ),
     row(
         "spare: a swap spends the failure budget like any failure",

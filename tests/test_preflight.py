@@ -198,13 +198,16 @@ def test_an_impossible_threshold_stops_training_before_the_first_batch(slurm_env
     assert "train/loss" not in (run_dir / "logs" / "rank0.log").read_text()
 
 
-def test_bad_preflight_and_watchdog_input(app_env, runs_dir, tmp_path):
+def test_bad_preflight_watchdog_and_straggler_input(app_env, runs_dir, tmp_path):
     cases = [
         (["preflight.enabled=true", "preflight.max_bytes=1000"], "preflight.max_bytes=1000: must be a power of two"),
         (["preflight.enabled=true", "preflight.checks=[allreduce,nvlink]"], "unknown health check 'nvlink'"),
         (["preflight.enabled=true", "preflight.min_tflops=500"], "preflight.min_tflops is set but cluster.device=cpu"),
         (["watchdog.action=reboot"], "watchdog.action='reboot'; allowed: warn, requeue"),
         (["watchdog.enabled=true", "watchdog.action=requeue", "fault.enabled=false"], "needs fault.enabled"),
+        (["straggler.action=cordon"], "straggler.action='cordon'; allowed: warn, swap, exclude"),
+        (["straggler.factor=0.5"], "straggler.factor=0.5: must be above 1"),
+        (["straggler.action=swap", "fault.enabled=false"], "straggler.action=swap is carried out by the job's"),
     ]
     for overrides, message in cases:
         proc = run_app(["+experiment=mpt_tiny", *overrides], app_env, cwd=tmp_path, timeout=120)

@@ -298,6 +298,44 @@ def test_the_batch_host_killed_an_agent_takes_over_or_the_agents_requeue_and_the
     assert f"its batch host {host} refused connections: job requeued" in said, said[-3000:]
 
 
+def test_a_slowed_node_is_found_and_swapped_for_the_spare_with_nothing_lost(
+    slurm24_env, test_site, tmp_path, pytestconfig
+):
+    """Once rank 1 passes batch 8, its node is made 3x slower (the pace plugin holds its batches,
+    as a throttled GPU would). straggler.action=swap: the supervisor names the node from the
+    ranks' busy times, the ranks save, the spare takes its rank in the same job and the node is
+    given back; training goes on at full speed and ends with the uninterrupted run's loss."""
+    env = with_site(dict(slurm24_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    longer = [a for a in SHORT if not a.startswith("train.max_duration=")] + ["train.max_duration=300ba"]
+    ref = reference(longer, slurm24_env, pytestconfig)  # the drain test's: shared
+    slow = tmp_path / "slow"
+    # SPARE paces every batch already; the slow node is the pace plugin's too
+    args = [
+        *SPARE,
+        "train.max_duration=300ba",
+        "straggler.action=swap",
+        f"{PACE[0].split('.batch_s')[0]}.slow_file={slow}",
+    ]
+    job_id, run_dir = submit(args, env, tmp_path)
+    node = rank_at(run_dir, 1, 8)["node"]
+    slow.write_text(node)
+    slowed_at = time.time()
+    first = decided(run_dir)
+    r = finished(run_dir, 420)
+    same_loss(r, ref)
+    what = (first["state"], first["cause"], first["action"], first["suspects"], first["left_out"])
+    assert what == ("stopped", "straggler", "swap", [node], [node]), first
+    [v] = first["stragglers"]
+    assert (v["node"], v["action"]) == (node, "swap") and v["ratio"] >= 2, v
+    # found within 3 windows of 10 batches, each held to 3 x 0.1 s (heartbeats, a save: slack)
+    assert v["at"] - slowed_at < 3 * 10 * 0.3 + 15, (slowed_at, v)
+    second = r["attempts"][1]
+    assert second["resumed_at_batch"] == first["stopped_at_batch"] > 0 and r["batches_lost"] == 0, r["attempts"]
+    assert not second.get("stragglers"), second  # the spare trains at full speed
+    swapped(r, job_id, node, env)
+    one_job_record(job_id, env)
+
+
 def test_a_node_drained_for_maintenance_is_swapped_for_the_spare_with_nothing_lost(
     slurm24_env, test_site, tmp_path, pytestconfig
 ):

@@ -250,6 +250,25 @@ class WatchdogConfig:
 
 
 @dataclass
+class StragglerConfig:
+    # Find a slow node (docs/guides/long-runs.md, "Slow nodes"): each rank measures the time
+    # per batch it is busy, waits inside collectives taken out (the slow node's ranks wait
+    # least); the supervisor compares the nodes. Multi-node runs only.
+    enabled: bool = True
+    # A node whose busy time per batch is this many times the median of the other nodes'
+    # is slow. 2: a node 3x slower is found, the noise of a busy machine (1.3x here) is not.
+    factor: float = 2.0
+    # Batches per window: each rank's figure is the median of a window's batches.
+    window: int = 10
+    # Windows in a row the same node must be slow: 2 finds a node 3x slower within 3 windows.
+    patience: int = 2
+    # warn: log and record the verdict; swap: save and put a spare in its place, in the
+    # same job (as for a dead node; without a spare left, as exclude); exclude: leave it
+    # out at the next requeue. Every verdict is in results.json with the figures per node.
+    action: str = "warn"
+
+
+@dataclass
 class ContainerConfig:
     # Container runtime plugin: none (the node's Python), apptainer, or a package's.
     name: str = "none"
@@ -331,6 +350,7 @@ class HpcLlmConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     precheck: PrecheckConfig = field(default_factory=PrecheckConfig)

@@ -24,6 +24,7 @@ from hpc_llm.errors import ConfigError, warn_once
 RESULTS_LOGGER = "hpc_llm_results"
 PREEMPTION_CALLBACK = "hpc_llm_preemption"
 WATCHDOG_CALLBACK = "hpc_llm_watchdog"
+STRAGGLER_CALLBACK = "hpc_llm_straggler"
 
 
 def check_owned_keys(cfg: DictConfig) -> None:
@@ -85,6 +86,9 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
             "patience": w.patience,
             "action": w.action,
         }
+    if cfg.straggler.enabled and plan.nodes > 1:
+        # one node has nothing to be compared with
+        callbacks[STRAGGLER_CALLBACK] = {"window": cfg.straggler.window}
     if cfg.fault.enabled:
         # after the watchdog: a stop it requests is acted on at the same batch
         callbacks[PREEMPTION_CALLBACK] = {}

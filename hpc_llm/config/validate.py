@@ -197,6 +197,24 @@ def check_watchdog(cfg: DictConfig) -> None:
         raise ConfigError("watchdog.action=requeue saves and requeues like a preemption; it needs fault.enabled=true")
 
 
+STRAGGLER_ACTIONS = ("warn", "swap", "exclude")
+
+
+def check_straggler(cfg: DictConfig) -> None:
+    s = cfg.straggler
+    if s.action not in STRAGGLER_ACTIONS:
+        raise ConfigError(f"straggler.action={s.action!r}; allowed: {', '.join(STRAGGLER_ACTIONS)}")
+    if not float(s.factor) > 1:
+        raise ConfigError(f"straggler.factor={s.factor}: must be above 1 (times the other nodes' median)")
+    if int(s.window) < 3 or int(s.patience) < 1:
+        raise ConfigError(f"straggler.window={s.window}, patience={s.patience}: need window >= 3 and patience >= 1")
+    if s.enabled and s.action != "warn" and not cfg.fault.enabled:
+        raise ConfigError(
+            f"straggler.action={s.action} is carried out by the job's supervisor; it needs fault.enabled=true "
+            "(allowed without it: straggler.action=warn)"
+        )
+
+
 def check_fault(cfg: DictConfig, plan: JobPlan) -> None:
     f = cfg.fault
     for key in ("max_preemptions", "max_failures", "max_timeouts"):
@@ -290,6 +308,7 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None, *, preview: bool = 
     else:
         check_preflight_off(cfg.preflight)
     check_watchdog(cfg)
+    check_straggler(cfg)
     check_fault(cfg, plan)
     check_train_keys(cfg.train, f"yaml={cfg.yaml}" if cfg.yaml else "")
     # `hpc-llm preflight` stops before training: how the batch splits over the ranks is

@@ -52,6 +52,8 @@ class Cause(_Word):
     SIGNAL = "signal"
     #: the supervisor stopped for a node an operator drains
     DRAIN = "drain"
+    #: the supervisor stopped to put a spare in a slow node's place (straggler.action=swap)
+    STRAGGLER = "straggler"
     # -- the run ends
     USER_ERROR = "user_error"
     PREFLIGHT_FAILED = "preflight_failed"

@@ -237,6 +237,9 @@ class Attempt:
     left_out: list[str] = field(default_factory=list)
     #: nodes the job gave back to Slurm after this stop (left out and still allocated: the job shrank)
     given_back: list[str] = field(default_factory=list)
+    #: straggler verdicts (hpc_llm.job.supervisor.stragglers): node, ratio, busy seconds per batch
+    #: of every node, the action taken (warn | swap | exclude), when
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -264,6 +267,7 @@ ATTEMPT_SUMMARY = (
     "error",
     "suspects",
     "left_out",
+    "stragglers",
     "alloc_nodes",
     "signal",
     "resumed_at_batch",

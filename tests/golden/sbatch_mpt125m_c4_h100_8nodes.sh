@@ -48,6 +48,6 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # supervisor's layout, each node's ranks in node-local scratch). The supervisor passes Slurm's
 # stop signal on to the ranks, watches the agents and the ranks' heartbeats, and restarts in
 # place, requeues or fails the run by the cause of a stop (docs/design/decision-table.md).
-exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 8 --tasks-per-node 8 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 1 --node-timeout-s 3 --probe-timeout-s 1.5 --hang-factor 10 --hang-floor-s 60 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 -- \
+exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 8 --tasks-per-node 8 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 1 --node-timeout-s 3 --probe-timeout-s 1.5 --hang-factor 10 --hang-floor-s 60 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 --straggler-factor 2 --straggler-patience 2 --straggler-action warn -- \
   srun --unbuffered --export=ALL --nodes=8 --ntasks=8 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --output=/shared/runs/golden/0/logs/agent%t.log --open-mode=append \
   /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.agent /shared/runs/golden/0/.hpc_llm/job.pkl

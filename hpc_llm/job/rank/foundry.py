@@ -7,7 +7,7 @@ in ``hpc_llm.job.rank.context.CURRENT``.
 
 from __future__ import annotations
 
-from hpc_llm.config.train_config import PREEMPTION_CALLBACK, RESULTS_LOGGER, WATCHDOG_CALLBACK
+from hpc_llm.config.train_config import PREEMPTION_CALLBACK, RESULTS_LOGGER, STRAGGLER_CALLBACK, WATCHDOG_CALLBACK
 
 
 def register() -> None:
@@ -16,6 +16,7 @@ def register() -> None:
 
     from hpc_llm.job.rank.preemption_callback import PreemptionCallback
     from hpc_llm.job.rank.results_logger import ResultsLogger
+    from hpc_llm.job.rank.straggler_callback import StragglerMeasure
     from hpc_llm.job.rank.watchdog_callback import Watchdog
 
     if RESULTS_LOGGER not in loggers.get_all():
@@ -24,3 +25,5 @@ def register() -> None:
         callbacks.register(PREEMPTION_CALLBACK, func=PreemptionCallback)
     if WATCHDOG_CALLBACK not in callbacks.get_all():
         callbacks.register(WATCHDOG_CALLBACK, func=Watchdog)
+    if STRAGGLER_CALLBACK not in callbacks.get_all():
+        callbacks.register(STRAGGLER_CALLBACK, func=StragglerMeasure)

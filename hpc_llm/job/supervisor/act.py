@@ -38,8 +38,9 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
         stand_aside(sup, wait_for_claim=False)
         return 0
     if d.action == Action.DONE:
-        if a.alloc_nodes > len(a.nodes):
-            # rank 0 wrote the completed record; the spares' node-seconds go in beside it
+        if a.alloc_nodes > len(a.nodes) or a.stragglers:
+            # rank 0 wrote the completed record; the spares' node-seconds and the straggler
+            # verdicts go in beside it
             attempts.save()
             update_results(sup.run_dir, attempts, sup.status() or "completed", {})
         end_for_good(sup)

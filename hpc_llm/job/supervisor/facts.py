@@ -80,6 +80,7 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         on_slurm=sup.job.ref is not None,
         spares=sup.agents.spares(),
         draining=end.draining if end.stop_cause == Cause.DRAIN else (),
+        stragglers=end.slow if end.stop_cause == Cause.STRAGGLER else (),
     )
 
 

@@ -43,6 +43,10 @@ class GenerationEnd:
     dead_nodes: dict[str, str] = field(default_factory=dict)
     #: nodes of the generation Slurm showed draining, for which the supervisor stopped it (stop_cause "drain")
     draining: tuple[str, ...] = ()
+    #: straggler verdicts while it ran (hpc_llm.job.supervisor.stragglers), as recorded
+    stragglers: list[dict[str, object]] = field(default_factory=list)
+    #: slow nodes the supervisor stopped the generation for, to swap them (stop_cause "straggler")
+    slow: tuple[str, ...] = ()
     #: agents that ended of their own error (a bug, not the node) or stalled: node -> why
     agent_errors: dict[str, str] = field(default_factory=dict)
     #: agents gone on a host that still answers (their probe was refused): node -> why

@@ -91,6 +91,17 @@ def active_blame(history: Sequence[Attempt], now: float, forgive_after_s: float)
     return out
 
 
+def slow_nodes(history: Sequence[Attempt], now: float, forgive_after_s: float) -> set[str]:
+    """Nodes a straggler verdict leaves out of the allocations to come (its action ``exclude``),
+    for ``forgive_after_s`` after the verdict."""
+    return {
+        str(v["node"])
+        for a in history
+        for v in a.stragglers
+        if v.get("action") == "exclude" and now - float(v.get("at") or 0.0) <= forgive_after_s
+    }
+
+
 def excluded_by_history(history: Sequence[Attempt], now: float, forgive_after_s: float) -> set[str]:
     """Nodes left out of the next allocation: two blame points or more, while they last."""
     return {n for n, points in active_blame(history, now, forgive_after_s).items() if points >= 2}

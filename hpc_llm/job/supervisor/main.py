@@ -93,6 +93,7 @@ class Supervisor(SupervisorState):
         if end.top_batch > a.last_batch:
             a.last_batch, a.train_s = end.top_batch, max(a.train_s, round(end.heartbeat_train_s, 3))
         a.detected_at = a.detected_at or end.detected_at
+        a.stragglers.extend(end.stragglers)
         a.stopped_at = a.stopped_at or end.stopped_at
         stop = facts.gather(self, end)
         earlier = [f for f in failures.read_all(self.run_dir) if f not in stop.failures]

@@ -47,6 +47,12 @@ class Policy:
     hang_timeout_s: float = 1800.0
     #: seconds from a generation's start until every rank trains; longer is a start-up hang (None: no limit)
     startup_timeout_s: float | None = None
+    #: straggler.*: a node this many times slower than the others' median, ``straggler_patience``
+    #: windows in a row, is slow (hpc_llm.job.supervisor.stragglers); action warn | swap | exclude
+    #: (None: not watched)
+    straggler_factor: float = 2.0
+    straggler_patience: int = 2
+    straggler_action: str | None = None
 
     @property
     def lease_s(self) -> float:
@@ -82,6 +88,9 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     p.add_argument("--hang-floor-s", type=float, default=60.0)
     p.add_argument("--hang-timeout-s", type=float, default=1800.0)
     p.add_argument("--startup-timeout-s", type=float, default=None)
+    p.add_argument("--straggler-factor", type=float, default=2.0)
+    p.add_argument("--straggler-patience", type=int, default=2)
+    p.add_argument("--straggler-action", choices=("warn", "swap", "exclude"), default=None)
     a = p.parse_args(argv[:cut])
     policy = Policy(
         run_dir=Path(a.run_dir),
@@ -106,5 +115,8 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
         hang_floor_s=a.hang_floor_s,
         hang_timeout_s=a.hang_timeout_s,
         startup_timeout_s=a.startup_timeout_s,
+        straggler_factor=a.straggler_factor,
+        straggler_patience=a.straggler_patience,
+        straggler_action=a.straggler_action,
     )
     return policy, argv[cut + 1 :]

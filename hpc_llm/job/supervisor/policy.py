@@ -37,6 +37,10 @@ Rules a run of weeks needs:
   ``swap``: a restart in this allocation without them, no requeue. Without
   enough spares it is a requeue with them excluded, by hpc_llm (Slurm does not
   requeue a ``--no-kill`` job on a node's death).
+* **A slow node is swapped or left out, never blamed for a failure**: a straggler verdict
+  (``straggler.action=swap``) stops the ranks to save, and spares take the slow nodes' places in
+  the same job; with ``exclude`` (or no spare left) the verdict leaves them out of the
+  allocations to come for ``forgive_after_s``.
 * **A drain is a swap, not a stop**: a node an operator drains (planned
   maintenance) while the run trains on it, with a warm spare to take its place,
   is saved from and left out in the same job: no blame, no budget, no requeue.
@@ -50,7 +54,7 @@ from dataclasses import replace
 
 from hpc_llm.job.failures import RankFailure
 from hpc_llm.job.supervisor.classify import classify_failure
-from hpc_llm.job.supervisor.history import count, excluded_by_history, since_reset, streaks
+from hpc_llm.job.supervisor.history import count, excluded_by_history, since_reset, slow_nodes, streaks
 from hpc_llm.job.supervisor.stop import DAY_S, Decision, Settings, Stop
 from hpc_llm.rundir.outcome import FAILURE_CAUSES, STOP_CAUSES, Action, Cause, State
 from hpc_llm.rundir.record import Attempt
@@ -90,6 +94,8 @@ def decide(
 
     if stop.stop_cause == Cause.DRAIN and current.state == State.STOPPED and stop.draining:
         return _drained(stop)
+    if stop.stop_cause == Cause.STRAGGLER and current.state == State.STOPPED and stop.stragglers:
+        return _slow(stop)
     stopped = _imposed_stop(current, stop, s)
     if stopped is not None:
         return _requeue_stop(history, current, stop, s, *stopped)
@@ -124,6 +130,21 @@ def _drained(stop: Stop) -> Decision:
         return Decision(Action.SWAP, Cause.DRAIN, reason, State.STOPPED, swap_out=drained)
     reason = f"{what}, with no spare left: the ranks saved; resuming here"
     return Decision(Action.RESTART, Cause.DRAIN, reason, State.STOPPED)
+
+
+def _slow(stop: Stop) -> Decision:
+    """The ranks saved for slow nodes a straggler verdict named (straggler.action=swap): spares take
+    their places and the slow nodes are suspects (one point: left out of this job, not of the
+    next unless it happens again); or (the spares went between the verdict and now) the ranks
+    resume here, and the verdict leaves the nodes out at the next requeue."""
+    slow = tuple(sorted(stop.stragglers))
+    takers = stop.spares[: len(slow)]
+    what = f"{', '.join(slow)} {'is' if len(slow) == 1 else 'are'} slow (a straggler verdict)"
+    if len(takers) == len(slow):
+        reason = f"{what}: the ranks saved; leaving {', '.join(slow)} out for spare(s) {', '.join(takers)}"
+        return Decision(Action.SWAP, Cause.STRAGGLER, reason, State.STOPPED, suspects=slow, swap_out=slow)
+    reason = f"{what}, with no spare left: the ranks saved; resuming here"
+    return Decision(Action.RESTART, Cause.STRAGGLER, reason, State.STOPPED, suspects=slow)
 
 
 def what_failed(
@@ -266,7 +287,8 @@ def _budgeted(
     state: State | None = None,
 ) -> Decision:
     state = state or _ended(current)
-    excl = tuple(sorted(exclude or ()))
+    # a straggler verdict's node (straggler.action=exclude) stays out of the allocations to come
+    excl = tuple(sorted(set(exclude or ()) | slow_nodes([*history, current], stop.now, s.forgive_after_s)))
     over = _over_budget(history, current, stop, s, cause)
     if over:
         return Decision(Action.FAIL, cause, f"{over}; last stop: {reason}", state, suspects, excl, (over,))

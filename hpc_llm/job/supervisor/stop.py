@@ -91,6 +91,9 @@ class Stop:
     spares: tuple[str, ...] = ()
     #: nodes of the generation Slurm shows draining (stop_cause drain: the supervisor stopped for them)
     draining: tuple[str, ...] = ()
+    #: slow nodes of the generation a straggler verdict named (stop_cause straggler: the supervisor
+    #: stopped to swap them)
+    stragglers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

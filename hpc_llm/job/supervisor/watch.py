@@ -23,6 +23,7 @@ from hpc_llm.job.supervisor import spares
 from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Suspect
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
+from hpc_llm.job.supervisor.stragglers import StragglerWatch, Verdict
 from hpc_llm.rundir.outcome import Cause
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class GenerationRun:
             timeout_s=p.hang_timeout_s,
             silence_s=max(3 * p.heartbeat_s, p.hang_floor_s),
         )
+        self.slow = StragglerWatch(p.straggler_factor, p.straggler_patience) if p.straggler_action else None
 
     def run(self) -> GenerationEnd:
         self.agents.ensure()
@@ -147,6 +149,7 @@ class GenerationRun:
             self.end.detected_at = self.end.detected_at or time.time()
         if self.gen is not None:
             self.watch_heartbeats(self.gen, now)
+            self.watch_stragglers(self.gen)
             self.check_spares(now)
             self.check_gone(self.gen, now)
 
@@ -246,6 +249,44 @@ class GenerationRun:
             end.startup = stuck
             log.error("hpc_llm supervisor: start-up stuck in %s; ending generation %d", stuck, gen.gen)
             self.kill(now)
+
+    def watch_stragglers(self, gen: Generation) -> None:
+        """A node slower than the others (:mod:`~hpc_llm.job.supervisor.stragglers`): recorded;
+        with ``straggler.action=swap`` and a warm spare, the ranks save and the spare takes its
+        place (as for a drain); with ``exclude``, or no spare, the next requeue leaves it out."""
+        if self.slow is None or not gen.all_started or gen.killing:
+            return
+        beats = {r: b for r, b in self.agents.fleet.beats().items() if b.gen == gen.gen and r not in gen.exits}
+        verdict = self.slow.observe(beats, gen.expected)
+        if verdict is not None:
+            self.on_straggler(verdict, max((b.batch for b in beats.values()), default=-1))
+
+    def on_straggler(self, verdict: Verdict, batch: int) -> None:
+        asked = self.policy.straggler_action
+        can_swap = (
+            asked == "swap"
+            and self.policy.stop_signal is not None
+            and self.timing.pending is None
+            and len(self.agents.spares()) > len(self.end.slow)
+        )
+        action = "swap" if can_swap else "warn" if asked == "warn" else "exclude"
+        self.end.stragglers.append({**verdict.as_record(), "action": action, "batch": batch, "at": time.time()})
+        figures = ", ".join(f"{n} {s:.3f}" for n, s in sorted(verdict.busy_s.items()))
+        then = {
+            "swap": "saving, then swapping in a spare",
+            "exclude": "leaving it out at the next requeue" + (" (no spare left)" if asked == "swap" else ""),
+            "warn": "straggler.action=warn",
+        }[action]
+        log.warning(
+            "hpc_llm supervisor: node %s is slow: busy %.1fx the other nodes' median per batch (s: %s); %s",
+            verdict.node,
+            verdict.ratio,
+            figures,
+            then,
+        )
+        if action == "swap":
+            self.end.slow = (*self.end.slow, verdict.node)
+            self.timing.requested(f"SIG{self.policy.stop_signal}", Cause.STRAGGLER)
 
     def check_spares(self, now: float) -> None:
         """Every :data:`SPARES_POLL_S`: a spare whose agent never started is given up (and back)."""

@@ -203,6 +203,16 @@ def supervisor_command(
         args.append("--no-restart-in-place")
     if not fault.take_over:
         args.append("--no-take-over")
+    straggler = OmegaConf.select(cfg, "straggler", default=None)
+    if straggler is not None and straggler.enabled and res.nodes > 1:
+        args += [
+            "--straggler-factor",
+            f"{float(straggler.factor):g}",
+            "--straggler-patience",
+            str(int(straggler.patience)),
+            "--straggler-action",
+            str(straggler.action),
+        ]
     return args
 
 

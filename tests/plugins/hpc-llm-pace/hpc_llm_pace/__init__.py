@@ -14,6 +14,12 @@ later, the rank removes it and stops for ``stall_s`` seconds, its heartbeat goin
 other ranks then wait in the next all-reduce: a stuck collective, as the supervisor sees
 one). Once: a restarted run finds no file.
 
+``slow_file``: once that file exists and names this node (its Slurm name), the ranks on the node
+hold each batch ``slow_factor`` times as long as it took them (a sleep at its end): the node is
+that many times slower than the others, as a throttled GPU or a node under a CPU quota would be.
+Its peers then wait for it inside the next batch's collectives (hpc_llm's straggler tests). A
+spare that takes its place is another node: full speed.
+
 Registered in LLM Foundry's callback registry through its ``llmfoundry_callbacks``
 entry point; a run asks for it with ``++train.callbacks.hpc_llm_test_pace.batch_s=0.1``.
 It is a real pip-installed package, so the code under test has no test hook.
@@ -21,6 +27,9 @@ It is a real pip-installed package, so the code under test has no test hook.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -37,10 +46,16 @@ class Pace(Callback):
         stall_at: int = 0,
         stall_s: float = 0.0,
         stall_rank: int = 0,
+        slow_file: str | None = None,
+        slow_factor: float = 3.0,
     ) -> None:
         self.batch_s = float(batch_s)
         self.stall = (Path(stall_file), int(stall_at), float(stall_s), int(stall_rank)) if stall_file else None
         self._started = time.monotonic()
+        self.here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.slow_file = Path(slow_file) if slow_file else None
+        self.slow_factor = float(slow_factor)
+        self.slow = False
 
     def batch_start(self, state: Any, logger: Any) -> None:
         self._started = time.monotonic()
@@ -49,6 +64,11 @@ class Pace(Callback):
         left = self.batch_s - (time.monotonic() - self._started)
         if left > 0:
             time.sleep(left)
+        if self.slow_file is not None and not self.slow:
+            with contextlib.suppress(OSError):
+                self.slow = self.slow_file.read_text().strip() == self.here
+        if self.slow:
+            time.sleep((self.slow_factor - 1) * (time.monotonic() - self._started))
         if self.stall is not None:
             from composer.utils import dist
 
