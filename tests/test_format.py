@@ -237,6 +237,21 @@ def test_status_of_one_run_says_how_many_spares_are_left_literally(home):
     assert "spare nodes: 1 of 2 left; lost n3 (its agent ended: [/oops]); given back to Slurm: n3" in shown
 
 
+def test_status_of_one_run_names_its_slow_nodes_literally(home):
+    """Straggler verdicts (attempts.json) are a line of `status <run>`, with what was done."""
+    from hpc_llm.rundir.record import Attempt, Attempts
+
+    [first] = [r for r in ledger.runs() if r.id == 1]
+    Path(first.run_dir, ".hpc_llm").mkdir(parents=True, exist_ok=True)
+    a = Attempt(job_id="7", restart=0, started_at=1.0)
+    a.stragglers = [{"node": "n[2]", "ratio": 3.46, "batch": 40, "action": "swap", "busy_s": {"n[2]": 0.3}}]
+    attempts = Attempts.load(first.run_dir)
+    attempts.items.append(a)
+    attempts.save()
+    shown = " ".join("".join(render(x, width=300) for x in run_details([first], lambda run: [])).split())
+    assert "slow nodes: n[2] (3.5x the other nodes' busy time per batch at batch 40: swapped for a spare)" in shown
+
+
 def test_hpc_llm_status_with_such_overrides(home):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HYDRA_"))}
     env["HPC_LLM_HOME"] = str(home)

@@ -17,6 +17,7 @@ from hpc_llm.results import ledger
 from hpc_llm.results.format import add_row, literal, table, wide_console
 from hpc_llm.results.status import SHOWN_WITHOUT_SLURM, attempts_of, causes, counts, refresh, runs_of, short
 from hpc_llm.rundir import spare_record
+from hpc_llm.rundir.record import Attempts
 
 COLUMNS = ("id", "state", "cause", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
 
@@ -93,11 +94,34 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
         held = spare_record.read(run.run_dir)
         if held is not None:
             yield literal(f"  spare nodes: {spare_record.describe(held)}")
+        slow = slow_nodes(run.run_dir)
+        if slow:
+            yield literal(f"  slow nodes: {slow}")
         if run.error:
             yield literal(f"  error: {run.error}")
         rows = attempts(run)
         if rows:
             yield table(list(rows[0]), (tuple(row.values()) for row in rows), title=f"attempts of run {run.id}")
+
+
+#: what a straggler verdict's action did, in status's words
+_SLOW_ACTIONS = {"swap": "swapped for a spare", "exclude": "left out at the next requeue", "warn": "warned"}
+
+
+def slow_nodes(run_dir: str) -> str | None:
+    """The run's straggler verdicts (attempts.json), one clause each; None without any."""
+    try:
+        verdicts = [v for a in Attempts.load(run_dir).items for v in a.stragglers]
+    except (OSError, ValueError, TypeError):
+        return None
+    return (
+        "; ".join(
+            f"{v.get('node')} ({float(v.get('ratio') or 0):.1f}x the other nodes' busy time per batch at batch "
+            f"{v.get('batch')}: {_SLOW_ACTIONS.get(str(v.get('action')), v.get('action'))})"
+            for v in verdicts
+        )
+        or None
+    )
 
 
 def show(
