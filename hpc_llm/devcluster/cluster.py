@@ -831,6 +831,41 @@ def thaw_node(pids: list[int]) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
+#: cgroup v1's cpu controller, where :func:`throttle_node` puts a node's processes
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
+
+
+def throttle_node(c: DevCluster, name: str, share: float) -> Path:
+    """Node ``name`` runs at ``share`` of one CPU, as a node held back (a thermal limit, a noisy
+    neighbour) would: its slurmd, its steps and their tasks go into a cgroup v1 ``cpu`` group of
+    their own with a CFS quota, and whatever they start later (the next job's agent) is born
+    there. Returns the group (for :func:`unthrottle_node`)."""
+    if name not in c.node_names:
+        raise ConfigError(f"no node {name!r} in the dev cluster ({', '.join(c.node_names)})")
+    group = CPU_CGROUPS / f"hpc_llm-{c.root.name}-{name}"
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(share * 100000))))
+    for _ in range(3):  # again, for anything started between the look-up and the move
+        for pid in _node_pids(c, name):
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (group / "cgroup.procs").write_text(str(pid))  # one pid per write: the kernel's rule
+    return group
+
+
+def unthrottle_node(c: DevCluster, name: str) -> None:
+    """Node ``name`` at full speed again: its processes back in the root group, its group gone."""
+    group = CPU_CGROUPS / f"hpc_llm-{c.root.name}-{name}"
+    if not group.is_dir():
+        return
+    for _ in range(3):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (CPU_CGROUPS / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
 def revive_node(c: DevCluster, name: str, timeout_s: float = 60) -> None:
     """Restart node ``name``'s slurmd and wait until the node is back in service
     (``ReturnToService=2`` returns a node that was DOWN for not responding)."""
