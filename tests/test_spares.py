@@ -298,6 +298,36 @@ def test_the_batch_host_killed_an_agent_takes_over_or_the_agents_requeue_and_the
     assert f"its batch host {host} refused connections: job requeued" in said, said[-3000:]
 
 
+def test_a_spare_that_fails_its_compute_check_is_given_back_and_never_trains(
+    app_env, own_cluster_24, test_site, tmp_path
+):
+    """The spare node is held to a fifth of a CPU (a cgroup quota on its slurmd, inherited by its
+    agent): its agent warms up last, and its compute check runs far under the training nodes'.
+    The supervisor gives it back to Slurm at once, before any swap could pick it; the run
+    trains and completes on the two others, and `hpc-llm status` says no spare is left."""
+    from hpc_llm.devcluster import cluster as devcluster
+
+    env = with_site(dict(app_env, **own_cluster_24.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+    victim = own_cluster_24.node_names[-1]
+    devcluster.throttle_node(own_cluster_24, victim, 0.2)
+    try:
+        # long enough for the throttled agent to import its stack (~5 x the others' start)
+        job_id, run_dir = submit([*SPARE, "train.max_duration=600ba"], env, tmp_path)
+        held = wait_for(
+            lambda: (h := spare_record.read(run_dir)) and victim in h.get("lost", {}) and h, 300, "the spare lost"
+        )
+        r = finished(run_dir, 420)
+    finally:
+        devcluster.unthrottle_node(own_cluster_24, victim)
+    assert r["status"] == "completed", r.get("error")
+    assert all(victim not in a["nodes"] for a in r["attempts"]), r["attempts"]
+    assert "its compute check ran at" in held["lost"][victim], held
+    shown = " ".join(run_cli(["status", job_id], env, timeout=60).stdout.split())
+    assert f"spare nodes: 0 of 1 left; lost {victim} (its compute check ran at" in shown, shown
+    if victim != scontrol_job(job_id, env).get("BatchHost"):  # a job cannot let go of its batch host
+        assert held["given_back"] == [victim], held
+
+
 def test_a_slowed_node_is_found_and_swapped_for_the_spare_with_nothing_lost(
     slurm24_env, test_site, tmp_path, pytestconfig
 ):

@@ -74,6 +74,10 @@ class Warm(Message):
     T: ClassVar[str] = "warm"
     #: seconds the training stack took to import
     import_s: float | None = None
+    #: its node's own checks (hpc_llm.job.agent.node_check): the compute benchmark's GFLOP/s, and
+    #: why the node failed one (None: passed, or not run)
+    gflops: float | None = None
+    failed: str | None = None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_llm.job import heartbeat, messages, wire
-from hpc_llm.job.agent import forker, orphan, warm
+from hpc_llm.job.agent import forker, node_check, orphan, warm
 from hpc_llm.job.agent.forker import RankProc
 from hpc_llm.job.agent.node import board_file, free_port, own_output, rank_env
 from hpc_llm.job.env import FORKED_AT, JobEnv
@@ -114,9 +114,20 @@ class Agent:
         log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, warm.describe(self.payload))
         if stale := heartbeat.remove_stale_boards(board_file().parent):
             log.info("hpc_llm agent on %s: removed %d board file(s) of agents gone", self.node, len(stale))
-        self.conn.send(messages.Warm(import_s=round(took, 3)))
+        checked = self._check_node()
+        self.conn.send(messages.Warm(import_s=round(took, 3), gflops=checked.gflops, failed=checked.failed))
         self.heard = time.monotonic()
         return self._loop()
+
+    def _check_node(self) -> node_check.NodeCheck:
+        """This node's own checks, before it trains or waits as a spare (hpc_llm's task only: another
+        Hydra app's agent may have no torch)."""
+        if not warm.is_hpc_llm_task(self.payload):
+            return node_check.NodeCheck()
+        warm.check_fork_safe()
+        result = node_check.check(self.payload.config)
+        log.info("hpc_llm agent on %s: node check %s", self.node, result)
+        return result
 
     def _connect(self) -> wire.Conn:
         deadline = time.monotonic() + CONNECT_S

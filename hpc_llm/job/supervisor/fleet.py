@@ -77,6 +77,9 @@ class AgentView:
     last_heard: float = field(default_factory=time.monotonic)
     last_ping: float = 0.0
     import_s: float | None = None
+    #: its node's own checks, sent with ``warm`` (hpc_llm.job.agent.node_check)
+    gflops: float | None = None
+    failed: str | None = None
     #: rank -> its latest beat, as this agent last sent it
     beats: dict[int, heartbeat.Beat] = field(default_factory=dict)
     #: why it is suspect, dead or gone
@@ -329,7 +332,7 @@ class Fleet:
                 self._cleared(a)
             return
         if isinstance(msg, messages.Warm):
-            a.state, a.import_s = WARM, msg.import_s
+            a.state, a.import_s, a.gflops, a.failed = WARM, msg.import_s, msg.gflops, msg.failed
         elif isinstance(msg, messages.Bye):
             a.state, a.why = GONE, msg.why
             with contextlib.suppress(KeyError, ValueError):

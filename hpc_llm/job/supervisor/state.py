@@ -41,6 +41,8 @@ class SupervisorState:
         self.gen = 0
         #: Slurm's stop signals as the handler queued them: (signal, when)
         self.signals: deque[tuple[str, float]] = deque()
+        #: nodes that failed their own check and train all the same (no spare): warned once
+        self.check_warned: set[str] = set()
         #: when the batch step got SIGTERM (0: it did not)
         self.terminated_at = 0.0
         self.timing = StopTiming(

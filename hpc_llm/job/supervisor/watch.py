@@ -168,6 +168,7 @@ class GenerationRun:
             self.agents.left_out |= set(end.lost)
             end.forget_lost()
             end.detected_at = detected
+        self.leave_out_failed_checks()
         step = self.agents.step
         assert step is not None
         if end.lost:
@@ -184,6 +185,25 @@ class GenerationRun:
             end.startup = f"the agents' start (container, srun or imports: {ready} of {p.nodes} ready)"
             self.over = True
         return self.over or self.gen is not None
+
+    def leave_out_failed_checks(self) -> None:
+        """Nodes whose own checks failed, or whose compute figure is far under the others', are
+        left out (and given back) before a generation starts: they never take a place. Not a node
+        the run cannot do without (no spare for it): it trains, with a warning."""
+        agents = self.agents
+        view = agents.fleet.view()
+        checks = {n: (a.gflops, a.failed) for n, a in view.items() if a.state == "warm" and n not in agents.left_out}
+        for node, why in spares.failed_checks(checks, self.policy.straggler_factor).items():
+            if node in agents.layout:
+                continue  # it trains already: the straggler watch judges it from here on
+            others = [n for n in agents.job.nodes if n not in agents.left_out and n != node]
+            if len(others) >= self.policy.nodes:
+                agents.lose_spare(node, why)
+            elif node not in self.sup.check_warned:
+                self.sup.check_warned.add(node)
+                log.warning(
+                    "hpc_llm supervisor: node %s failed its own check (%s); no spare for it: training on it", node, why
+                )
 
     def take_signals(self) -> None:
         """Slurm's stop signals the handler queued: act first, ask after (:mod:`timing`)."""
@@ -298,6 +318,7 @@ class GenerationRun:
         held = self.agents.spares_held()
         for node in spares.never_started(held, set(view), now - self.agents.since, starts):
             self.agents.lose_spare(node, "its agent never started")
+        self.leave_out_failed_checks()
 
     def check_gone(self, gen: Generation, now: float) -> None:
         """Every rank is gone, the agent step with them, or the agents never said so after a kill."""
