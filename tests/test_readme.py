@@ -309,6 +309,12 @@ COVERED: dict[str, Run | By | Skip] = {
         append=("hydra.launcher.dry_run=true", "data.remote=s3://bucket/c4"),
         out="job 0: dry run",
     ),
+    # docs/guides/long-runs.md, "Slow nodes": a slowed node swapped for the spare, on the 24.11 dev cluster
+    "python -m hpc_llm +experiment=mpt7b_c4 hydra/launcher=slurm resources.nodes=8 resources.spare_nodes=1 "
+    "straggler.action=swap": By(
+        "tests/test_spares.py::test_a_slowed_node_is_found_and_swapped_for_the_spare_with_nothing_lost",
+        ('"straggler.action=swap"',),
+    ),
     "python -m hpc_llm +experiment=mpt7b_c4 hydra/launcher=slurm watchdog.enabled=true [watchdog.action=requeue]": Run(
         ("+experiment=mpt7b_c4", "hydra/launcher=slurm", "watchdog.enabled=true", "watchdog.action=requeue"),
         append=("hydra.launcher.dry_run=true", "data.remote=s3://bucket/c4"),
