@@ -63,12 +63,23 @@ Inputs, cited or marked as assumptions:
   thousands of GPUs, not measurable here), swept: added to every restart, swap and start
   of both designs. A start in a new allocation is a cold start (the agents import the
   stack there too).
+* Fail-slow nodes (stragglers): Wu et al. ("GREYHOUND", USENIX ATC '25) found on a
+  10,000-GPU production cluster that fail-slows last from under a minute to nearly ten hours
+  and delay large training jobs 1.34x on average; they give no per-node rate. *Assumptions*:
+  a node turns slow ``--slow-per-node-day`` times per node-day (1/500: about four a day at
+  2,048 nodes), ``SLOW_FACTOR`` (2.5) times slower, for an exponential time of mean 3 h,
+  one at a time; the whole run trains at its pace while it is in the layout. The straggler
+  watch (``straggler.action=swap``) finds it after the onset's window and ``patience`` more at
+  the product's defaults (3 x 10 batches at the slow pace), then the ranks save and a spare
+  takes its rank; with no spare it is left out at the next allocation. A third design, the
+  agents without the watch, shows what it is worth. The oracle pays each slow node's batches
+  up to the watch's detection time (or its end, if sooner).
 * ``--queue-wait-min``: every requeue waits this long (the first submission too);
   fixed, where a real queue varies: the mean is what matters to first order.
 * The policy's settings are the product's defaults (``FaultConfig``).
 
     .venv/bin/python benchmarks/long_run.py --nodes 2048 --queue-wait-min 30 --restart-s 120 [--seeds 100]
-        [--spares S] [--faults-json FILE] [--grid]
+        [--spares S] [--faults-json FILE] [--grid] [--slow-per-node-day R]
 """
 
 from __future__ import annotations
@@ -111,6 +122,13 @@ FLAKY_MEAN_S = 12 * H
 REPAIR_S = 2 * DAY
 #: Slurm's default SlurmdTimeout, and the third more it may take to call a node DOWN
 SLURM_NODE_S = 300 * 4 / 3
+#: fail-slow nodes (a throttled GPU, a degraded link; docstring: assumptions, and what Wu et al.
+#: measured): how often a node turns slow, how much slower, for how long on average
+SLOW_PER_NODE_DAY = 1 / 500
+SLOW_FACTOR = 2.5
+SLOW_MEAN_S = 3 * H
+#: the product's straggler.* defaults: a verdict after the onset's window and `patience` more
+STRAGGLER_WINDOW, STRAGGLER_PATIENCE = 10, 2
 ECC = "CUDA error: uncorrectable ECC error encountered"
 FAULTS = FaultConfig()
 
@@ -127,6 +145,8 @@ class Path_:
     #: the job finds dead nodes itself (else Slurm does, and requeues the job)
     agents: bool
     source: str = "the dev cluster's figures (benchmarks/faults.py, CPU)"
+    #: the straggler watch with straggler.action=swap (else a slow node slows the run while it lasts)
+    stragglers: bool = False
 
 
 AGENTS = Path_(
@@ -134,6 +154,7 @@ AGENTS = Path_(
     2.9,
     {"dead node": 1.0, "frozen node": 4.5, "rank error": 0.0, "hang": FAULTS.hang_floor_s},
     agents=True,
+    stragglers=True,
 )
 TODAY = Path_(
     "today",
@@ -141,6 +162,11 @@ TODAY = Path_(
     {"dead node": SLURM_NODE_S, "frozen node": SLURM_NODE_S, "rank error": 0.0, "hang": FAULTS.hang_timeout_s},
     agents=False,
 )
+
+
+def without_watch(agents: Path_) -> Path_:
+    """The agents' design with the straggler watch off (straggler.action=warn)."""
+    return replace(agents, name=f"{agents.name}, no straggler watch", stragglers=False)
 
 
 def paths_from_json(path: str) -> tuple[Path_, Path_]:
@@ -180,6 +206,8 @@ class Scale:
     queue_s: float
     restart_s: float
     spares: int
+    #: fail-slow nodes per node-day (0: none)
+    slow_per_node_day: float = SLOW_PER_NODE_DAY
     save_s: float = field(init=False)
     load_s: float = field(init=False)
     interval_s: float = field(init=False)
@@ -198,9 +226,25 @@ class Scale:
         return int(work_s // self.step_s)
 
 
-def scale(nodes: int, queue_wait_min: float, restart_s: float, spares: int | None = None) -> Scale:
+def scale(
+    nodes: int,
+    queue_wait_min: float,
+    restart_s: float,
+    spares: int | None = None,
+    slow_per_node_day: float = SLOW_PER_NODE_DAY,
+) -> Scale:
     model, params, days, step = SCALES[nodes]
-    return Scale(nodes, model, params, days * DAY, step, queue_wait_min * 60, restart_s, default_spares(nodes, spares))
+    return Scale(
+        nodes,
+        model,
+        params,
+        days * DAY,
+        step,
+        queue_wait_min * 60,
+        restart_s,
+        default_spares(nodes, spares),
+        slow_per_node_day,
+    )
 
 
 def default_spares(nodes: int, spares: int | None) -> int:
@@ -274,7 +318,7 @@ def simulate(
     """One run of ``sc`` on ``path`` with ``spares`` warm spares per allocation. The oracle
     recovers a failure as ``best`` does with a spare always there; a start in a new
     allocation costs ``cold_s`` (a cold start: today's restart) plus the site's cost and the load."""
-    fail_rng, kind_rng, plan_rng = (random.Random(f"{seed}:{k}") for k in ("fail", "kind", "planned"))
+    fail_rng, kind_rng, plan_rng, slow_rng = (random.Random(f"{seed}:{k}") for k in ("fail", "kind", "planned", "slow"))
     s = settings(sc.nodes)
     r = Run(seed, path.name)
     n = sc.nodes
@@ -292,6 +336,14 @@ def simulate(
     restart = sc.restart_s + sc.load_s
     cold = cold_s + restart  # a start in a new allocation: imports, rendezvous, load
     need_alloc, requeue_by = True, "submission"
+    # fail-slow nodes: node -> slow until; when each turned slow; the wall clock each event trained
+    # slow (the oracle pays the least of that and the watch's detection); judged this generation
+    slow: dict[str, float] = {}
+    slow_since: dict[str, float] = {}
+    exposure: dict[str, float] = {}
+    slow_out: dict[str, float] = {}  # left out of the next allocations by a verdict (no spare)
+    judged: set[str] = set()
+    gen_start = 0.0
     while True:
         if r.t > 10 * sc.work_s:
             r.reason = "did not finish in ten times its training time"
@@ -307,7 +359,9 @@ def simulate(
                 for node, back in list(down.items()):
                     if back <= r.t:
                         del down[node]
-                left_out = excluded_by_history(history, r.t, s.forgive_after_s)
+                left_out = excluded_by_history(history, r.t, s.forgive_after_s) | {
+                    x for x, until in slow_out.items() if until > r.t
+                }
                 usable = [x for x in names if x not in down and x not in left_out]
                 # Slurm starts the job when N + S nodes are usable: a repair or an exclusion's end
                 nxt = min(down.values(), default=math.inf)
@@ -323,30 +377,67 @@ def simulate(
             alloc_start, alloc_end, step = r.t, r.t + LIMIT_S, 0
             r.spend("start-up and load", cold)
             need_alloc = False
+            gen_start = r.t
+            judged.clear()  # a new allocation's watch judges afresh
         start = r.t
         a = Attempt("1", len(history), start, generation=step, nodes=list(layout), resumed_at_batch=sc.batch(r.work))
         rate = n / NODE_MTBF_S
         remaining = sc.work_s - r.work
-        cycle = sc.interval_s + sc.save_s
-        done_in = remaining + math.floor(remaining / sc.interval_s) * sc.save_s
+        # a slow node in the layout holds every rank to its pace: each batch takes f times as long
+        now_slow = [x for x in layout if slow.get(x, -math.inf) > start]
+        f = SLOW_FACTOR if now_slow else 1.0
+        cycle = sc.interval_s * f + sc.save_s
+        done_in = remaining * f + math.floor(remaining / sc.interval_s) * sc.save_s
         fail_in = fail_rng.expovariate(rate)
         planned_in = plan_rng.expovariate(1 / PLANNED_MEAN_S)
         limit_in = max(0.0, alloc_end - sc.lead_s - start)
-        ev_in = min(fail_in, planned_in, limit_in, done_in)
+        # one slow node at a time; it ends on its own (fail-slows are transient) or is judged
+        slow_in = (
+            math.inf if now_slow or not sc.slow_per_node_day else slow_rng.expovariate(n * sc.slow_per_node_day / DAY)
+        )
+        slow_end_in = slow[now_slow[0]] - start if now_slow else math.inf
+        found_in = math.inf
+        if now_slow and path.stragglers and now_slow[0] not in judged:
+            # the onset's window and `patience` more, each of `window` batches at the slow pace
+            found_in = max(0.0, max(slow_since[now_slow[0]], gen_start) + _detect_s(sc) - start)
+        ev_in = min(fail_in, planned_in, limit_in, done_in, slow_in, slow_end_in, found_in)
         cycles = int(ev_in // cycle)
-        saved = cycles * sc.interval_s
+        saved = cycles * sc.interval_s  # work (training seconds at full pace)
         tail = ev_in - cycles * cycle
-        unsaved = min(tail, sc.interval_s)
-        saving = tail - unsaved  # a periodic save under way
+        unsaved_wall = min(tail, sc.interval_s * f)
+        unsaved = unsaved_wall / f
+        saving = tail - unsaved_wall  # a periodic save under way
         r.t = start + ev_in
         r.waste["periodic saves"] = r.waste.get("periodic saves", 0.0) + cycles * sc.save_s
+        if now_slow:
+            exposure[now_slow[0]] = exposure.get(now_slow[0], 0.0) + ev_in - cycles * sc.save_s
+        if ev_in in (slow_in, slow_end_in) or (ev_in == found_in and not _spare_for(spare_nodes, history, s, r.t)):
+            # no stop: training goes on (a slow node came, went, or was judged with no spare for it)
+            r.productive += saved + unsaved
+            r.work += saved + unsaved
+            r.waste["periodic saves"] += saving
+            r.waste["slow node"] = r.waste.get("slow node", 0.0) + (f - 1) * (saved + unsaved)
+            on_disk = min(on_disk + cycles, KEEP_CHECKPOINTS)
+            if ev_in == slow_in:
+                node = slow_rng.choice(layout)
+                slow[node], slow_since[node] = r.t + slow_rng.expovariate(1 / SLOW_MEAN_S), r.t
+                faulty.add(node)  # a degraded node is not a healthy one (its verdict is a blame point)
+                r.count("slow node")
+            elif ev_in == found_in:
+                judged.add(now_slow[0])
+                slow_out[now_slow[0]] = r.t + s.forgive_after_s  # straggler.action=swap, no spare: exclude
+                r.count("slow node left out at the next requeue")
+            continue
+        if f > 1:
+            kept = remaining if ev_in == done_in else saved + (unsaved if ev_in != fail_in else 0.0)
+            r.waste["slow node"] = r.waste.get("slow node", 0.0) + (f - 1) * kept
         if cycles:
             a.checkpoint_batch = sc.batch(r.work + saved)
         a.last_batch = sc.batch(r.work + saved + unsaved)
         if ev_in == done_in:
             r.productive += remaining
             r.work = sc.work_s
-            r.waste["periodic saves"] += done_in - remaining - cycles * sc.save_s
+            r.waste["periodic saves"] += done_in - remaining * f - cycles * sc.save_s
             r.completed = True
             r.spare_node_s += spares * (r.t - alloc_start)
             break
@@ -363,7 +454,7 @@ def simulate(
             # the work since the last checkpoint is lost, and a save under way
             r.productive += saved
             r.work += saved
-            r.waste["work lost"] = r.waste.get("work lost", 0.0) + unsaved + saving
+            r.waste["work lost"] = r.waste.get("work lost", 0.0) + unsaved_wall + saving
             unfinished = 1 if saving else 0
             r.spend("detection", path.detect_s[kind])
             if kind == "rank error":
@@ -397,6 +488,7 @@ def simulate(
             r.count(d.action)
             if d.action in ("restart", "swap"):
                 r.spend("restart in place" if d.action == "restart" else "swap for a spare", path.restart_s + restart)
+                gen_start = r.t
                 for node in d.swap_out:
                     spare = next(x for x in spare_nodes if x not in d.exclude)
                     spare_nodes.remove(spare)
@@ -405,6 +497,26 @@ def simulate(
             elif d.action == "requeue" and kind.endswith("node") and path.agents:
                 # Slurm holds the requeued job until it has called the node DOWN
                 r.spend("Slurm releasing a dead node", max(0.0, SLURM_NODE_S - path.detect_s[kind]))
+        elif ev_in == found_in:
+            # straggler.action=swap with a spare: the ranks save, the spare takes the slow node's rank
+            node = now_slow[0]
+            judged.add(node)
+            r.count("straggler swap")
+            r.productive += saved + unsaved
+            r.work += saved + unsaved
+            r.waste["periodic saves"] += saving
+            r.spend("saves at a stop", sc.save_s)
+            on_disk += 1
+            a.state, a.stopped_at_batch = "stopped", sc.batch(r.work)
+            facts.update(returncode=0, stop_cause="straggler", stragglers=(node,), now=r.t)
+            d = _decide(history, a, facts, s, [], spare_nodes if path.agents else [])
+            r.count(d.action)
+            r.spend("swap for a spare", path.restart_s + restart)
+            for out in d.swap_out:
+                spare = next(x for x in spare_nodes if x not in d.exclude)
+                spare_nodes.remove(spare)
+                layout[layout.index(out)] = spare
+            step += 1
         else:
             # a planned stop or the time limit: the ranks save, the job goes back to the queue
             cause = "signal" if ev_in == planned_in else "time_limit"
@@ -428,6 +540,9 @@ def simulate(
             if node in flaky:
                 flaky.discard(node)
                 down[node] = r.t + REPAIR_S
+        if d.action in ("restart", "swap"):
+            gen_start = r.t
+            judged.clear()
         if d.action == "fail":
             r.reason = d.reason
             break
@@ -436,7 +551,18 @@ def simulate(
             need_alloc = True
             requeue_by = "trace" if d.cause in ("time_limit", "signal") else "failure"
     r.healthy_excluded = len(r.left_out - faulty)
+    # the least a slow node can cost: its batches at its pace until the watch's verdict (or its end)
+    r.oracle_s += sum((1 - 1 / SLOW_FACTOR) * min(_detect_s(sc), wall) for wall in exposure.values())
     return r
+
+
+def _detect_s(sc: Scale) -> float:
+    """Seconds from a node turning slow to the straggler watch's verdict (straggler.* defaults)."""
+    return (STRAGGLER_PATIENCE + 1) * STRAGGLER_WINDOW * sc.step_s * SLOW_FACTOR
+
+
+def _spare_for(spare_nodes: list[str], history: list[Attempt], s: Settings, now: float) -> bool:
+    return any(x not in excluded_by_history(history, now, s.forgive_after_s) for x in spare_nodes)
 
 
 def _kind(rng: random.Random) -> str:
@@ -492,23 +618,30 @@ def summarise(runs: list[Run], sc: Scale, path: Path_, spares: int) -> Summary:
     return Summary(runs, goodput, bound, goodput / bound if bound else 0.0, over, young_daly(sc, path, spares))
 
 
-def run_both(sc: Scale, seeds: int, agents: Path_, today: Path_, jobs: int = 1) -> tuple[Summary, Summary]:
-    """Every seed on both designs (``jobs`` processes: the seeds are independent)."""
+def run_both(sc: Scale, seeds: int, agents: Path_, today: Path_, jobs: int = 1) -> tuple[Summary, Summary, Summary]:
+    """Every seed on the designs (``jobs`` processes: the seeds are independent): the agents with
+    spares and the straggler watch, the same without the watch, today's."""
+    plain = without_watch(agents)
     args = [(seed, sc, agents, sc.spares, agents, today.restart_s) for seed in range(seeds)]
+    args += [(seed, sc, plain, sc.spares, agents, today.restart_s) for seed in range(seeds)]
     args += [(seed, sc, today, 0, agents, today.restart_s) for seed in range(seeds)]
     if jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
             runs = list(pool.map(_simulate, args, chunksize=max(1, len(args) // (4 * jobs))))
     else:
         runs = [_simulate(a) for a in args]
-    return summarise(runs[:seeds], sc, agents, sc.spares), summarise(runs[seeds:], sc, today, 0)
+    return (
+        summarise(runs[:seeds], sc, agents, sc.spares),
+        summarise(runs[seeds : 2 * seeds], sc, plain, sc.spares),
+        summarise(runs[2 * seeds :], sc, today, 0),
+    )
 
 
 def _simulate(args: tuple[Any, ...]) -> Run:
     return simulate(*args)
 
 
-def report(sc: Scale, ours: Summary, before: Summary, agents: Path_, today: Path_) -> str:
+def report(sc: Scale, ours: Summary, before: Summary, agents: Path_, today: Path_, plain: Summary | None = None) -> str:
     runs = ours.runs
     lines = [
         f"{sc.model} on {sc.nodes} nodes + {sc.spares} spare(s) (partition {sc.partition}), "
@@ -520,14 +653,19 @@ def report(sc: Scale, ours: Summary, before: Summary, agents: Path_, today: Path
     for p in (agents, today):
         det = ", ".join(f"{k} {v:g} s" for k, v in p.detect_s.items() if k != "rank error")
         lines.append(f"  {p.name}: restart in place {p.restart_s:g} s + {sc.restart_s:g} s; found: {det} ({p.source})")
-    for label, sm in ((f"agents + {sc.spares} spare(s)", ours), ("today's design", before)):
+    designs = [(f"agents + {sc.spares} spare(s)", ours)]
+    if plain is not None:
+        designs.append((f"agents + {sc.spares} spare(s), no straggler watch", plain))
+    designs.append(("today's design", before))
+    for label, sm in designs:
         done = [r for r in sm.runs if r.completed]
         ends: dict[str, int] = {}
         for r in sm.runs:
             if not r.completed:
                 why = re.sub(r"\d+", "N", r.reason.split(";")[0])
                 ends[why] = ends.get(why, 0) + 1
-        worst = min((r.goodput(sc.nodes) / r.oracle(sc.nodes, sc.spares if sm is ours else 0) for r in done), default=0)
+        held = 0 if sm is before else sc.spares
+        worst = min((r.goodput(sc.nodes) / r.oracle(sc.nodes, held) for r in done), default=0)
         lines.append(
             f"  {label}: {len(done)}/{len(sm.runs)} completed, goodput {sm.goodput:.4f}, oracle {sm.bound:.4f}, "
             f"ratio {sm.ratio:.4f} (worst seed {worst:.4f}), seeds above the oracle {sm.over}, "
@@ -589,6 +727,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--restart-s", type=float, default=120.0, help="the site's cost of every start (NCCL, the load)")
     ap.add_argument("--spares", type=int, default=None, help="warm spare nodes (default: twice a day's node losses)")
     ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument(
+        "--slow-per-node-day",
+        type=float,
+        default=SLOW_PER_NODE_DAY,
+        help=f"fail-slow nodes per node-day (an assumption, default 1/{1 / SLOW_PER_NODE_DAY:g}; 0: none)",
+    )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (the seeds are independent)")
     ap.add_argument("--json", "--faults-json", dest="faults_json", default=None, help="benchmarks/faults.py --json")
     ap.add_argument("--grid", action="store_true", help="every combination of 64/2048 nodes, 30/240 min, 30/120/300 s")
@@ -596,27 +740,28 @@ def main(argv: list[str] | None = None) -> None:
     agents, today = paths_from_json(args.faults_json) if args.faults_json else (AGENTS, TODAY)
     if args.grid:
         print(
-            "| nodes | queue wait | restart | completed | goodput | oracle | ratio | Young/Daly | today's goodput "
-            "| today's ratio | ckpts | healthy excluded | missed |"
+            "| nodes | queue wait | restart | completed | goodput | oracle | ratio | Young/Daly | no straggler watch "
+            "| today's goodput | today's ratio | ckpts | healthy excluded | missed |"
         )
-        print("|---" * 13 + "|")
+        print("|---" * 14 + "|")
         for nodes in sorted(SCALES):
             for q in (30.0, 240.0):
                 for rs in (30.0, 120.0, 300.0):
-                    sc = scale(nodes, q, rs, args.spares)
-                    ours, before = run_both(sc, args.seeds, agents, today, args.jobs)
+                    sc = scale(nodes, q, rs, args.spares, args.slow_per_node_day)
+                    ours, plain, before = run_both(sc, args.seeds, agents, today, args.jobs)
                     done = sum(1 for r in ours.runs if r.completed)
                     print(
                         f"| {nodes} + {sc.spares} | {q:g} min | {rs:g} s | {done}/{args.seeds} | {ours.goodput:.4f} "
-                        f"| {ours.bound:.4f} | {ours.ratio:.4f} | {ours.young_daly:.4f} | {before.goodput:.4f} | "
+                        f"| {ours.bound:.4f} | {ours.ratio:.4f} | {ours.young_daly:.4f} | {plain.goodput:.4f} | "
+                        f"{before.goodput:.4f} | "
                         f"{before.ratio:.4f} | {max(r.max_ckpts_on_disk for r in ours.runs)} | "
                         f"{max(r.healthy_excluded for r in ours.runs)} | {', '.join(targets(sc, ours)) or '-'} |",
                         flush=True,
                     )
         return
-    sc = scale(args.nodes, args.queue_wait_min, args.restart_s, args.spares)
-    ours, before = run_both(sc, args.seeds, agents, today, args.jobs)
-    print(report(sc, ours, before, agents, today))
+    sc = scale(args.nodes, args.queue_wait_min, args.restart_s, args.spares, args.slow_per_node_day)
+    ours, plain, before = run_both(sc, args.seeds, agents, today, args.jobs)
+    print(report(sc, ours, before, agents, today, plain))
     missed = targets(sc, ours)
     print("  targets: " + ("all met" if not missed else "missed: " + "; ".join(missed)))
     print(last_line(sc, ours))

@@ -30,7 +30,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-echo "== installing hpc_llm[train,test] (torch 2.7.0, llm-foundry 0.22.0, ...)"
+echo "== installing hpc_llm[train,test] (torch 2.7.0, llm-foundry 0.22.0, ...), as constraints/llmfoundry.txt pins"
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[train,test]'
+# the resolved versions, not a fresh resolution: the same environment on every machine, and no
+# backtracking (scripts/freeze-constraints.py writes the file; tests/test_constraints.py checks it)
+.venv/bin/python -m pip install -q -e '.[train,test]' -c constraints/llmfoundry.txt
 echo "== ready: .venv/bin/python -m hpc_llm +experiment=mpt_tiny"

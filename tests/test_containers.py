@@ -421,7 +421,8 @@ def test_shipped_definitions_pin_what_pyproject_pins():
         assert f"torch=={pins['torch']}" in text
         for dist in ("llm-foundry", "mosaicml", "torch"):
             assert f"org.hpc_llm.{dist} {pins[dist]}" in text, (name, dist)
-        assert '"/opt/hpc_llm/src[train]"' in text  # everything else comes from pyproject itself
+        # everything else comes from pyproject itself, at the versions the constraints pin
+        assert '"/opt/hpc_llm/src[train]" -c /opt/hpc_llm/src/constraints/llmfoundry.txt' in text
 
 
 # -- real Slurm jobs, every rank in apptainer exec ------------------------------

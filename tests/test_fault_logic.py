@@ -284,6 +284,23 @@ def test_goodput_counts_kept_training_over_allocated_node_time(tmp_path):
     assert s["total_wallclock_s"] == 170.0
 
 
+def test_a_node_given_back_after_a_swap_is_paid_for_only_until_then(tmp_path):
+    """2 training nodes and a spare (3 allocated): at 40 s n2 is swapped out and given back; the
+    job then holds 2 nodes to its end at 100 s. Allocated: 3 x 40 + 2 x 60, not 3 x 100; the
+    spare is held for the first 40 s only; the 60 node-seconds saved are in results.json."""
+    from hpc_llm.rundir.record import Attempt, Attempts
+
+    first = Attempt("7", 0, started_at=0.0, alloc_started_at=0.0, nodes=["n1", "n2"], alloc_nodes=3)
+    first.state, first.ended_at, first.decided_at, first.cause = "stopped", 39.0, 40.0, "straggler"
+    first.left_out, first.given_back = ["n2"], ["n2"]
+    second = Attempt("7", 0, started_at=41.0, alloc_started_at=0.0, generation=1, nodes=["n1", "n3"])
+    second.state, second.ended_at, second.cause = "completed", 100.0, "completed"
+    s = Attempts(tmp_path / "a.json", [first, second]).summary()
+    assert s["given_back_node_s"] == pytest.approx(60.0) and s["given_back_nodes"] == ["n2"]
+    assert s["allocated_node_s"] == pytest.approx(3 * 40 + 2 * 60)
+    assert s["spare_node_s"] == pytest.approx(40.0)
+
+
 def test_an_attempt_that_only_ran_the_post_train_stage_keeps_the_runs_loss(tmp_path):
     """Stopped after its last batch (a time limit at batch 220 of 220), the run's next attempt
     resumes at max_duration, trains nothing and completes: results.json keeps the loss, the

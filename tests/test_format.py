@@ -250,6 +250,14 @@ def test_status_of_one_run_names_its_slow_nodes_literally(home):
     attempts.save()
     shown = " ".join("".join(render(x, width=300) for x in run_details([first], lambda run: [])).split())
     assert "slow nodes: n[2] (3.5x the other nodes' busy time per batch at batch 40: swapped for a spare)" in shown
+    # the swapped-out node given back to Slurm at 40 s of an allocation that ran to 7,240 s
+    a.decided_at, a.ended_at, a.given_back, a.state = 40.0, 40.0, ["n[2]"], "stopped"
+    b = Attempt(job_id="7", restart=0, started_at=41.0, generation=1)
+    b.ended_at, b.state = 7240.0, "completed"
+    attempts.items.append(b)
+    attempts.save()
+    shown = " ".join("".join(render(x, width=300) for x in run_details([first], lambda run: [])).split())
+    assert "given back after swaps: n[2]: 2.00 node-hours not held" in shown
 
 
 def test_hpc_llm_status_with_such_overrides(home):

@@ -46,6 +46,8 @@ LITERAL_ALLOWED = {
     # the name of the `hpc-llm logs` subcommand
     ("hpc_llm/cli.py", "logs"): "a subcommand's name",
     ("hpc_llm/cli.py", ".hpc_llm"): "help text naming the user's state dir",
+    # torch DCP's CheckpointException.failures (an attribute), not the run dir's folder
+    ("hpc_llm/job/rank/safe_load.py", "failures"): "an attribute of torch's exception",
 }
 #: Slurm variables that are not about the job (the client's config file)
 NOT_JOB_VARIABLES = {"SLURM_CONF"}

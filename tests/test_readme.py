@@ -92,7 +92,7 @@ PREEMPTED = (
 
 COVERED: dict[str, Run | By | Skip] = {
     # -- first lines ---------------------------------------------------------------
-    "python3 -m venv .venv && .venv/bin/pip install -e .[train] && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
+    "python3 -m venv .venv && .venv/bin/pip install -e .[train] -c constraints/llmfoundry.txt && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
         "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
     ),
     "bash scripts/setup-dev.sh && .venv/bin/python -m pytest --basetemp=$PWD/.test-tmp -q -n 2": By(".ci/run"),

@@ -17,7 +17,7 @@ from hpc_llm.results import ledger
 from hpc_llm.results.format import add_row, literal, table, wide_console
 from hpc_llm.results.status import SHOWN_WITHOUT_SLURM, attempts_of, causes, counts, refresh, runs_of, short
 from hpc_llm.rundir import spare_record
-from hpc_llm.rundir.record import Attempts
+from hpc_llm.rundir.record import Attempts, read_results
 
 COLUMNS = ("id", "state", "cause", "experiment", "job ids", "restarts", "submitted", "overrides", "run dir")
 
@@ -97,6 +97,9 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
         slow = slow_nodes(run.run_dir)
         if slow:
             yield literal(f"  slow nodes: {slow}")
+        saved = given_back(run.run_dir)
+        if saved:
+            yield literal(f"  given back after swaps: {saved}")
         if run.error:
             yield literal(f"  error: {run.error}")
         rows = attempts(run)
@@ -122,6 +125,21 @@ def slow_nodes(run_dir: str) -> str | None:
         )
         or None
     )
+
+
+def given_back(run_dir: str) -> str | None:
+    """The nodes the job gave back to Slurm after swaps and the node-hours (GPU-hours) it did not
+    hold for it; None when it gave none back."""
+    try:
+        summary = Attempts.load(run_dir).summary()
+    except (OSError, ValueError, TypeError):
+        return None
+    node_s = float(summary.get("given_back_node_s") or 0.0)
+    if not node_s:
+        return None
+    gpus = int((read_results(run_dir) or {}).get("gpus_per_node") or 0)
+    hours = f"{node_s / 3600:.2f} node-hours" + (f" ({node_s * gpus / 3600:.1f} GPU-hours)" if gpus else "")
+    return f"{', '.join(summary['given_back_nodes'])}: {hours} not held"
 
 
 def show(

@@ -345,9 +345,19 @@ class Attempts:
             )
             if trained:
                 productive_node_s += a.train_s * kept / trained * n
-        allocated_node_s = sum((end - begin) * nodes_of[key] for key, (begin, end) in allocations.items())
-        spare_node_s = sum(
-            (end - begin) * max(0, nodes_of[key] - training_of[key]) for key, (begin, end) in allocations.items()
+        # a node given back after a swap (the job shrank) is paid for up to then, not to the end
+        given_back_node_s = sum(
+            len(a.given_back)
+            * max(0.0, allocations[a.allocation][1] - _or(a.decided_at, _or(a.ended_at, a.started_at)))
+            for a in items
+        )
+        allocated_node_s = (
+            sum((end - begin) * nodes_of[key] for key, (begin, end) in allocations.items()) - given_back_node_s
+        )
+        spare_node_s = max(
+            0.0,
+            sum((end - begin) * max(0, nodes_of[key] - training_of[key]) for key, (begin, end) in allocations.items())
+            - given_back_node_s,
         )
         causes: dict[str, int] = {}
         for a in items[:-1] if items and items[-1].state == "running" else items:
@@ -373,6 +383,8 @@ class Attempts:
             "spare_node_s": round(spare_node_s, 3),
             "left_out_nodes": sorted({n for a in items for n in a.left_out}),
             "given_back_nodes": sorted({n for a in items for n in a.given_back}),
+            #: node-seconds the job did not hold (nor pay for) because it gave nodes back after swaps
+            "given_back_node_s": round(given_back_node_s, 3),
             "productive_node_s": round(productive_node_s, 3),
             "goodput": round(productive_node_s / allocated_node_s, 4) if allocated_node_s > 0 else None,
         }

@@ -256,6 +256,71 @@ def _patch_remote_uploader() -> None:
     cls.upload_file_async = upload_file_async  # type: ignore[method-assign]
 
 
+def _patch_safe_checkpoint_loads() -> None:
+    """Load checkpoints so that they cannot run code (docs/upstream-fixes.md, upstream fixes 21
+    and 22): Composer's monolithic load weights-only with its types allowed, and torch DCP's
+    ``.metadata`` and non-tensor entries through :mod:`hpc_llm.job.rank.safe_load`.
+
+    Composer's loader is replaced where its callers look it up (a module attribute); DCP's two
+    readers are methods of the classes every reader and planner derives from (Composer's
+    ``FileSystemReaderWithValidation`` calls the base ``read_metadata``). The bodies around the
+    unpickling are torch 2.7's own.
+    """
+    from composer.utils import checkpoint as ckpt
+
+    from hpc_llm.job.rank import safe_load
+
+    if getattr(ckpt._torch_load_with_validation, "_hpc_llm", False):
+        return
+
+    def torch_load_with_validation(checkpoint_filepath: Any, map_location: str) -> Any:
+        path = ckpt._ensure_valid_checkpoint(checkpoint_filepath)
+        return safe_load.torch_load(path, str(path), map_location)
+
+    torch_load_with_validation._hpc_llm = True  # type: ignore[attr-defined]
+    ckpt._torch_load_with_validation = torch_load_with_validation
+    load_checkpoint = ckpt.load_checkpoint
+
+    def load_checkpoint_naming_it(path: str, *args: Any, **kwargs: Any) -> Any:
+        # Composer reads a local copy (a download, a temp file): the refusal names the path given too
+        try:
+            return load_checkpoint(path, *args, **kwargs)
+        except BaseException as exc:
+            inner = safe_load.unwrap(exc)
+            if isinstance(inner, safe_load.UnsafeCheckpoint):
+                raise safe_load.named(str(path), inner) from None
+            raise
+
+    ckpt.load_checkpoint = load_checkpoint_naming_it
+
+    from torch.distributed.checkpoint import default_planner, filesystem
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    reading = [""]
+
+    def read_metadata(self: Any) -> Any:
+        path = self.fs.concat_path(self.path, ".metadata")
+        reading[0] = str(self.path)
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            metadata = safe_load.read_metadata(path, metadata_file)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
+        fqn = read_item.dest_index.fqn
+        obj = safe_load.load_bytes(value, f"{reading[0] or 'a sharded checkpoint'} (its entry {fqn})")
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+    filesystem.FileSystemReader.read_metadata = read_metadata  # type: ignore[method-assign]
+    default_planner.DefaultLoadPlanner.load_bytes = load_bytes  # type: ignore[method-assign]
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -268,4 +333,5 @@ def apply() -> None:
     _patch_streaming_epoch_boundary()
     _patch_cpu_model_query()
     _patch_remote_uploader()
+    _patch_safe_checkpoint_loads()
     _APPLIED = True

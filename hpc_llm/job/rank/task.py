@@ -29,7 +29,7 @@ from hpc_llm.config.train_config import build_train_config
 from hpc_llm.config.validate import ResolvedJob, resolve_job
 from hpc_llm.job import heartbeat
 from hpc_llm.job.env import DistEnv, JobEnv
-from hpc_llm.job.rank import context, fence, preemption, preflight
+from hpc_llm.job.rank import context, fence, preemption, preflight, safe_load
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.job.rank.measure import kept_figures, progress_figures, training_figures
 from hpc_llm.rundir import provenance
@@ -70,7 +70,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except preflight.CheckFailed as failed:
         after_failed_preflight(cfg, job, ctx, failed)
         raise SystemExit(1) from None  # the reason is logged and in results.json
-    except BaseException as exc:
+    except BaseException as caught:
+        # a refused checkpoint (hpc_llm.job.rank.safe_load) as its one line, not DCP's wrapper
+        exc = safe_load.unwrap(caught)
         if ctx.record is not None:
             ctx.record.failed(
                 f"{type(exc).__name__}: {exc}",
@@ -78,6 +80,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 status="interrupted" if supervised() else "failed",
             )
             log.error("training failed:\n%s", traceback.format_exc())
+        if exc is not caught:
+            raise exc from None
         raise
 
 
