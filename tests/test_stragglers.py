@@ -64,7 +64,7 @@ NODES = {0: "n0", 1: "n1", 2: "n2", 3: "n3"}
             NODES,
             None,
         ),
-        ("noise of a busy machine (1.3x): nothing", [{0: 1, 1: 1.3, 2: 0.9, 3: 1.1}] * 5, NODES, None),
+        ("noise (1.3x): nothing", [{0: 1, 1: 1.3, 2: 0.9, 3: 1.1}] * 5, NODES, None),
         ("every node slower at once: nothing", [{0: 1, 1: 1, 2: 1, 3: 1}, {0: 3, 1: 3, 2: 3, 3: 3}] * 2, NODES, None),
         ("two nodes, the slow one named", [{0: 0.5, 1: 0.1}] * 2, {0: "n0", 1: "n1"}, ("n0", 1)),
         ("one node: nothing to compare", [{0: 1, 1: 9}] * 3, {0: "n0", 1: "n0"}, None),
