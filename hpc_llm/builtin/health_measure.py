@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from hpc_llm.errors import CheckFailed
+from hpc_llm.job.env import container_image
 from hpc_llm.job.rank.preflight import gather, node_name
 from hpc_llm.results import preflight
 
@@ -164,7 +165,7 @@ def container(section: Any, ctx: Any) -> dict[str, Any]:
     cfg = ctx.cfg.container
     if cfg.name == "none":
         return {"skipped": "container=none"}
-    inside = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    inside = container_image()
     seen = gather((node_name(), inside))
     outside = sorted({n for n, i in seen if not i})
     if outside:

@@ -63,6 +63,12 @@ SRUN_TASK_VARS = (
 )
 
 
+def container_image() -> str | None:
+    """The Apptainer (or Singularity) image this process runs in, as its runtime sets it; None
+    outside one."""
+    return os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER") or None
+
+
 def _int(value: str | None, default: int = 0) -> int:
     return int(value) if value not in (None, "") else default
 

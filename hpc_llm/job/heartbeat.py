@@ -43,7 +43,7 @@ from pathlib import Path
 
 from hpc_llm.rundir.layout import RunDir
 
-_state: dict[str, int | str] = {"batch": -1, "phase": "start", "win": -1, "busy_us": -1, "wall_us": -1}
+_state: dict[str, int | str] = {"batch": -1, "phase": "start", "asides": 0, "win": -1, "busy_us": -1, "wall_us": -1}
 #: phases in which a rank is expected to finish batches (a stall is a hang only then)
 TRAINING = "train"
 #: the phases before training, in order (a rank's phase names where a start-up is stuck)
@@ -77,13 +77,13 @@ def phase(name: str) -> None:
     """What the rank is doing: start, setup, data, build, train, eval, save, upload, post."""
     _state["phase"] = name
     if name != TRAINING:
-        _state["asides"] = int(_state.get("asides", 0)) + 1
+        _state["asides"] = int(_state["asides"]) + 1
 
 
 def asides() -> int:
     """How many times this rank has left training for another phase (an eval, a save): a batch's
     time that spans a change of it is not a training batch's (hpc_llm.job.rank.straggler)."""
-    return int(_state.get("asides", 0))
+    return int(_state["asides"])
 
 
 def pace(window: int, busy_s: float, wall_s: float) -> None:

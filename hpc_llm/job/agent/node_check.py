@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_llm.job.env import container_image
+
 #: seconds the compute benchmark may take before the node fails it
 TIMEOUT_S = 60.0
 #: trials of the benchmark (the best counts), the seconds of work in each, the matrix sizes
@@ -51,9 +53,7 @@ class NodeCheck:
 def check(cfg: Any) -> NodeCheck:
     """Run the node's checks for the job's config ``cfg`` (the payload's)."""
     container = cfg.get("container") or {}
-    if container.get("name", "none") != "none" and not (
-        os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
-    ):
+    if container.get("name", "none") != "none" and not container_image():
         return NodeCheck(failed=f"the agent is not running inside container.image={container.get('image')}")
     gpu = cfg.cluster.device == "gpu"
     if gpu:

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 #: the torch.distributed functions timed (the blocking collectives FSDP2 and Composer call)
 COLLECTIVES = (
@@ -82,8 +83,6 @@ class DdpWait:
     # unannotated on purpose: DDP refuses a hook whose annotations are not torch's own types
     # (with postponed annotations, every one is a string)
     def hook(self, state, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         self.issued = time.perf_counter()
         fut = allreduce_hook(state, bucket)
 

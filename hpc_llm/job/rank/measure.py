@@ -7,6 +7,7 @@ import resource
 import socket
 from typing import Any
 
+from hpc_llm.job.env import container_image
 from hpc_llm.job.rank.context import JobContext
 
 
@@ -29,7 +30,7 @@ def container() -> dict[str, Any] | None:
     if not os.path.isdir("/.singularity.d"):
         return None
     return {
-        "image": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER"),
+        "image": container_image(),
         "apptainer_version": os.environ.get("HPC_LLM_APPTAINER_VERSION") or None,
     }
 

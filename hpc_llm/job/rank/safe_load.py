@@ -22,6 +22,7 @@ reads for Composer 0.32 and torch 2.7.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import pickle
@@ -42,6 +43,7 @@ class UnsafeCheckpoint(pickle.UnpicklingError):
         )
 
 
+@functools.cache
 def allowed_globals() -> list[Any]:
     """Beyond torch's own weights-only set: what a Composer checkpoint holds (read off real ones:
     ``datetime.timedelta``, NumPy arrays and dtypes, ``TorchVersion``)."""
