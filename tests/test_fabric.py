@@ -187,7 +187,11 @@ def test_the_batch_host_cut_off_with_a_spare_an_agent_takes_over_in_the_same_job
             [log] = [p for p in RunDir(run_dir).attempt_logs(job_id) if p.name != f"slurm-{job_id}.0.out"]
             assert "taken over" in log.read_text() or "previous generation" in log.read_text(), log.read_text()[-3000:]
             # no batch script is left to end the job: the new supervisor cancelled it
-            wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+            try:
+                wait_for(lambda: not in_queue(job_id, env), 120, "the job to leave the queue")
+            except AssertionError as exc:
+                logs = "\n".join(p.read_text()[-2000:] for p in RunDir(run_dir).attempt_logs(job_id))
+                raise AssertionError(f"{exc}\n{logs}\n{slurm_story(cluster, job_id, env)}") from None
         finally:
             fabric.heal(cluster, host)
 

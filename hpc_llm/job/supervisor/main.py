@@ -29,7 +29,6 @@ training stack on the batch host.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import sys
@@ -184,18 +183,38 @@ def main(argv: list[str] | None = None) -> None:
     raise SystemExit(code)
 
 
-def end_taken_over(sup: Supervisor) -> None:
+def end_taken_over(sup: Supervisor, patience_s: float = 180.0) -> None:
     """A supervisor that took over has no batch script whose end ends the job: Slurm would keep
     it RUNNING to its time limit. Unless the job moved on (requeued, or ended), cancel it: the
-    record says how the run ended. Not when another agent took this one's place in turn."""
-    if sup.taken_over():
+    record says how the run ended. Not when another agent took this one's place in turn.
+
+    slurmctld is asked again until it answers (for ``patience_s``): a ``scontrol show job`` that
+    timed out on a busy controller once left the job RUNNING to its time limit (CI, 2-core
+    machine), with nothing left that would ever end it."""
+    if sup.taken_over() or not sup.job.job_id:
         return
-    info = sup.job_info()
-    if info and allocation.still_this_allocation(info, sup.job.restart) and sup.job.job_id:
-        log.warning(
-            "hpc_llm supervisor: ending job %s (its batch script was lost with %s)", sup.job.ref, sup.taken_over_from
-        )
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with contextlib.suppress(SlurmUnreachable):
-            query.cancel([str(sup.job.ref)])
+    deadline = time.monotonic() + patience_s
+    while True:
+        info = sup.job_info()
+        if info and not allocation.still_this_allocation(info, sup.job.restart):
+            return  # requeued or ended: Slurm has it
+        if info:
+            log.warning(
+                "hpc_llm supervisor: ending job %s (its batch script was lost with %s)",
+                sup.job.ref,
+                sup.taken_over_from,
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                query.cancel([str(sup.job.ref)])
+                return
+            except SlurmUnreachable as exc:
+                why = f"scancel: {exc}"
+        else:
+            why = "slurmctld did not answer scontrol show job"
+        if time.monotonic() > deadline:
+            log.error("hpc_llm supervisor: could not end job %s (%s): scancel it by hand", sup.job.ref, why)
+            return
+        log.warning("hpc_llm supervisor: %s; asking again", why)
+        time.sleep(3)
