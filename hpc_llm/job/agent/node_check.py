@@ -15,7 +15,8 @@ spares.failed_checks`), before it is put in a layout. The checks:
   finish in :data:`TIMEOUT_S` (a hung GPU). A trial is sustained work, not one matmul: a node
   held back by a quota or a thermal limit runs a short burst at full speed (seen: a node held
   to a tenth of a CPU measured its best 1 ms matmul as fast as the others'); the best of three
-  keeps a moment's contention from failing a node. About 0.8 s added to an agent's warm-up.
+  keeps a moment's contention from failing a node. About 0.8 s added to an agent's warm-up on
+  CPU, 1.2 to 1.4 s on an H200 (the child's CUDA start; docs/design/verified/gpu.md).
 
 The all-reduce check is the collective one (``preflight.checks``): a spare meets its peers only
 when it takes a place. In-job only (torch, in the forked child).
