@@ -16,6 +16,7 @@ CASES = [
     (["eval.evaluators=[heldout,nope]"], "unknown evaluator 'nope' (eval.evaluators); allowed: heldout"),
     (["resources.nodes=0"], "resources.nodes=0: must be an integer >= 1"),
     (["resources.tasks_per_node=-1"], "resources.tasks_per_node=-1: must be an integer >= 1"),
+    (["resources.min_nodes=2"], "resources.min_nodes=2: must be an integer from 1 to resources.nodes=1"),
     (["resources.nodes=2"], "hydra/launcher=local runs one node"),
     (
         ["parallelism=hsdp", "parallelism.replicas=3"],

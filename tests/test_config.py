@@ -217,3 +217,60 @@ def test_memoised_interpolation_parser_resolves_as_omegaconf_does():
     for _ in range(2):  # not cached as a success
         with pytest.raises(GrammarParseError):
             _ = OmegaConf.create({"bad": "${x"}).bad
+
+
+#: 3 nodes of 2 ranks that may go on with 2 (resources.min_nodes)
+SHRINKS = ["+experiment=mpt_tiny", "resources.nodes=3", "resources.tasks_per_node=2", "resources.min_nodes=2"]
+
+
+def test_a_run_that_may_shrink_is_checked_at_every_size_and_keeps_its_data_order():
+    cfg = compose([*SHRINKS, "train.global_train_batch_size=24", "train.device_train_microbatch_size=2"])
+    job = resolve_job(cfg, "/r/0")
+    assert (job.plan.nodes, job.plan.least_nodes, job.plan.full_nodes) == (3, 2, 3)
+    train = build_train_config(cfg, job, run_name="t")
+    # Streaming's order is fixed by num_canonical_nodes: from the submitted nodes, at any size
+    assert train["train_loader"]["dataset"]["num_canonical_nodes"] == 3
+    shrunk = resolve_job(cfg, "/r/0", nodes_now=2)
+    assert (shrunk.plan.nodes, shrunk.plan.world_size, shrunk.plan.full_nodes) == (2, 4, 3)
+    assert build_train_config(cfg, shrunk, run_name="t")["train_loader"]["dataset"]["num_canonical_nodes"] == 3
+    assert build_train_config(cfg, shrunk, run_name="t")["global_train_batch_size"] == 24
+    with pytest.raises(ConfigError, match=r"this allocation trains on 1 node\(s\), but the run allows 2 to 3"):
+        resolve_job(cfg, "/r/0", nodes_now=1)
+    # no min_nodes: Streaming's own default, as before
+    plain = compose(["+experiment=mpt_tiny"])
+    assert (
+        "num_canonical_nodes"
+        not in build_train_config(plain, resolve_job(plain, "/r/0"), run_name="t")["train_loader"]["dataset"]
+    )
+
+
+def test_hsdp_replicas_follow_the_nodes_a_run_shrinks_to():
+    cfg = compose([*SHRINKS, "parallelism=hsdp", "train.global_train_batch_size=12"])
+    for nodes, degrees in ((None, (2, 3)), (2, (2, 2))):
+        job = resolve_job(cfg, "/r/0", nodes_now=nodes)
+        fsdp = build_train_config(cfg, job, run_name="t")["fsdp_config"]
+        assert (fsdp["data_parallel_shard_degree"], fsdp["data_parallel_replicate_degree"]) == degrees
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["resources.min_nodes=4"], "resources.min_nodes=4: must be an integer from 1 to resources.nodes=3"),
+        (["resources.min_nodes=0"], "resources.min_nodes=0: must be an integer from 1 to resources.nodes=3"),
+        (
+            ["train.global_train_batch_size=6"],
+            "resources.min_nodes=2: at 2 node(s), which the run may shrink to, train.global_train_batch_size=6 "
+            "is not divisible by the world size 4",
+        ),
+        (
+            ["parallelism=hsdp", "parallelism.replicas=3", "train.global_train_batch_size=12"],
+            "resources.min_nodes=2: at 2 node(s), which the run may shrink to, parallelism.replicas=3 does not "
+            "divide the world size 4",
+        ),
+    ],
+    ids=["above-nodes", "zero", "batch-does-not-divide", "hsdp-replicas-do-not-divide"],
+)
+def test_a_min_nodes_the_run_cannot_shrink_to_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        resolve_job(compose([*SHRINKS, *overrides]), "/r/0")
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -7,7 +7,7 @@ Pure and cheap (login node): no plugins, no training stack. Raises
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from omegaconf import DictConfig
@@ -29,6 +29,25 @@ class JobPlan:
     parallelism: str
     time_limit_s: int
     run_dir: str | None = None
+    #: the fewest nodes the run may go on with (``resources.min_nodes``; ``nodes`` when unset)
+    min_nodes: int = 0
+    #: the nodes the run was submitted with; ``nodes`` is what this allocation trains on (fewer
+    #: after a shrink: :func:`make_plan`'s ``nodes_now``). 0: ``nodes``
+    submitted_nodes: int = 0
+
+    @property
+    def full_nodes(self) -> int:
+        """The nodes the run was submitted with (``resources.nodes``)."""
+        return self.submitted_nodes or self.nodes
+
+    @property
+    def least_nodes(self) -> int:
+        """The fewest nodes the run trains on (``resources.min_nodes``, else ``resources.nodes``)."""
+        return self.min_nodes or self.full_nodes
+
+    def at_nodes(self, nodes: int) -> JobPlan:
+        """This plan on ``nodes`` of its nodes (a run shrunk to them, or every size checked)."""
+        return replace(self, nodes=nodes, world_size=nodes * self.tasks_per_node, submitted_nodes=self.full_nodes)
 
 
 _TIME_FORMATS = (
@@ -87,7 +106,22 @@ def check_gpu_type(gpu_type: Any, gpus_per_node: int) -> str | None:
     return text
 
 
-def make_plan(cfg: DictConfig, run_dir: str | None = None) -> JobPlan:
+def min_nodes(resources: Any, nodes: int) -> int:
+    """``resources.min_nodes`` checked against ``resources.nodes`` (None: ``nodes``)."""
+    least = resources.get("min_nodes")
+    if least is None:
+        return nodes
+    if isinstance(least, bool) or not isinstance(least, int) or not 1 <= least <= nodes:
+        raise ConfigError(
+            f"resources.min_nodes={least!r}: must be an integer from 1 to resources.nodes={nodes} "
+            "(the fewest nodes the run goes on with after losing some), or null"
+        )
+    return least
+
+
+def make_plan(cfg: DictConfig, run_dir: str | None = None, nodes_now: int | None = None) -> JobPlan:
+    """The plan of ``cfg``; ``nodes_now``: the nodes this allocation trains on, when the run goes
+    on with fewer than it was submitted with (``resources.min_nodes``)."""
     r = cfg.resources
     nodes = _positive("resources", "nodes", r.nodes)
     tasks = _positive("resources", "tasks_per_node", r.tasks_per_node)
@@ -108,7 +142,8 @@ def make_plan(cfg: DictConfig, run_dir: str | None = None) -> JobPlan:
                 f"resources.tasks_per_node={tasks} must equal resources.gpus_per_node={gpus} "
                 "on GPU clusters (one rank per GPU)"
             )
-    return JobPlan(
+    least = min_nodes(r, nodes)
+    plan = JobPlan(
         experiment=str(cfg.experiment),
         nodes=nodes,
         tasks_per_node=tasks,
@@ -119,4 +154,14 @@ def make_plan(cfg: DictConfig, run_dir: str | None = None) -> JobPlan:
         parallelism=str(cfg.parallelism.name),
         time_limit_s=parse_time_limit(r.time),
         run_dir=run_dir,
+        min_nodes=least,
+        submitted_nodes=nodes,
     )
+    if nodes_now is None or nodes_now == nodes:
+        return plan
+    if not least <= nodes_now <= nodes:
+        raise ConfigError(
+            f"this allocation trains on {nodes_now} node(s), but the run allows {least} to {nodes} "
+            f"(resources.min_nodes={least}, resources.nodes={nodes})"
+        )
+    return plan.at_nodes(nodes_now)

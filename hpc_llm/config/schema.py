@@ -36,6 +36,11 @@ class ResourcesConfig:
     # `nodes` and keeps the spares warm; a dead or blamed node's place is taken by a spare in the
     # same job, without a requeue. Needs Slurm >= 23.02.6 (docs/design/control-plane.md, "Spare nodes").
     spare_nodes: int = 0
+    # The fewest nodes the run goes on with (issue #40): a node lost with no spare for it, the run
+    # resumes in the same job on the nodes left (or, at a requeue, asks Slurm for what is up), down
+    # to min_nodes, and asks for `nodes` again at its next requeue. The global batch stays; every
+    # size from min_nodes to nodes is checked before the queue. None: `nodes` (never fewer).
+    min_nodes: Optional[int] = None
 
 
 @dataclass

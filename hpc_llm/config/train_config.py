@@ -16,6 +16,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config import trackers
+from hpc_llm.config.plan import JobPlan
 from hpc_llm.config.validate import ResolvedJob, check_train_keys, check_vocab, collective_timeout_s
 from hpc_llm.errors import ConfigError, warn_once
 
@@ -108,7 +109,30 @@ def build_train_config(cfg: DictConfig, job: ResolvedJob, *, run_name: str) -> d
                 f"data source '{job.data.name}' sets it"
             )
     check_vocab(out)
+    elastic_data_order(out, plan)
     return out
+
+
+#: Streaming's shuffles whose num_canonical_nodes defaults to 64 x the initial physical nodes
+#: (streaming/base/dataset.py, 0.12); the others default to the physical nodes
+_WIDE_SHUFFLES = ("py1s", "py2s")
+
+
+def elastic_data_order(train: dict[str, Any], plan: JobPlan) -> None:
+    """A run that may go on with fewer nodes (``resources.min_nodes``) keeps its sample order:
+    Streaming's elastic determinism holds the global order fixed for a fixed
+    ``num_canonical_nodes``, the global batch, ranks per node and workers per rank (its
+    ``relaxed`` partition, the default, repartitions a resume over the initial nodes' order).
+    Streaming sets num_canonical_nodes at the first start from the nodes it finds, and a resume
+    takes it from the checkpoint; a run whose first start is already shrunk would get another
+    order. So it is set here from the nodes the run was submitted with, as Streaming would have
+    (a yaml's own value stays)."""
+    if plan.least_nodes >= plan.full_nodes:
+        return
+    dataset = (train.get("train_loader") or {}).get("dataset")
+    if isinstance(dataset, dict) and dataset.get("num_canonical_nodes") is None:
+        wide = dataset.get("shuffle_algo") in _WIDE_SHUFFLES
+        dataset["num_canonical_nodes"] = plan.full_nodes * (64 if wide else 1)
 
 
 # -- resolving a sweep's train configs fast ---------------------------------------------

@@ -259,10 +259,11 @@ def collective_timeout_s(cfg: DictConfig, plan: JobPlan) -> float:
     return float(value) if value is not None else min(600.0, plan.time_limit_s / 2)
 
 
-def components(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
+def components(cfg: DictConfig, run_dir: str | None = None, nodes_now: int | None = None) -> ResolvedJob:
     """The plan and the plugin components a config selects, looked up but not validated
-    (for what needs them after :func:`resolve_job` has checked the job)."""
-    plan = make_plan(cfg, run_dir)
+    (for what needs them after :func:`resolve_job` has checked the job). ``nodes_now``: the nodes
+    this allocation trains on (:func:`~hpc_llm.config.plan.make_plan`)."""
+    plan = make_plan(cfg, run_dir, nodes_now)
     plugins = get_plugins(cfg.plugins.block)
     return ResolvedJob(
         plan,
@@ -275,13 +276,16 @@ def components(cfg: DictConfig, run_dir: str | None = None) -> ResolvedJob:
     )
 
 
-def resolve_job(cfg: DictConfig, run_dir: str | None = None, *, preview: bool = False) -> ResolvedJob:
+def resolve_job(
+    cfg: DictConfig, run_dir: str | None = None, *, preview: bool = False, nodes_now: int | None = None
+) -> ResolvedJob:
     """The job a config describes, with every plugin's checks run; or one ConfigError.
 
     ``preview`` (``hpc-llm config``, ``render``): what is missing from the data
     source (data not prepared yet) is a warning, not an error; submitting
-    checks it for real."""
-    job = components(cfg, run_dir)
+    checks it for real. ``nodes_now``: a rank of a run that goes on with fewer nodes than it was
+    submitted with (``resources.min_nodes``) resolves it for them."""
+    job = components(cfg, run_dir, nodes_now)
     plan = job.plan
     if len(set(cfg.eval.evaluators)) != len(cfg.eval.evaluators):
         raise ConfigError(f"eval.evaluators={list(cfg.eval.evaluators)} lists an evaluator twice")
@@ -317,4 +321,29 @@ def resolve_job(cfg: DictConfig, run_dir: str | None = None, *, preview: bool = 
         batch_split(
             cfg.train.global_train_batch_size, cfg.train.get("device_train_microbatch_size", "auto"), plan.world_size
         )
+    check_every_size(cfg, job)
     return job
+
+
+def check_every_size(cfg: DictConfig, job: ResolvedJob) -> None:
+    """A run that may go on with fewer nodes (``resources.min_nodes``) must train at every size
+    it may shrink to: the global batch splits over the ranks and the parallelism's degrees
+    (HSDP's shards and replicas) divide at each, checked before the queue, not at the shrink."""
+    plan = job.plan
+    for nodes in range(plan.least_nodes, plan.full_nodes):
+        if nodes == plan.nodes:
+            continue
+        at = plan.at_nodes(nodes)
+        try:
+            if "global_train_batch_size" in cfg.train and not cfg.preflight.only:
+                batch_split(
+                    cfg.train.global_train_batch_size,
+                    cfg.train.get("device_train_microbatch_size", "auto"),
+                    at.world_size,
+                )
+            job.parallelism.validate(cfg.parallelism, at)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"resources.min_nodes={plan.least_nodes}: at {nodes} node(s), which the run may shrink to, "
+                f"{str(exc).rstrip('.')}; or resources.min_nodes={nodes + 1}"
+            ) from None

@@ -95,7 +95,7 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
     env = JobEnv.current()
     dist = env.dist()
     os.environ.update(dist.as_environ())
-    job = resolve_job(cfg, str(run_dir))
+    job = resolve_job(cfg, str(run_dir), nodes_now=nodes_now(cfg, dist.world_size))
     if dist.world_size != job.plan.world_size:
         raise RuntimeError(
             f"launched {dist.world_size} ranks but the config asks for {job.plan.world_size} "
@@ -120,6 +120,17 @@ def set_up(cfg: DictConfig, started: float) -> tuple[ResolvedJob, JobContext]:
     os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
     os.environ.update(job.parallelism.env(cfg.parallelism, job.plan))
     return job, ctx
+
+
+def nodes_now(cfg: DictConfig, world_size: int) -> int | None:
+    """The nodes this generation trains on, when the supervisor started it on fewer than the run
+    was submitted with (``resources.min_nodes``: a node lost with no spare); None: as submitted.
+    The plan is then made for them: the per-rank batch and HSDP's replicas follow, the global
+    batch stays (``resolve_job`` refuses a size outside ``[min_nodes, nodes]``)."""
+    per_node = int(cfg.resources.tasks_per_node)
+    if world_size % per_node or world_size // per_node == int(cfg.resources.nodes):
+        return None
+    return world_size // per_node
 
 
 def node_local_dir(cfg: DictConfig, run_dir: Path, dist: DistEnv) -> Path:
