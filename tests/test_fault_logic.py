@@ -601,6 +601,16 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
     assert grown and grown[0] == 3 and "up again: the job asks for 3" in grown[1]
     assert (fit(3, 3, 2, ["n2", "n3"], "low") or (0, ""))[0] == 2  # never below what the run needs
     assert fit(3, 3, 3, ["n3"], "low") is None  # no spares to give up
+    # a run that may go on with fewer nodes (resources.min_nodes=2 of 3, no spares): asks for
+    # what is up, down to min_nodes, and for its 3 again once they are up
+    few = requeue.fit_partition(requeue.Size(3, 3, 2, "low", ("n3",), nodes=3))
+    assert few == (
+        2,
+        "only 2 node(s) of partition low are up outside the excluded: the job now asks for 2: the run goes on "
+        "with 2 of its 3 node(s) (resources.min_nodes=2)",
+    ), few
+    back = requeue.fit_partition(requeue.Size(2, 3, 2, "low", (), nodes=3))
+    assert back and back[0] == 3 and "up again: the job asks for 3 (all its 3 node(s) again)" in back[1], back
     up[:] = []
     assert fit(3, 3, 1, ["n3"], "low") is None  # sinfo could not tell: leave it
     assert calls == []  # deciding asks nothing of scontrol
@@ -665,6 +675,9 @@ def test_the_next_layout_keeps_node_ranks_and_puts_a_spare_in_a_lost_nodes_place
     assert next_layout(["n2", "n3"], ["n1", "n2", "n3"], 2) == ["n2", "n3"]  # not n1, n2
     assert next_layout(["n1", "n2", "n3"], ["n1", "n3", "n4", "n5"], 3) == ["n1", "n4", "n3"]
     assert next_layout(["n2", "n3"], ["n1", "n3"], 2) == ["n1", "n3"]
+    # fewer nodes (resources.min_nodes): the nodes left keep their order, rank 0 first
+    assert next_layout(["n3", "n1", "n2"], ["n1", "n2"], 2) == ["n1", "n2"]
+    assert next_layout(["n1", "n2", "n3"], ["n1", "n3", "n4"], 2) == ["n1", "n3"]
 
 
 @pytest.mark.parametrize(

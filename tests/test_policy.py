@@ -59,6 +59,8 @@ def fail(rank=0, node="n1", type_="RuntimeError", message="boom", batch=5, time=
 
 NOW = T0 + 100 * H
 S = Settings(nodes=2)
+#: a 3-node run that may go on with 2 (resources.min_nodes)
+S3 = Settings(nodes=3, min_nodes=2)
 
 # Messages as the installed stack writes them (no GPU needed for the strings; checked with
 # `strings` on torch 2.7.0's libtorch_cuda.so / libc10_cuda.so, CUDA 12's libcudart.so and in
@@ -687,6 +689,86 @@ ROWS = [
         "time_limit",
         exclude=("n3",),
         state="stopped",
+    ),
+    # -- fewer nodes (resources.min_nodes): the run goes on in the same job on the nodes left ------
+    row(
+        "min_nodes: a dead node, no spare, 3 nodes and min_nodes=2: the run goes on with 2 in the same job",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent"),), "trained_nodes": 3, "shrinkable": True},
+        S3,
+        "shrink",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+        swap=("n2",),
+    ),
+    row(
+        "min_nodes: two dead nodes, one spare: the spare takes one place, the run goes on with 2",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n1", "silent"), ("n2", "silent")),
+            "spares": ("n4",),
+            "trained_nodes": 3,
+            "shrinkable": True,
+        },
+        S3,
+        "shrink",
+        "node_failure",
+        suspects=("n1", "n2"),
+        exclude=("n1", "n2"),
+        state="failed",
+        swap=("n1", "n2"),
+    ),
+    row(
+        "min_nodes: not below it: two dead nodes of 3 with min_nodes=2 are requeued, both excluded",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n1", "silent"), ("n2", "silent")), "trained_nodes": 3, "shrinkable": True},
+        S3,
+        "requeue",
+        "node_failure",
+        suspects=("n1", "n2"),
+        exclude=("n1", "n2"),
+        state="failed",
+    ),
+    row(
+        "min_nodes: a job that dies with its node (no --no-kill) is requeued without it",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent"),), "trained_nodes": 3, "shrinkable": False},
+        S3,
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "min_nodes: a first GPU error blames its node once and restarts on the same nodes: no shrink",
+        [],
+        {},
+        {**ECC_ON_N1, "trained_nodes": 3, "shrinkable": True},
+        S3,
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
+    ),
+    row(
+        "min_nodes: unset, no spare: a dead node is requeued as before",
+        [],
+        {},
+        {"returncode": 137, "dead_nodes": (("n2", "silent"),), "trained_nodes": 3, "shrinkable": True},
+        Settings(nodes=3),
+        "requeue",
+        "node_failure",
+        suspects=("n2",),
+        exclude=("n2",),
+        state="failed",
     ),
     # -- spares (resources.spare_nodes): a left-out node is replaced in the same job ---------------
     row(

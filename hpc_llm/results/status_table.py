@@ -97,6 +97,9 @@ def run_details(runs: list[ledger.Run], attempts: AttemptsOf = attempts_of) -> I
         slow = slow_nodes(run.run_dir)
         if slow:
             yield literal(f"  slow nodes: {slow}")
+        sizes = size_changes(run.run_dir)
+        if sizes:
+            yield literal(f"  size changes: {sizes}")
         saved = given_back(run.run_dir)
         if saved:
             yield literal(f"  given back after swaps: {saved}")
@@ -122,6 +125,23 @@ def slow_nodes(run_dir: str) -> str | None:
             f"{v.get('node')} ({float(v.get('ratio') or 0):.1f}x the other nodes' busy time per batch at batch "
             f"{v.get('batch')}: {_SLOW_ACTIONS.get(str(v.get('action')), v.get('action'))})"
             for v in verdicts
+        )
+        or None
+    )
+
+
+def size_changes(run_dir: str) -> str | None:
+    """Each change of the number of nodes the run trained on (resources.min_nodes), one clause
+    each; None without any."""
+    try:
+        changes = Attempts.load(run_dir).summary()["size_changes"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return (
+        "; ".join(
+            f"{c['from_nodes']} -> {c['to_nodes']} nodes at {_when(float(c['at']))}"
+            + (f" (after: {str(c['why'])[:120]})" if c.get("why") else "")
+            for c in changes
         )
         or None
     )

@@ -69,6 +69,9 @@ class Action(_Word):
     RESTART = "restart"
     #: the next generation in this allocation, spares in the place of left-out nodes
     SWAP = "swap"
+    #: the next generation in this allocation on fewer nodes: left-out nodes with no spare for
+    #: them, down to resources.min_nodes (the global batch stays)
+    SHRINK = "shrink"
     REQUEUE = "requeue"
     FAIL = "fail"
     #: Slurm ends this allocation and requeues the job itself: nothing for us to do

@@ -52,10 +52,11 @@ def skeleton(plan: JobPlan, status: str) -> dict[str, Any]:
         "experiment": plan.experiment,
         "status": status,
         "error": None,
-        "nodes": plan.nodes,
+        # as submitted: a run that went on with fewer nodes says so in size_changes
+        "nodes": plan.full_nodes,
         "tasks_per_node": plan.tasks_per_node,
         "gpus_per_node": plan.gpus_per_node,
-        "world_size": plan.world_size,
+        "world_size": plan.full_nodes * plan.tasks_per_node,
         "device": plan.device,
         "parallelism": plan.parallelism,
         "batches_done": None,
@@ -381,6 +382,7 @@ class Attempts:
             ),
             "allocated_node_s": round(allocated_node_s, 3),
             "spare_node_s": round(spare_node_s, 3),
+            "size_changes": size_changes(items),
             "left_out_nodes": sorted({n for a in items for n in a.left_out}),
             "given_back_nodes": sorted({n for a in items for n in a.given_back}),
             #: node-seconds the job did not hold (nor pay for) because it gave nodes back after swaps
@@ -388,6 +390,29 @@ class Attempts:
             "productive_node_s": round(productive_node_s, 3),
             "goodput": round(productive_node_s / allocated_node_s, 4) if allocated_node_s > 0 else None,
         }
+
+
+def size_changes(items: list[Attempt]) -> list[dict[str, Any]]:
+    """Each change of the number of nodes the run trained on (``resources.min_nodes``: it went on
+    with fewer after losing some; a requeue grew it back): when, from how many to how many, and
+    why (the stop before it). From the attempts' own node lists: nothing else to keep in step."""
+    out: list[dict[str, Any]] = []
+    trained = [a for a in items if a.nodes]
+    for prev, a in zip(trained, trained[1:], strict=False):
+        if len(prev.nodes) != len(a.nodes):
+            out.append(
+                {
+                    "at": a.started_at,
+                    "at_iso": iso(a.started_at),
+                    "from_nodes": len(prev.nodes),
+                    "to_nodes": len(a.nodes),
+                    "why": prev.error or prev.cause,
+                    "job_id": a.job_id,
+                    "restart": a.restart,
+                    "generation": a.generation,
+                }
+            )
+    return out
 
 
 def _or(value: float | None, default: float) -> float:

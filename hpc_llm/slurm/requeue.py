@@ -25,14 +25,21 @@ from hpc_llm.slurm.commands import SlurmUnreachable, all_said, run, unreachable_
 @dataclass(frozen=True)
 class Size:
     """What a requeued job's size is decided from (:func:`fit_partition`): the nodes it asks for
-    now, the nodes it was submitted with (``needed`` and its spares), the nodes the run needs,
-    its partition, and the nodes it will not get (its ExcNodeList after the requeue)."""
+    now, the nodes it was submitted with (its training nodes and spares), the fewest nodes the
+    run trains on (``resources.min_nodes``, else its training nodes), its partition, the nodes it
+    will not get (its ExcNodeList after the requeue), and its training nodes (0: ``needed``)."""
 
     asked: int
     full: int
     needed: int
     partition: str | None
     excluded: tuple[str, ...] = ()
+    nodes: int = 0
+
+    @property
+    def train(self) -> int:
+        """The nodes the run trains on when it has them all."""
+        return self.nodes or self.needed
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,10 @@ def requeue_job(ref: str) -> str | None:
 def fit_partition(size: Size) -> tuple[int, str] | None:
     """How many nodes a requeued job should ask for, and why; None when it fits as it is (or
     sinfo cannot tell). With fewer up in its partition outside its exclusions than it asks for, it
-    asks for what is up, never fewer than it needs: the run starts with fewer spares rather than
-    pending for nodes that may never come back (a dead node stays DOWN until an operator
-    returns it). With more up again, a job shrunk before asks for its spares back. Decided
+    asks for what is up, never fewer than it needs: the run starts with fewer spares (then, with
+    ``resources.min_nodes``, on fewer nodes) rather than pending for nodes that may never come back
+    (a dead node stays DOWN until an operator returns it). With more up again, a job shrunk before
+    asks for its spares and nodes back. Decided
     before the requeue (the requeue ends the agents' step), applied after it by
     :func:`update_pending` (only a pending job's size can change)."""
     up = nodes_up(size.partition)
@@ -109,16 +117,20 @@ def fit_partition(size: Size) -> tuple[int, str] | None:
     want = min(size.full, max(free, size.needed))
     if want == size.asked:
         return None
-    if want < size.asked:
+    train = size.train
+    if want < train:
         why = (
             f"only {free} node(s) of partition {size.partition} are up outside the excluded: the job now asks "
-            f"for {want} ({want - size.needed} spare(s) instead of {size.asked - size.needed})"
+            f"for {want}: the run goes on with {want} of its {train} node(s) (resources.min_nodes={size.needed})"
+        )
+    elif want < size.asked:
+        why = (
+            f"only {free} node(s) of partition {size.partition} are up outside the excluded: the job now asks "
+            f"for {want} ({want - train} spare(s) instead of {size.asked - train})"
         )
     else:
-        why = (
-            f"{free} node(s) of partition {size.partition} are up again: the job asks for {want} "
-            f"({want - size.needed} spare(s))"
-        )
+        what = f"{want - train} spare(s)" if size.full > train else f"all its {train} node(s) again"
+        why = f"{free} node(s) of partition {size.partition} are up again: the job asks for {want} ({what})"
     return want, why
 
 

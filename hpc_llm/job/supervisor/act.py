@@ -64,7 +64,7 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
     if d.action == Action.RESTART:
         restart(sup, attempts, a, d)
         return None
-    if d.action == Action.SWAP:
+    if d.action in (Action.SWAP, Action.SHRINK):
         swap(sup, attempts, a, d)
         return None
     return requeue_job(sup, attempts, a, d)
@@ -120,11 +120,12 @@ def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -
 
 def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
     """The next generation runs without ``d.swap_out``: spares take their node ranks
-    (:func:`~hpc_llm.job.supervisor.agents.next_layout`), in this allocation, with no requeue. A
+    (:func:`~hpc_llm.job.supervisor.agents.next_layout`), in this allocation, with no requeue; on
+    a shrink, those no spare replaces leave the run on fewer nodes (:attr:`Agents.size`). A
     left-out node's agent, if it still answers, is told to end; the node goes back to Slurm (the
     job shrinks; draining it needs operator rights) and is recorded with the evidence (suspects,
     error)."""
-    a.action, a.left_out = Action.SWAP, list(d.swap_out)
+    a.action, a.left_out = d.action, list(d.swap_out)
     attempts.save()
     sup.agents.swap_out(d.swap_out)
     # a node left out is paid for until the job ends: give it back (the job shrinks)
@@ -132,7 +133,8 @@ def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> N
     attempts.save()
     sup.agents.note_spares()
     update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
-    log.warning("hpc_llm supervisor: %s; swapping in a spare for %s", d.reason, ",".join(d.swap_out))
+    what = "going on with fewer nodes" if d.action == Action.SHRINK else "swapping in a spare"
+    log.warning("hpc_llm supervisor: %s; %s for %s", d.reason, what, ",".join(d.swap_out))
 
 
 def fail(sup: SupervisorState, attempts: Attempts, a: Attempt | None, cause: str, reason: str) -> None:
@@ -174,7 +176,9 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
     # (requeue.requeued_by_ending); a new ExcNodeList needs the job pending, so not then
     by_ending = not change and requeue.requeued_by_ending(job.job_id, job.partition)
     full = sup.agents.full_size()
-    size = requeue.Size(sup.agents.asked or full, full, sup.policy.nodes, job.partition, tuple(exclude))
+    size = requeue.Size(
+        sup.agents.asked or full, full, sup.policy.least_nodes, job.partition, tuple(exclude), sup.policy.nodes
+    )
     done = requeue.requeue(
         str(job.ref),
         exclude=exclude if change else None,
@@ -214,7 +218,7 @@ def exclusions(sup: SupervisorState, attempts: Attempts, d: Decision) -> tuple[l
     """The next allocation's ExcNodeList: the user's own exclusions plus the nodes whose blame
     is in force (d.exclude; forgiven nodes come back), never so many that the nodes up in the
     partition cannot hold the run. Returns it and, when it had to stop excluding, why."""
-    job, needed = sup.job, sup.policy.nodes
+    job, needed = sup.job, sup.policy.least_nodes
     ours = {n for x in attempts.items for n in x.suspects}
     users = {n for n in job.excluded if n not in ours}
     wanted = sorted(users | set(d.exclude))

@@ -102,7 +102,7 @@ class Agents:
         """The agent step runs, and every agent in it is alive; else a new agent step (a cold
         start: an agent gone of its own error, or the first generation)."""
         alive = [a for a in self.fleet.view().values() if a.alive]
-        if self.step is not None and self.step.running and len(alive) >= self.policy.nodes:
+        if self.step is not None and self.step.running and len(alive) >= self.size:
             return
         if self.step is not None:
             self.end()
@@ -124,10 +124,10 @@ class Agents:
         if self.silent_s is not None:
             env[wire.SILENT_S] = f"{self.silent_s:g}"
         full = self.full_size()
-        if self.job.ref and self.policy.recover and full > self.policy.nodes:
-            # submitted with spares (even if fewer are left): a --no-kill job outlives its batch
-            # host; the agents requeue it then
-            env[wire.REQUEUE_ON_LOSS] = f"{self.policy.nodes},{full},{self.policy.tasks_per_node}"
+        if self.job.ref and self.policy.recover and self.no_kill:
+            # submitted with spares (even if fewer are left), or to go on with fewer nodes: a
+            # --no-kill job outlives its batch host; the agents requeue it then
+            env[wire.REQUEUE_ON_LOSS] = f"{self.policy.least_nodes},{full},{self.policy.tasks_per_node}"
             if self.takeover_offered():
                 # ... or the first of them takes this supervisor's place (hpc_llm.job.agent.takeover)
                 env[wire.TAKEOVER], env[wire.SUPERVISOR_NODE] = json.dumps(self.relaunch), str(self.here)
@@ -140,6 +140,20 @@ class Agents:
         full = self.full_size()
         offered = self.policy.recover and self.policy.take_over and full > self.policy.nodes
         return bool(self.job.ref and offered and self.relaunch and self.here)
+
+    @property
+    def no_kill(self) -> bool:
+        """The agent step (and the job: the script renders both) outlives a node's loss
+        (``--no-kill``: spares, or ``resources.min_nodes``)."""
+        return "--no-kill" in self.command
+
+    @property
+    def size(self) -> int:
+        """The nodes the next generation trains on: ``nodes``, or fewer where the allocation holds
+        fewer (a shrink left nodes out, or a requeue asked for what was up), never fewer than
+        ``resources.min_nodes`` (the generation waits for them)."""
+        held = len([n for n in self.job.nodes if n not in self.left_out])
+        return max(min(self.policy.nodes, held), self.policy.least_nodes)
 
     def full_size(self) -> int:
         """The nodes the run was submitted with, spares included (its allocation may be fewer)."""
@@ -264,7 +278,7 @@ class Agents:
         """Generation ``number`` on the warm agents: node ranks kept from the last generation, a
         spare in the place of a node gone (:func:`next_layout`)."""
         view = self.fleet.view()
-        self.layout = next_layout(self.layout, self.warm_nodes(), self.policy.nodes)
+        self.layout = next_layout(self.layout, self.warm_nodes(), self.size)
         master = self.layout[0]
         port = self._find_port(master, number)
         gen = Generation(number, {n: i for i, n in enumerate(self.layout)}, self.policy.tasks_per_node)
@@ -332,9 +346,12 @@ def next_layout(layout: list[str], warm: list[str], nodes: int) -> list[str]:
     rank of each one gone; the first generation takes the first ``nodes`` warm ones. A restart in
     place then stays on its nodes, whichever agent warmed first."""
     spares = [n for n in warm if n not in layout]
-    if len(layout) != nodes:
-        return warm[:nodes]
-    return [n if n in warm else spares.pop(0) for n in layout]
+    kept = [n for n in layout if n in warm]
+    if len(layout) == nodes:
+        return [n if n in warm else spares.pop(0) for n in layout]
+    if kept and len(kept) == nodes < len(layout):
+        return kept  # fewer nodes (resources.min_nodes): those left keep their order
+    return warm[:nodes]
 
 
 def slurm_port(job_id: str | None, restart: int, gen: int) -> int:

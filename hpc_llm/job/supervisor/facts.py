@@ -81,6 +81,8 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         spares=sup.agents.spares(),
         draining=end.draining if end.stop_cause == Cause.DRAIN else (),
         stragglers=end.slow if end.stop_cause == Cause.STRAGGLER else (),
+        trained_nodes=len(sup.agents.layout) or sup.agents.size,
+        shrinkable=sup.agents.no_kill,
     )
 
 

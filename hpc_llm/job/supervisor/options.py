@@ -15,7 +15,7 @@ from pathlib import Path
 @dataclass
 class Policy:
     run_dir: Path
-    #: nodes the run needs (an exclusion may never leave fewer)
+    #: nodes the run trains on (an exclusion may never leave fewer than min_nodes)
     nodes: int
     #: the stop signal forwarded to the ranks; None: fault tolerance is off
     stop_signal: str | None
@@ -53,6 +53,14 @@ class Policy:
     straggler_factor: float = 2.0
     straggler_patience: int = 2
     straggler_action: str | None = None
+    #: resources.min_nodes: the run goes on with as few as this many nodes after losing some
+    #: (None: ``nodes``, never fewer)
+    min_nodes: int | None = None
+
+    @property
+    def least_nodes(self) -> int:
+        """The fewest nodes the run trains on."""
+        return min(self.min_nodes or self.nodes, self.nodes)
 
     @property
     def lease_s(self) -> float:
@@ -91,6 +99,7 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
     p.add_argument("--straggler-factor", type=float, default=2.0)
     p.add_argument("--straggler-patience", type=int, default=2)
     p.add_argument("--straggler-action", choices=("warn", "swap", "exclude"), default=None)
+    p.add_argument("--min-nodes", type=int, default=None)
     a = p.parse_args(argv[:cut])
     policy = Policy(
         run_dir=Path(a.run_dir),
@@ -118,5 +127,6 @@ def parse_args(argv: list[str]) -> tuple[Policy, list[str]]:
         straggler_factor=a.straggler_factor,
         straggler_patience=a.straggler_patience,
         straggler_action=a.straggler_action,
+        min_nodes=a.min_nodes,
     )
     return policy, argv[cut + 1 :]

@@ -37,6 +37,10 @@ Rules a run of weeks needs:
   ``swap``: a restart in this allocation without them, no requeue. Without
   enough spares it is a requeue with them excluded, by hpc_llm (Slurm does not
   requeue a ``--no-kill`` job on a node's death).
+* **Fewer nodes rather than a requeue, where allowed**: without spares for every node this stop
+  leaves out, a run with ``resources.min_nodes`` goes on in the same (``--no-kill``) job on the
+  nodes left, if they are at least ``min_nodes`` (action ``shrink``); its next requeue asks for
+  ``nodes`` again.
 * **A slow node is swapped or left out, never blamed for a failure**: a straggler verdict
   (``straggler.action=swap``) stops the ranks to save, and spares take the slow nodes' places in
   the same job; with ``exclude`` (or no spare left) the verdict leaves them out of the
@@ -215,6 +219,19 @@ def _failed(
         reason = f"{reason}; leaving out {', '.join(out)} for spare(s) {', '.join(usable[: len(out)])}"
         d = _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=True)
         return replace(d, action=Action.SWAP, swap_out=out) if d.action == Action.RESTART else d
+    least = min(s.min_nodes or s.nodes, s.nodes)
+    left = stop.trained_nodes - len(out) + len(usable[: len(out)])
+    if s.restart_in_place and out and stop.shrinkable and least <= left < stop.trained_nodes:
+        # too few spares (or none) for the nodes this stop leaves out, and the run may go on with
+        # fewer (resources.min_nodes): here, now, on the nodes left; a requeue grows it back
+        takers = usable[: len(out)]
+        by = f" and spare(s) {', '.join(takers)}" if takers else ""
+        reason = (
+            f"{reason}; going on with {left} of {s.nodes} node(s) without {', '.join(out)}{by} "
+            f"(resources.min_nodes={least})"
+        )
+        d = _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=True)
+        return replace(d, action=Action.SHRINK, swap_out=out) if d.action == Action.RESTART else d
     return _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=restart)
 
 

@@ -39,6 +39,8 @@ class Settings:
     forgive_after_s: float = DAY_S
     #: a SIGTERM this close to the end time is the time limit
     term_at_end_s: float = 5.0
+    #: resources.min_nodes: the run may go on with as few nodes (None: ``nodes``, never fewer)
+    min_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ class Stop:
     #: slow nodes of the generation a straggler verdict named (stop_cause straggler: the supervisor
     #: stopped to swap them)
     stragglers: tuple[str, ...] = ()
+    #: the nodes the generation trained on
+    trained_nodes: int = 0
+    #: the allocation outlives a node's loss (``--no-kill``): the run may go on here without it
+    shrinkable: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,5 +117,6 @@ class Decision:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: seconds to wait before a restart in place (backoff after transient storage errors)
     delay_s: float = 0.0
-    #: on a swap: the nodes of this generation left out, each replaced by a spare (sorted)
+    #: on a swap: the nodes of this generation left out, each replaced by a spare (sorted); on a
+    #: shrink: the nodes left out, spares in the places they can fill
     swap_out: tuple[str, ...] = ()

@@ -159,7 +159,7 @@ class GenerationRun:
         this turn is done."""
         end, p = self.end, self.policy
         detected = end.detected_at
-        if end.lost and len(self.agents.warm_nodes()) >= p.nodes:
+        if end.lost and len(self.agents.warm_nodes()) >= self.agents.size:
             # a spare lost (or a node lost between generations) while enough warm agents are
             # left: no stop, the generation starts on the others
             log.warning("hpc_llm supervisor: lost %s; training on the warm agents left", end.lost)
@@ -169,11 +169,12 @@ class GenerationRun:
             end.forget_lost()
             end.detected_at = detected
         self.leave_out_failed_checks()
+        self.leave_out_never_started(now)
         step = self.agents.step
         assert step is not None
         if end.lost:
             self.over = True
-        elif len(self.agents.warm_nodes()) >= p.nodes:
+        elif len(self.agents.warm_nodes()) >= self.agents.size:
             self.gen = self.agents.start(self.sup.gen)
             self.started_at = time.monotonic()
         elif not step.running:
@@ -182,9 +183,26 @@ class GenerationRun:
             self.over = True
         elif p.startup_timeout_s is not None and now - (self.agents.since or now) > p.startup_timeout_s:
             ready = len(self.agents.warm_nodes())
-            end.startup = f"the agents' start (container, srun or imports: {ready} of {p.nodes} ready)"
+            end.startup = f"the agents' start (container, srun or imports: {ready} of {self.agents.size} ready)"
             self.over = True
         return self.over or self.gen is not None
+
+    def leave_out_never_started(self, now: float) -> None:
+        """A run that may go on with fewer nodes (``resources.min_nodes``) does not wait forever for
+        a node whose agent never started (its srun task failed: seen on 24.11, a requeued job's
+        step on a node killed under its first allocation found no job container there): once
+        overdue as a spare would be (:func:`spares.never_started`), it is left out and given back,
+        and the generation starts on the others, if they are at least ``min_nodes``."""
+        agents, least = self.agents, self.policy.least_nodes
+        if least >= self.policy.nodes or agents.since is None:
+            return
+        view = agents.fleet.view()
+        starts = [a.import_s for a in view.values() if a.import_s is not None]
+        held = [n for n in agents.job.nodes if n not in agents.left_out and n not in agents.layout]
+        gone = spares.never_started(held, set(view), now - agents.since, starts)
+        if gone and len(agents.job.nodes) - len(agents.left_out) - len(gone) >= least:
+            for node in gone:
+                agents.lose_spare(node, "its agent never started")
 
     def leave_out_failed_checks(self) -> None:
         """Nodes whose own checks failed, or whose compute figure is far under the others', are

@@ -67,21 +67,30 @@ def parse_release(text: str | None) -> tuple[int, int, int] | None:
 
 
 def spares_refused(res: Any, key: str, version: str | None) -> str | None:
-    """Why ``<key>.spare_nodes`` cannot be used on a Slurm of ``version`` (None: it can, or none asked)."""
+    """Why ``<key>.spare_nodes`` (or a ``<key>.min_nodes`` below ``nodes``: both run the job with
+    ``--no-kill``) cannot be used on a Slurm of ``version`` (None: it can, or neither asked)."""
     spares = int(getattr(res, "spare_nodes", 0) or 0)
+    least = getattr(res, "min_nodes", None)
+    shrinks = least is not None and least < res.nodes
     release = parse_release(version)
-    if not spares or (release is not None and release >= SPARES_SINCE):
+    if not (spares or shrinks) or (release is not None and release >= SPARES_SINCE):
         return None
     since = "{}.{:02d}.{}".format(*SPARES_SINCE)
+    asked, allowed = (
+        (f"{key}.spare_nodes={spares}", f"{key}.spare_nodes=0")
+        if spares
+        else (f"{key}.min_nodes={least}", f"{key}.min_nodes=null")
+    )
     return (
-        f"{key}.spare_nodes={spares} needs Slurm >= {since} (fixes to --no-kill), but this cluster runs "
-        f"Slurm {version or '(unknown)'}; allowed here: {key}.spare_nodes=0"
+        f"{asked} needs Slurm >= {since} (fixes to --no-kill), but this cluster runs "
+        f"Slurm {version or '(unknown)'}; allowed here: {allowed}"
     )
 
 
 def spare_nodes(res: Any, key: str) -> None:
-    """Refuse spares on a Slurm too old for them (asks slurmctld only when spares are asked for)."""
-    if int(getattr(res, "spare_nodes", 0) or 0):
+    """Refuse spares, or a run that goes on with fewer nodes, on a Slurm too old for ``--no-kill``
+    (asks slurmctld only when one of them is asked for)."""
+    if getattr(res, "no_kill", False) or int(getattr(res, "spare_nodes", 0) or 0):
         why = spares_refused(res, key, query.show_config().get(parse.VERSION_KEY))
         if why:
             raise ConfigError(why)

@@ -37,6 +37,14 @@ class JobResources:
     gpu_type: str | None = None
     #: nodes kept warm beside the training nodes, in the same allocation (--no-kill)
     spare_nodes: int = 0
+    #: the fewest nodes the run goes on with (--no-kill below ``nodes``); None: ``nodes``
+    min_nodes: int | None = None
+
+    @property
+    def no_kill(self) -> bool:
+        """A dead node leaves the job instead of ending it: a spare takes its place, or the run
+        goes on with fewer nodes (resources.min_nodes)."""
+        return bool(self.spare_nodes) or (self.min_nodes is not None and self.min_nodes < self.nodes)
 
     @property
     def alloc_nodes(self) -> int:
@@ -65,6 +73,7 @@ def job_resources(cfg: DictConfig, opts: DictConfig) -> JobResources:
         time_s=parse_time_limit(time_text),
         gpu_type=check_gpu_type(r.get("gpu_type"), gpus),
         spare_nodes=int(r.get("spare_nodes", 0) or 0),
+        min_nodes=r.get("min_nodes"),
     )
     if res.spare_nodes < 0:
         raise ConfigError(
@@ -203,6 +212,8 @@ def supervisor_command(
         args.append("--no-restart-in-place")
     if not fault.take_over:
         args.append("--no-take-over")
+    if res.min_nodes is not None and res.min_nodes < res.nodes:
+        args += ["--min-nodes", str(res.min_nodes)]
     straggler = OmegaConf.select(cfg, "straggler", default=None)
     if straggler is not None and straggler.enabled and res.nodes > 1:
         args += [
@@ -288,9 +299,9 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         "exclusive": bool(opts.exclusive if opts.exclusive is not None else cluster.get("exclusive", False)),
         "export": export_list(passthrough),
     }
-    if res.spare_nodes:
-        # a dead node leaves the job instead of ending it: a spare takes its place
-        # (docs/design/control-plane.md, "Spare nodes")
+    if res.no_kill:
+        # a dead node leaves the job instead of ending it: a spare takes its place, or the run goes
+        # on with fewer nodes (docs/design/control-plane.md, "Spare nodes")
         flags["no_kill"] = True
     if res.gpus_flag is not None:
         flags["gpus_per_node"] = res.gpus_flag
@@ -315,7 +326,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         "--ntasks-per-node=1",
         # with spares, a dead node must not end the agent step on every node (Slurm kills a step
         # with a task on a dead node everywhere unless it has --no-kill)
-        *(["--no-kill"] if res.spare_nodes else []),
+        *(["--no-kill"] if res.no_kill else []),
         f"--cpus-per-task={res.cpus_per_task * res.tasks_per_node}",
         # an agent that ends (its node died) must not take the others with it: the supervisor decides
         "--kill-on-bad-exit=0",
