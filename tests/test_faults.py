@@ -159,8 +159,8 @@ def node_state(node: str, env: dict[str, str]) -> str:
 
 
 @contextlib.contextmanager
-def cluster_of_its_own(pytestconfig, slurm: str = "22.05"):
-    """A 3-node dev cluster with accounting, of one test's own: a test that kills a node kills
+def cluster_of_its_own(pytestconfig, slurm: str = "22.05", nodes: int = 3):
+    """A dev cluster (3 nodes unless told) with accounting, of one test's own: a test that kills a node kills
     none of a shared cluster. On the shared one a killed node made another test's 2-node submit
     refused while it was DOWN, and its revival left the GPUs of the two other nodes booked for
     good (slurmctld: "gres/gpu: job 31 dealloc of node n1 bad node_offset 0 count is 0"; 22.05):
@@ -170,7 +170,7 @@ def cluster_of_its_own(pytestconfig, slurm: str = "22.05"):
 
     root = shared_dir(pytestconfig) / f"devcluster-own-{slurm}-{os.getpid()}"
     try:
-        yield devcluster.up(root=root, nodes=3, ctld_port=_free_port_block(16), slurm=slurm, hosts=nodes_as_hosts())
+        yield devcluster.up(root=root, nodes=nodes, ctld_port=_free_port_block(16), slurm=slurm, hosts=nodes_as_hosts())
     finally:
         devcluster.down(root)
 

@@ -315,6 +315,11 @@ COVERED: dict[str, Run | By | Skip] = {
         "tests/test_spares.py::test_a_slowed_node_is_found_and_swapped_for_the_spare_with_nothing_lost",
         ('"straggler.action=swap"',),
     ),
+    # docs/guides/long-runs.md, "Fewer nodes": a run shrunk from 3 nodes to 2 and grown back, on the 24.11 dev cluster
+    "python -m hpc_llm +experiment=mpt7b_c4 hydra/launcher=slurm resources.nodes=8 resources.min_nodes=6": By(
+        "tests/test_min_nodes.py::test_a_lost_node_with_no_spare_the_run_goes_on_with_fewer_and_grows_back_at_the_requeue",
+        ("submit(RUN, env, tmp_path)", '"shrink"'),
+    ),
     "python -m hpc_llm +experiment=mpt7b_c4 hydra/launcher=slurm watchdog.enabled=true [watchdog.action=requeue]": Run(
         ("+experiment=mpt7b_c4", "hydra/launcher=slurm", "watchdog.enabled=true", "watchdog.action=requeue"),
         append=("hydra.launcher.dry_run=true", "data.remote=s3://bucket/c4"),

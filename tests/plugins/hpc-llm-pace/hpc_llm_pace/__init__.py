@@ -20,6 +20,12 @@ that many times slower than the others, as a throttled GPU or a node under a CPU
 Its peers then wait for it inside the next batch's collectives (hpc_llm's straggler tests). A
 spare that takes its place is another node: full speed.
 
+``digest_file``: rank 0 writes one line per batch as it starts, ``<batch> <digest>``, to that
+file (relative: to the run dir), the digest of every sample of the global batch (a hash of each sample's token ids
+on each rank, gathered, sorted): the same digests batch by batch is the same sample sequence,
+whatever the number of nodes it was split over (hpc_llm's min_nodes tests). A batch trained again
+after a restart is written again: the last line of a batch counts.
+
 Registered in LLM Foundry's callback registry through its ``llmfoundry_callbacks``
 entry point; a run asks for it with ``++train.callbacks.hpc_llm_test_pace.batch_s=0.1``.
 It is a real pip-installed package, so the code under test has no test hook.
@@ -28,6 +34,7 @@ It is a real pip-installed package, so the code under test has no test hook.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import socket
 import time
@@ -48,6 +55,7 @@ class Pace(Callback):
         stall_rank: int = 0,
         slow_file: str | None = None,
         slow_factor: float = 3.0,
+        digest_file: str | None = None,
     ) -> None:
         self.batch_s = float(batch_s)
         self.stall = (Path(stall_file), int(stall_at), float(stall_s), int(stall_rank)) if stall_file else None
@@ -56,9 +64,34 @@ class Pace(Callback):
         self.slow_file = Path(slow_file) if slow_file else None
         self.slow_factor = float(slow_factor)
         self.slow = False
+        self.digest_file = digest_file
+        self._samples: list[str] = []
 
     def batch_start(self, state: Any, logger: Any) -> None:
         self._started = time.monotonic()
+        if self.digest_file:
+            # the whole device batch is state.batch here (Composer splits it into micro-batches later)
+            ids = state.batch["input_ids"]
+            self._samples = [hashlib.sha1(row.numpy().tobytes()).hexdigest() for row in ids.cpu()]
+            # here, not at the batch's end: a stop (a save on a signal) ends the batch before this
+            # callback's batch_end runs, and that batch would go unwritten
+            self._digest(state)
+
+    def _digest(self, state: Any) -> None:
+        from composer.utils import dist
+
+        gathered = dist.all_gather_object(self._samples)
+        if dist.get_global_rank() != 0:
+            return
+        path = Path(self.digest_file or "")
+        if not path.is_absolute():
+            from hydra.core.hydra_config import HydraConfig
+
+            path = Path(HydraConfig.get().runtime.output_dir) / path
+        everything = sorted(h for rank in gathered for h in rank)
+        with path.open("a") as f:
+            # the batch this one will be once done (the timestamp counts batches done)
+            f.write(f"{int(state.timestamp.batch) + 1} {hashlib.sha1(' '.join(everything).encode()).hexdigest()}\n")
 
     def batch_end(self, state: Any, logger: Any) -> None:
         left = self.batch_s - (time.monotonic() - self._started)
