@@ -25,9 +25,14 @@ charges the events this run met: a clairvoyant run would end sooner and meet a f
 (about its waste x the run's excess, a few tenths of a percent of the bound). Young/Daly's
 expectation (first order, from the rates) is printed beside it.
 
-**Goodput** = N x training seconds / (N x wall clock + spare node-seconds allocated): the
-run's N nodes over its whole wall clock (queue waits included, as results.json counts a
-run's wall clock), plus every spare held while the job is allocated.
+**Goodput** = N x training seconds / (N x wall clock + spare node-seconds allocated - the
+node-seconds of nodes a shrunk run did not hold): the run's N nodes over its whole wall clock
+(queue waits included, as results.json counts a run's wall clock), plus every spare held while
+the job is allocated. With ``--min-nodes-share F`` (``resources.min_nodes`` = ceil(F x N)), a
+node lost with no spare left shrinks the run in its allocation instead of a requeue: it trains
+on M < N nodes at M/N of the pace (the global batch stays) and holds M, until its next
+requeue (a time limit, a planned stop) asks for N again; an allocation starts on what is up,
+down to M, rather than waiting for a repair.
 
 Inputs, cited or marked as assumptions:
 
@@ -208,6 +213,8 @@ class Scale:
     spares: int
     #: fail-slow nodes per node-day (0: none)
     slow_per_node_day: float = SLOW_PER_NODE_DAY
+    #: resources.min_nodes (0: nodes, never fewer)
+    min_nodes: int = 0
     save_s: float = field(init=False)
     load_s: float = field(init=False)
     interval_s: float = field(init=False)
@@ -232,8 +239,10 @@ def scale(
     restart_s: float,
     spares: int | None = None,
     slow_per_node_day: float = SLOW_PER_NODE_DAY,
+    min_nodes_share: float | None = None,
 ) -> Scale:
     model, params, days, step = SCALES[nodes]
+    least = math.ceil(min_nodes_share * nodes) if min_nodes_share else 0
     return Scale(
         nodes,
         model,
@@ -244,6 +253,7 @@ def scale(
         restart_s,
         default_spares(nodes, spares),
         slow_per_node_day,
+        least if 0 < least < nodes else 0,
     )
 
 
@@ -273,6 +283,8 @@ class Run:
     work: float = 0.0
     productive: float = 0.0
     spare_node_s: float = 0.0
+    #: node-seconds of training nodes a shrunk run did not hold (resources.min_nodes)
+    missing_node_s: float = 0.0
     waste: dict[str, float] = field(default_factory=dict)
     #: the oracle: the wall clock of the same events at their smallest cost, and its queue waits
     oracle_s: float = 0.0
@@ -292,7 +304,8 @@ class Run:
         self.events[what] = self.events.get(what, 0) + 1
 
     def goodput(self, nodes: int) -> float:
-        return nodes * self.productive / (nodes * self.t + self.spare_node_s) if self.t else 0.0
+        held = nodes * self.t + self.spare_node_s - self.missing_node_s
+        return nodes * self.productive / held if self.t else 0.0
 
     def oracle(self, nodes: int, spares: int) -> float:
         """Goodput with no work lost and no checkpoint cost, every failure recovered at the
@@ -320,6 +333,10 @@ def simulate(
     allocation costs ``cold_s`` (a cold start: today's restart) plus the site's cost and the load."""
     fail_rng, kind_rng, plan_rng, slow_rng = (random.Random(f"{seed}:{k}") for k in ("fail", "kind", "planned", "slow"))
     s = settings(sc.nodes)
+    # a run that goes on with fewer nodes: only where the job finds its nodes itself (agents)
+    least = sc.min_nodes if path.agents and sc.min_nodes else 0
+    if least:
+        s = replace(s, min_nodes=least)
     r = Run(seed, path.name)
     n = sc.nodes
     names = [f"n{i:04d}" for i in range(sc.partition)]
@@ -369,8 +386,10 @@ def simulate(
                     nxt = min(nxt, r.t + H)
                 if len(usable) >= n + spares or nxt == math.inf or r.t - pending > 30 * DAY:
                     break
+                if least and len(usable) >= least:
+                    break  # the requeue asked for what is up, down to min_nodes
                 r.spend("waiting for nodes", nxt - r.t)
-            if len(usable) < n:
+            if len(usable) < (least or n):
                 r.reason = f"pending forever: {len(usable)} usable nodes of {sc.partition}"
                 break
             layout, spare_nodes = usable[:n], usable[n : n + spares]
@@ -385,7 +404,9 @@ def simulate(
         remaining = sc.work_s - r.work
         # a slow node in the layout holds every rank to its pace: each batch takes f times as long
         now_slow = [x for x in layout if slow.get(x, -math.inf) > start]
-        f = SLOW_FACTOR if now_slow else 1.0
+        f_slow = SLOW_FACTOR if now_slow else 1.0
+        # on fewer nodes (a shrink) each global batch takes N/M as long
+        f = f_slow * n / len(layout)
         cycle = sc.interval_s * f + sc.save_s
         done_in = remaining * f + math.floor(remaining / sc.interval_s) * sc.save_s
         fail_in = fail_rng.expovariate(rate)
@@ -416,7 +437,7 @@ def simulate(
             r.productive += saved + unsaved
             r.work += saved + unsaved
             r.waste["periodic saves"] += saving
-            r.waste["slow node"] = r.waste.get("slow node", 0.0) + (f - 1) * (saved + unsaved)
+            r.waste["slow node"] = r.waste.get("slow node", 0.0) + (f_slow - 1) * (saved + unsaved)
             on_disk = min(on_disk + cycles, KEEP_CHECKPOINTS)
             if ev_in == slow_in:
                 node = slow_rng.choice(layout)
@@ -427,10 +448,11 @@ def simulate(
                 judged.add(now_slow[0])
                 slow_out[now_slow[0]] = r.t + s.forgive_after_s  # straggler.action=swap, no spare: exclude
                 r.count("slow node left out at the next requeue")
+            r.missing_node_s += (n - len(layout)) * (r.t - start)
             continue
-        if f > 1:
+        if f_slow > 1:
             kept = remaining if ev_in == done_in else saved + (unsaved if ev_in != fail_in else 0.0)
-            r.waste["slow node"] = r.waste.get("slow node", 0.0) + (f - 1) * kept
+            r.waste["slow node"] = r.waste.get("slow node", 0.0) + (f_slow - 1) * kept
         if cycles:
             a.checkpoint_batch = sc.batch(r.work + saved)
         a.last_batch = sc.batch(r.work + saved + unsaved)
@@ -440,6 +462,7 @@ def simulate(
             r.waste["periodic saves"] += done_in - remaining * f - cycles * sc.save_s
             r.completed = True
             r.spare_node_s += spares * (r.t - alloc_start)
+            r.missing_node_s += (n - len(layout)) * (r.t - start)
             break
         facts: dict[str, Any] = {"now": r.t, "end_time": alloc_end}
         unfinished = 0
@@ -478,7 +501,7 @@ def simulate(
                     facts.update(returncode=1, dead_nodes=((victim, "silent, probe unanswered"),))
                 else:  # Slurm's NODE_FAIL
                     facts.update(returncode=1, failed_nodes=(victim,))
-            facts["now"] = r.t
+            facts.update(now=r.t, trained_nodes=len(layout), shrinkable=bool(least))
             d = _decide(history, a, facts, s, earlier, spare_nodes if path.agents else [])
             if kind == "rank error":
                 earlier.append(facts["failures"][0])
@@ -486,11 +509,15 @@ def simulate(
             found = min(best.detect_s[kind], path.detect_s[kind])
             r.oracle_s += found + min(best.restart_s, path.restart_s, cold_s) + restart
             r.count(d.action)
-            if d.action in ("restart", "swap"):
-                r.spend("restart in place" if d.action == "restart" else "swap for a spare", path.restart_s + restart)
+            if d.action in ("restart", "swap", "shrink"):
+                what = {"restart": "restart in place", "swap": "swap for a spare", "shrink": "shrink to fewer nodes"}
+                r.spend(what[d.action], path.restart_s + restart)
                 gen_start = r.t
                 for node in d.swap_out:
-                    spare = next(x for x in spare_nodes if x not in d.exclude)
+                    spare = next((x for x in spare_nodes if x not in d.exclude), None)
+                    if spare is None:  # a shrink: no spare for this one
+                        layout.remove(node)
+                        continue
                     spare_nodes.remove(spare)
                     layout[layout.index(node)] = spare
                 step += 1
@@ -530,6 +557,7 @@ def simulate(
             a.state, a.stopped_at_batch = "stopped", sc.batch(r.work)
             facts.update(returncode=0, stop_cause=cause, now=r.t)
             d = _decide(history, a, facts, s, [], [])
+        r.missing_node_s += (n - len(a.nodes)) * (r.t - start)
         on_disk = min(on_disk + cycles, KEEP_CHECKPOINTS) + unfinished
         r.max_ckpts_on_disk = max(r.max_ckpts_on_disk, on_disk)
         on_disk -= unfinished  # the next start sets an unfinished save aside
@@ -540,7 +568,7 @@ def simulate(
             if node in flaky:
                 flaky.discard(node)
                 down[node] = r.t + REPAIR_S
-        if d.action in ("restart", "swap"):
+        if d.action in ("restart", "swap", "shrink"):
             gen_start = r.t
             judged.clear()
         if d.action == "fail":
@@ -644,7 +672,9 @@ def _simulate(args: tuple[Any, ...]) -> Run:
 def report(sc: Scale, ours: Summary, before: Summary, agents: Path_, today: Path_, plain: Summary | None = None) -> str:
     runs = ours.runs
     lines = [
-        f"{sc.model} on {sc.nodes} nodes + {sc.spares} spare(s) (partition {sc.partition}), "
+        f"{sc.model} on {sc.nodes} nodes + {sc.spares} spare(s) (partition {sc.partition}"
+        + (f", min_nodes {sc.min_nodes}" if sc.min_nodes else "")
+        + "), "
         f"{sc.work_s / DAY:.0f} days of training, {len(runs)} seeds; queue wait {sc.queue_s / 60:g} min, "
         f"site restart cost {sc.restart_s:g} s",
         f"  save and load {sc.save_s:.1f} s every {sc.interval_s / 60:.1f} min (Young), job MTBF "
@@ -677,7 +707,9 @@ def report(sc: Scale, ours: Summary, before: Summary, agents: Path_, today: Path
         for r in sm.runs:
             for k, v in r.waste.items():
                 waste[k] = waste.get(k, 0.0) + v / r.t / len(sm.runs)
-        spare_share = statistics.mean(r.spare_node_s / (sc.nodes * r.t + r.spare_node_s) for r in sm.runs)
+        spare_share = statistics.mean(
+            r.spare_node_s / (sc.nodes * r.t + r.spare_node_s - r.missing_node_s) for r in sm.runs
+        )
         lines.append(
             "    lost (share of the wall clock): "
             + ", ".join(f"{k} {v:.4f}" for k, v in sorted(waste.items(), key=lambda x: -x[1]) if v)
@@ -733,6 +765,12 @@ def main(argv: list[str] | None = None) -> None:
         default=SLOW_PER_NODE_DAY,
         help=f"fail-slow nodes per node-day (an assumption, default 1/{1 / SLOW_PER_NODE_DAY:g}; 0: none)",
     )
+    ap.add_argument(
+        "--min-nodes-share",
+        type=float,
+        default=None,
+        help="resources.min_nodes as a share of the nodes (0.9: a run of 2,048 goes on with 1,844); default: none",
+    )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (the seeds are independent)")
     ap.add_argument("--json", "--faults-json", dest="faults_json", default=None, help="benchmarks/faults.py --json")
     ap.add_argument("--grid", action="store_true", help="every combination of 64/2048 nodes, 30/240 min, 30/120/300 s")
@@ -747,7 +785,7 @@ def main(argv: list[str] | None = None) -> None:
         for nodes in sorted(SCALES):
             for q in (30.0, 240.0):
                 for rs in (30.0, 120.0, 300.0):
-                    sc = scale(nodes, q, rs, args.spares, args.slow_per_node_day)
+                    sc = scale(nodes, q, rs, args.spares, args.slow_per_node_day, args.min_nodes_share)
                     ours, plain, before = run_both(sc, args.seeds, agents, today, args.jobs)
                     done = sum(1 for r in ours.runs if r.completed)
                     print(
@@ -759,7 +797,9 @@ def main(argv: list[str] | None = None) -> None:
                         flush=True,
                     )
         return
-    sc = scale(args.nodes, args.queue_wait_min, args.restart_s, args.spares, args.slow_per_node_day)
+    sc = scale(
+        args.nodes, args.queue_wait_min, args.restart_s, args.spares, args.slow_per_node_day, args.min_nodes_share
+    )
     ours, plain, before = run_both(sc, args.seeds, agents, today, args.jobs)
     print(report(sc, ours, before, agents, today, plain))
     missed = targets(sc, ours)
