@@ -17,10 +17,23 @@ H = 3600.0
 T0 = 1_000_000.0
 
 
-def att(i: int, cause=None, state="failed", resumed=0, ckpt=None, stopped=None, suspects=(), action=None, at=None):
-    """Attempt ``i`` of a run, one hour each unless ``at`` says when it ended."""
+def att(
+    i: int,
+    cause=None,
+    state="failed",
+    resumed=0,
+    ckpt=None,
+    stopped=None,
+    suspects=(),
+    action=None,
+    at=None,
+    trained=None,
+):
+    """Attempt ``i`` of a run, one hour each unless ``at`` says when it ended; ``trained``: when
+    its first batch was done (None: before any)."""
     end = at if at is not None else T0 + (i + 1) * H
     return Attempt(
+        first_batch_at=trained,
         job_id="7",
         restart=i,
         started_at=end - H,
@@ -689,6 +702,83 @@ ROWS = [
         "time_limit",
         exclude=("n3",),
         state="stopped",
+    ),
+    # -- a spare's first generation: its first collectives are its all-reduce check -----------------
+    row(
+        "spare joined: a connection error before the first batch blames the spare, not the old node reporting it",
+        [att(0, "node_failure", suspects=("n2",), action="swap", at=NOW - 60)],
+        {},
+        {"returncode": 1, "failures": (fail(node="n1", message=PEER_GONE, batch=0),), "joined": ("n3",)},
+        S,
+        "restart",
+        "failure",
+        suspects=("n3",),
+        exclude=("n2",),
+        state="failed",
+    ),
+    row(
+        "spare joined: the start-up stuck in the rendezvous blames the spare and restarts in place",
+        [],
+        {},
+        {"returncode": 137, "startup": "rendezvous", "joined": ("n3",)},
+        S,
+        "restart",
+        "failure",
+        suspects=("n3",),
+        state="failed",
+    ),
+    row(
+        "spare joined, twice: left out for the next spare in the same job",
+        [att(0, "failure", suspects=("n3",), at=NOW - 60)],
+        {},
+        {"returncode": 137, "startup": "rendezvous", "joined": ("n3",), "spares": ("n4",)},
+        S,
+        "swap",
+        "failure",
+        suspects=("n3",),
+        exclude=("n3",),
+        state="failed",
+        swap=("n3",),
+    ),
+    row(
+        "spare joined: an exception raised on the spare before the first batch is the spare's, not a user error",
+        [],
+        {},
+        {
+            "returncode": 1,
+            "failures": (fail(node="n3", message="No such file or directory: 'x'", batch=0),),
+            "joined": ("n3",),
+        },
+        S,
+        "restart",
+        "failure",
+        suspects=("n3",),
+        state="failed",
+    ),
+    row(
+        "spare joined: the same exception raised on an old node before the first batch stays a user error",
+        [],
+        {},
+        {
+            "returncode": 1,
+            "failures": (fail(node="n1", message="No such file or directory: 'x'", batch=0),),
+            "joined": ("n3",),
+        },
+        S,
+        "fail",
+        "user_error",
+        state="failed",
+    ),
+    row(
+        "spare joined and trained: a later failure is judged as any other (its node, one point)",
+        [],
+        {"trained": NOW - 30},
+        {"returncode": 1, "failures": (fail(node="n1", message=ECC, batch=7),), "joined": ("n3",)},
+        S,
+        "restart",
+        "failure",
+        suspects=("n1",),
+        state="failed",
     ),
     # -- fewer nodes (resources.min_nodes): the run goes on in the same job on the nodes left ------
     row(

@@ -66,6 +66,8 @@ class Agents:
         self.since: float | None = None
         #: the nodes the ranks run on, in node-rank order
         self.layout: list[str] = []
+        #: spares that took a place in the current generation (new in its layout)
+        self.joined: tuple[str, ...] = ()
         #: nodes of this allocation left out (a swap, a spare or node lost): never used again here
         self.left_out: set[str] = set()
         self._drain_noted: set[str] = set()
@@ -278,7 +280,10 @@ class Agents:
         """Generation ``number`` on the warm agents: node ranks kept from the last generation, a
         spare in the place of a node gone (:func:`next_layout`)."""
         view = self.fleet.view()
+        last = self.layout
         self.layout = next_layout(self.layout, self.warm_nodes(), self.size)
+        # spares that take a place now: this generation's first collectives are their check
+        self.joined = tuple(n for n in self.layout if n not in last) if last else ()
         master = self.layout[0]
         port = self._find_port(master, number)
         gen = Generation(number, {n: i for i, n in enumerate(self.layout)}, self.policy.tasks_per_node)

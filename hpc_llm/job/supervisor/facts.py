@@ -83,6 +83,7 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         stragglers=end.slow if end.stop_cause == Cause.STRAGGLER else (),
         trained_nodes=len(sup.agents.layout) or sup.agents.size,
         shrinkable=sup.agents.no_kill,
+        joined=sup.agents.joined,
     )
 
 

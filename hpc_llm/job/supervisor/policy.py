@@ -37,6 +37,9 @@ Rules a run of weeks needs:
   ``swap``: a restart in this allocation without them, no requeue. Without
   enough spares it is a requeue with them excluded, by hpc_llm (Slurm does not
   requeue a ``--no-kill`` job on a node's death).
+* **A spare's first collectives are its all-reduce check**: a generation a spare took a place in
+  that fails before its first batch blames the spare, not the nodes that trained the generation
+  before it (the only thing that changed); again, and the next spare takes its place.
 * **Fewer nodes rather than a requeue, where allowed**: without spares for every node this stop
   leaves out, a run with ``resources.min_nodes`` goes on in the same (``--no-kill``) job on the
   nodes left, if they are at least ``min_nodes`` (action ``shrink``); its next requeue asks for
@@ -57,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hpc_llm.job.failures import RankFailure
-from hpc_llm.job.supervisor.classify import classify_failure
+from hpc_llm.job.supervisor.classify import blamed_node, classify_failure
 from hpc_llm.job.supervisor.history import count, excluded_by_history, since_reset, slow_nodes, streaks
 from hpc_llm.job.supervisor.stop import DAY_S, Decision, Settings, Stop
 from hpc_llm.rundir.outcome import FAILURE_CAUSES, STOP_CAUSES, Action, Cause, State
@@ -178,13 +181,39 @@ def what_failed(
     if stop.storage_stall is not None:
         return Cause.TRANSIENT, f"{stop.storage_stall}; retrying", ()
     if stop.hang is not None:
+        if joined_and_failed(stop, current, Cause.HANG, None):
+            return _spare_failed(stop, Cause.HANG, stop.hang[0])
         return Cause.HANG, stop.hang[0], tuple(stop.hang[1])
     if stop.startup is not None:
-        return Cause.STARTUP, f"no heartbeat from every rank in time: stuck in {stop.startup}", ()
+        why = f"no heartbeat from every rank in time: stuck in {stop.startup}"
+        if joined_and_failed(stop, current, Cause.STARTUP, None):
+            return _spare_failed(stop, Cause.STARTUP, why)
+        return Cause.STARTUP, why, ()
     if current.state == State.FAILED and current.cause == Cause.PREFLIGHT:
         return Cause.PREFLIGHT, current.error or "a preflight check failed", tuple(current.suspects)
     cause, reason, node = classify_failure(stop, current, earlier_failures)
+    if joined_and_failed(stop, current, cause, blamed_node(stop)):
+        return _spare_failed(stop, cause, reason)
     return cause, reason, (node,) if node else ()
+
+
+def joined_and_failed(stop: Stop, current: Attempt, cause: Cause, node: str | None) -> bool:
+    """A generation a spare took a place in ended before its first batch: the same code and data
+    trained on the other nodes in the last generation, so its first collectives (the rendezvous,
+    the first all-reduce) were the spare's all-reduce check, and it failed them. Not a transient
+    storage error; a user error only where it was raised on the spare (``node``: where the
+    generation failed first)."""
+    if not stop.joined or current.first_batch_at is not None or cause == Cause.TRANSIENT:
+        return False
+    return cause != Cause.USER_ERROR or node in stop.joined
+
+
+def _spare_failed(stop: Stop, cause: Cause, reason: str) -> tuple[Cause, str, tuple[str, ...]]:
+    spares = ", ".join(stop.joined)
+    why = f"{reason}; before the first batch of the first generation of spare(s) {spares}: their all-reduce check"
+    # a start-up stuck on the spare is its failure: restarted in place, and left out (for another
+    # spare) when it fails again, rather than requeued as a start-up hang would be
+    return (Cause.FAILURE if cause in (Cause.USER_ERROR, Cause.STARTUP) else cause), why, tuple(stop.joined)
 
 
 def _failed(

@@ -100,6 +100,8 @@ class Stop:
     trained_nodes: int = 0
     #: the allocation outlives a node's loss (``--no-kill``): the run may go on here without it
     shrinkable: bool = False
+    #: spares that took a place in this generation (new in its layout since the last one)
+    joined: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
