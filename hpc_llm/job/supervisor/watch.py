@@ -174,7 +174,7 @@ class GenerationRun:
         assert step is not None
         if end.lost:
             self.over = True
-        elif len(self.agents.warm_nodes()) >= self.agents.size:
+        elif len(self.agents.warm_nodes()) >= self.agents.size and not self.waiting_for_here(now):
             self.gen = self.agents.start(self.sup.gen)
             self.started_at = time.monotonic()
         elif not step.running:
@@ -186,6 +186,26 @@ class GenerationRun:
             end.startup = f"the agents' start (container, srun or imports: {ready} of {self.agents.size} ready)"
             self.over = True
         return self.over or self.gen is not None
+
+    def waiting_for_here(self, now: float) -> bool:
+        """With spares, the first generation of an allocation waits for the agent of the
+        supervisor's own node (the batch host) to be warm too, so that it trains (node rank 0)
+        rather than waits as a spare. A batch host that is a spare cannot be given back (a job
+        cannot let go of it); cut off, its supervisor lost every training node at once while they
+        trained on (seen on the dev cluster under load: the batch host's agent warmed last, the
+        generation started on the two others, and the cut supervisor blamed them both). Not past
+        the patience a spare's start gets (:func:`spares.never_started`)."""
+        agents, here = self.agents, self.agents.here
+        if agents.layout or not here or here not in agents.job.nodes or here in agents.left_out:
+            return False
+        if agents.full_size() <= self.policy.nodes or agents.since is None:
+            return False  # no spares: every node trains
+        view = agents.fleet.view()
+        if here in view and view[here].state == "warm":
+            return False
+        starts = [a.import_s for a in view.values() if a.import_s is not None]
+        limit = max(spares.GRACE_S, spares.SLOWEST_STARTS * max(starts, default=0.0))
+        return now - agents.since <= limit
 
     def leave_out_never_started(self, now: float) -> None:
         """A run that may go on with fewer nodes (``resources.min_nodes``) does not wait forever for
