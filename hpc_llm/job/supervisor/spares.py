@@ -26,8 +26,13 @@ def never_started(spares: list[str], joined: set[str], since_s: float, starts_s:
     others took up to ``max(starts_s)`` to warm up: overdue past :data:`GRACE_S` and
     :data:`SLOWEST_STARTS` times the slowest start (a node's container or imports may be slow,
     and a spare is not needed yet)."""
-    limit = max(GRACE_S, SLOWEST_STARTS * max(starts_s, default=0.0))
-    return [n for n in spares if n not in joined] if since_s > limit else []
+    return [n for n in spares if n not in joined] if since_s > start_patience_s(starts_s) else []
+
+
+def start_patience_s(starts_s: list[float]) -> float:
+    """How long an agent's start may take: :data:`GRACE_S`, or :data:`SLOWEST_STARTS` times the
+    slowest start of the agents that did warm up, if longer."""
+    return max(GRACE_S, SLOWEST_STARTS * max(starts_s, default=0.0))
 
 
 def failed_checks(checks: Mapping[str, tuple[float | None, str | None]], factor: float) -> dict[str, str]:

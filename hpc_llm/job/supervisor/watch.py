@@ -204,8 +204,7 @@ class GenerationRun:
         if here in view and view[here].state == "warm":
             return False
         starts = [a.import_s for a in view.values() if a.import_s is not None]
-        limit = max(spares.GRACE_S, spares.SLOWEST_STARTS * max(starts, default=0.0))
-        return now - agents.since <= limit
+        return now - agents.since <= spares.start_patience_s(starts)
 
     def leave_out_never_started(self, now: float) -> None:
         """A run that may go on with fewer nodes (``resources.min_nodes``) does not wait forever for
