@@ -33,7 +33,6 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
     """Sweeper hook: every job of a sweep is checked before anything starts (``preview``:
     ``hpc-llm render``, where data not prepared yet is a warning). Returns the job's train
     config, for :func:`check_sweep`."""
-    from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
     from hpc_llm.launch.precheck import warm_up
@@ -45,7 +44,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
         )
     job = resolve_job(cfg, run_dir, preview=preview)
     warm_up(cfg)  # the check's stack imports while the other points are composed (at the first one)
-    train = build_train_config(cfg, job, run_name="validate")
+    train = job.trainer.stack_config(cfg, job, run_name="validate")
     # binds depend on the whole config (data, checkpoints, run dir): conflicts show here
     job.container.wrap(cfg.container, job.mounts(cfg), ["python"])
     return train

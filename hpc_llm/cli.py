@@ -70,18 +70,18 @@ def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
     from hpc_llm.config.site import origins
-    from hpc_llm.config.train_config import build_train_config
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.launch.precheck import check_sweep, point_of
 
     cfg = compose(args.overrides)
     job = resolve_job(cfg, run_dir="<run dir>", preview=True)
-    train = build_train_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
+    # the config the run's trainer gets (LLM Foundry's train config by default; torchtitan's keys)
+    train = job.trainer.stack_config(cfg, job, run_name=f"{job.plan.experiment}-<run>")
     check_sweep([point_of(cfg, train)])  # what the job's own code would refuse (precheck.enabled)
     # the presets a site directory gave (a cluster profile, ...), as comments the yaml keeps
     runtime = cfg.hydra.runtime
     sys.stdout.write("".join(f"# {o.line()}\n" for o in origins(runtime.choices, runtime.config_sources)))
-    if args.as_yaml:
+    if args.as_yaml and job.trainer.name == "llmfoundry":
         # a plain LLM Foundry yaml to start from: without what hpc_llm adds at run time
         sys.stdout.write(yaml.safe_dump(as_plain_yaml(train), sort_keys=False))
         return 0

@@ -1,6 +1,7 @@
 """Write the resolved constraints of an environment: every distribution hpc_llm[EXTRAS] needs, pinned.
 
     .venv/bin/python scripts/freeze-constraints.py train,test > constraints/llmfoundry.txt
+    .venv-torchtitan/bin/python scripts/freeze-constraints.py torchtitan > constraints/torchtitan.txt
 
 Run with the Python of an environment that was installed and tested (scripts/setup-dev.sh): it
 walks the installed distributions' requirements from ``hpc-llm[EXTRAS]`` (markers evaluated for
@@ -13,6 +14,7 @@ fails when pyproject.toml and the file disagree.
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib import metadata
 
@@ -49,7 +51,8 @@ def main() -> None:
     print(
         f"# hpc-llm[{','.join(sorted(extras))}] on Python {sys.version_info.major}.{sys.version_info.minor}, resolved"
     )
-    print("# by pip and tested; regenerate: .venv/bin/python scripts/freeze-constraints.py", ",".join(sorted(extras)))
+    venv = os.path.relpath(sys.prefix)  # .venv, or .venv-torchtitan for its own environment
+    print(f"# by pip and tested; regenerate: {venv}/bin/python scripts/freeze-constraints.py", ",".join(sorted(extras)))
     for name, version in sorted(pins.items()):
         print(f"{name}=={version}")
 

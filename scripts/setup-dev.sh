@@ -35,4 +35,7 @@ echo "== installing hpc_llm[train,test] (torch 2.7.0, llm-foundry 0.22.0, ...), 
 # the resolved versions, not a fresh resolution: the same environment on every machine, and no
 # backtracking (scripts/freeze-constraints.py writes the file; tests/test_constraints.py checks it)
 .venv/bin/python -m pip install -q -e '.[train,test]' -c constraints/llmfoundry.txt
+# the torchtitan trainer's own venv (.venv-torchtitan: torch 2.14, torchtitan 0.3.0); its tests
+# (tests/test_torchtitan.py, the trainer contract suite) run it
+bash scripts/setup-torchtitan.sh
 echo "== ready: .venv/bin/python -m hpc_llm +experiment=mpt_tiny"

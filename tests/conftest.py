@@ -64,7 +64,7 @@ def pip_install(src: Path, target: Path) -> None:
     )
 
 
-TEST_PLUGINS = ("hpc-llm-crash", "hpc-llm-pace")
+TEST_PLUGINS = ("hpc-llm-crash", "hpc-llm-pace", "hpc-llm-stub-trainer")
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints" / "llmfoundry.txt"
 
 
-def pins() -> dict[str, str]:
+def pins(path: Path = CONSTRAINTS) -> dict[str, str]:
     out = {}
-    for line in CONSTRAINTS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             name, version = line.split("==")
@@ -67,3 +67,51 @@ def test_every_install_uses_them():
     assert flag in (ROOT / "scripts" / "setup-dev.sh").read_text()
     for name in ("cpu.def", "h100.def"):
         assert "-c /opt/hpc_llm/src/constraints/llmfoundry.txt" in (ROOT / "containers" / name).read_text(), name
+
+
+TITAN = ROOT / "constraints" / "torchtitan.txt"
+TITAN_PYTHON = ROOT / ".venv-torchtitan" / "bin" / "python"
+#: what the login process pickles a job's payload with and the torchtitan ranks unpickle it with
+#: (hpc_llm.rundir.payload): one version in both environments
+SHARED = ("cloudpickle", "hydra-core", "omegaconf")
+
+
+def test_the_torchtitan_extra_is_pinned_within_its_range_and_shares_the_payload_stack():
+    titan = pins(TITAN)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wrong = []
+    for line in [*project["dependencies"], *project["optional-dependencies"]["torchtitan"]]:
+        req = Requirement(line)
+        version = titan.get(canonicalize_name(req.name))
+        if version is None or not req.specifier.contains(version, prereleases=True):
+            wrong.append(f"{req} -> {version or 'not pinned'}")
+    assert not wrong, f"pyproject.toml and {TITAN.name} disagree (scripts/freeze-constraints.py): {wrong}"
+    foundry = pins()
+    differ = {name: (foundry.get(name), titan.get(name)) for name in SHARED if foundry.get(name) != titan.get(name)}
+    assert not differ, f"the two environments must unpickle the same payload: {differ}"
+    assert TITAN.read_text().splitlines()[0].split(" on Python ")[1].split(",")[0] == (
+        CONSTRAINTS.read_text().splitlines()[0].split(" on Python ")[1].split(",")[0]
+    ), "both environments pin the same Python minor"
+
+
+def test_the_torchtitan_environment_is_the_one_its_constraints_pin():
+    """scripts/setup-dev.sh installs .venv-torchtitan with constraints/torchtitan.txt."""
+    import json
+    import subprocess
+
+    code = (
+        "import json, sys; from importlib import metadata\n"
+        "out = {}\n"
+        "for n in json.loads(sys.argv[1]):\n"
+        "    try: out[n] = metadata.version(n)\n"
+        "    except metadata.PackageNotFoundError: out[n] = None\n"
+        "print(json.dumps(out))"
+    )
+    pinned = pins(TITAN)
+    proc = subprocess.run([str(TITAN_PYTHON), "-c", code, json.dumps(list(pinned))], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    installed = json.loads(proc.stdout)
+    differ = [f"{n}=={v}: {installed.get(n)}" for n, v in pinned.items() if (installed.get(n) or "").split("+")[0] != v]
+    assert not differ, differ
+    assert "-c constraints/torchtitan.txt" in (ROOT / "scripts" / "setup-torchtitan.sh").read_text()
+    assert "setup-torchtitan.sh" in (ROOT / "scripts" / "setup-dev.sh").read_text()

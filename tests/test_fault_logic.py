@@ -489,7 +489,7 @@ def test_an_attempt_resumed_at_max_duration_goes_on_to_the_post_train_stage():
     from composer import Trainer
     from composer.core import Time, Timestamp
 
-    from hpc_llm.job.rank.task import training_done_goes_on
+    from hpc_llm.job.rank.foundry_train import training_done_goes_on
 
     original = Trainer.fit
     calls = []

@@ -50,6 +50,8 @@ def _common(section: DictConfig) -> dict[str, Any]:
 
 
 class Folder(CheckpointBackend):
+    # any trainer: a folder on the shared filesystem: any trainer saves there
+    trainers = None
     name = "folder"
     description = "checkpoints in a folder on the shared filesystem (default <run dir>/checkpoints)"
 

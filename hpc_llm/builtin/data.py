@@ -17,7 +17,7 @@ from hpc_llm.config.plan import JobPlan
 from hpc_llm.data.loaders import finetuning_loader, text_loaders, tokenizer_section, workers_for
 from hpc_llm.errors import ConfigError, require_scheme
 from hpc_llm.paths import cache_dir
-from hpc_llm.plugins.base import DataSource, HostPath, local_path
+from hpc_llm.plugins.base import DataSource, HostPath, TextData, local_path
 
 # Schemes mosaicml-streaming can download from (streaming.base.storage).
 REMOTE_SCHEMES = ("s3", "gs", "oci", "azure", "azure-dl", "dbfs", "sftp", "hf", "http", "https")
@@ -28,6 +28,8 @@ NODE_LOCAL_CACHE = "streaming_cache"
 
 
 class TinyCorpus(DataSource):
+    # any trainer: LLM Foundry loaders, or its text files (text_data) for any other trainer
+    trainers = None
     name = "tiny_corpus"
     description = "bundled corpus + byte-level BPE tokenizer, built locally at first use (or streamed: data.remote)"
 
@@ -65,6 +67,15 @@ class TinyCorpus(DataSource):
 
         opts = self.options(section)
         tiny_corpus.ensure(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
+
+    def text_data(self, section: DictConfig, ctx: Any) -> TextData:
+        from hpc_llm.data import tiny_corpus
+
+        opts = self.options(section)
+        tokenizer, text = tiny_corpus.ensure_text(Path(opts.cache_dir) if opts.cache_dir else cache_dir())
+        return TextData(
+            str(tokenizer), str(text / f"{section.train_split}.jsonl"), str(text / f"{section.eval_split}.jsonl")
+        )
 
     def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
         """Its MDS splits (built here if needed) copied to ``out``: a directory, or ``s3://...``."""

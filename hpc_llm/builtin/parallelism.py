@@ -87,6 +87,8 @@ def fsdp_version(section: DictConfig, plan: JobPlan) -> int:
 
 
 class DDP(ParallelismStrategy):
+    # any trainer: every rank a whole model: a plain meaning any trainer can take
+    trainers = None
     name = "ddp"
     description = "data parallel (Composer DDP): every rank holds the full model"
 
@@ -95,6 +97,7 @@ class DDP(ParallelismStrategy):
 
 
 class FSDP(ParallelismStrategy):
+    trainers = ("llmfoundry", "torchtitan")
     name = "fsdp"
     description = "fully sharded data parallel over all ranks (FSDP2 on CPU, FSDP1 on GPU)"
 
@@ -176,6 +179,7 @@ def _divisors(n: int) -> list[int]:
 
 
 class HSDP(FSDP):
+    trainers = ("llmfoundry", "torchtitan")
     name = "hsdp"
     description = "hybrid sharding: shard within a group, replicate across groups"
 

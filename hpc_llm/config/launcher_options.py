@@ -25,6 +25,9 @@ class LocalLauncherConf:
     # (or HPC_LLM_LOG_LEVEL=INFO), else a live progress line and a summary. All
     # ranks always log to <run dir>/logs/rank<N>.log.
     stream: bool | None = None
+    # How each rank starts Python; None: the trainer's environment (trainer.python), else this
+    # interpreter (docs/reference/trainers.md).
+    python: str | None = None
 
 
 @dataclass

@@ -98,6 +98,19 @@ class ParallelismConfig:
 
 
 @dataclass
+class TrainerConfig:
+    # The training stack the ranks run (docs/reference/trainers.md): llmfoundry (LLM Foundry +
+    # Composer, torch 2.7; the default), torchtitan (torch 2.14, its own environment), or a
+    # package's.
+    name: str = "llmfoundry"
+    # The python of the trainer's environment, when it is not this interpreter's: how the ranks
+    # and the check before the queue start (hydra.launcher.python, when set, wins).
+    python: Optional[str] = None
+    # The trainer's own options (torchtitan: overrides, async_checkpoint, heldout).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class DataConfig:
     # Data-source plugin: tiny_corpus, mds, hf, or one from an installed package.
     name: str = "tiny_corpus"
@@ -346,6 +359,7 @@ class PluginsConfig:
 class HpcLlmConfig:
     # Experiment name, set by conf/experiment/<name>.yaml.
     experiment: str = "default"
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

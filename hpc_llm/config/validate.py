@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.config.llmfoundry_keys import TRAIN_CONFIG_KEYS
 from hpc_llm.config.plan import JobPlan, make_plan
@@ -28,6 +28,7 @@ from hpc_llm.plugins.base import (
     HostPath,
     Mounts,
     ParallelismStrategy,
+    Trainer,
 )
 from hpc_llm.plugins.manager import get_plugins
 
@@ -40,6 +41,8 @@ class ResolvedJob:
     checkpoint: CheckpointBackend
     evaluators: tuple[Evaluator, ...]
     container: ContainerRuntime
+    #: the training stack (``trainer.name``)
+    trainer: Trainer
     health_checks: tuple[HealthCheck, ...] = ()
 
     def mounts(self, cfg: DictConfig) -> Mounts:
@@ -272,8 +275,42 @@ def components(cfg: DictConfig, run_dir: str | None = None, nodes_now: int | Non
         plugins.get("checkpoint", cfg.checkpoint.name),  # type: ignore[arg-type]
         tuple(plugins.get("evaluator", name) for name in cfg.eval.evaluators),  # type: ignore[misc]
         plugins.get("container", cfg.container.name),  # type: ignore[arg-type]
+        plugins.get("trainer", trainer_name(cfg)),  # type: ignore[arg-type]
         tuple(plugins.get("health_check", name) for name in cfg.preflight.checks),  # type: ignore[misc]
     )
+
+
+def trainer_name(cfg: DictConfig) -> str:
+    """``trainer.name``; llmfoundry for a config composed without the trainer group (a payload
+    written before it existed)."""
+    return str(OmegaConf.select(cfg, "trainer.name", default=None) or "llmfoundry")
+
+
+def check_trainer_pairs(cfg: DictConfig, job: ResolvedJob) -> None:
+    """Every component serves the trainer the run picked (``Component.trainers``): a data source
+    that emits LLM Foundry loaders cannot feed torchtitan, an evaluator that reads Composer's
+    state cannot measure it. One line naming the key, and what serves that trainer."""
+    trainer = trainer_name(cfg)
+    chosen = [
+        ("data", "data.name", job.data),
+        ("parallelism", "parallelism.name", job.parallelism),
+        ("checkpoint", "checkpoint.name", job.checkpoint),
+        *(("evaluator", "eval.evaluators", ev) for ev in job.evaluators),
+    ]
+    for kind, key, component in chosen:
+        served = component.trainers
+        if served is None or trainer in served:
+            continue
+        plugins = get_plugins(cfg.plugins.block)
+        others = sorted(
+            {e.name for e in plugins.entries(kind) if e.component.trainers is None or trainer in e.component.trainers}
+        )
+        value = list(cfg.eval.evaluators) if kind == "evaluator" else component.name
+        also = " (or eval=none)" if kind == "evaluator" else ""
+        raise ConfigError(
+            f"{key}={value}: {component.kind} '{component.name}' serves trainer {', '.join(served)}, not "
+            f"trainer={trainer}; allowed with trainer={trainer}: {', '.join(others) or '(none)'}{also}"
+        )
 
 
 def resolve_job(
@@ -306,6 +343,10 @@ def resolve_job(
     for ev in job.evaluators:
         ev.validate(cfg.eval, plan)
     job.container.validate(cfg.container, plan)
+    if "trainer" in cfg:
+        job.trainer.validate(cfg.trainer, plan)
+    job.trainer.validate_job(cfg, plan)
+    check_trainer_pairs(cfg, job)
     if cfg.preflight.enabled:
         for check in job.health_checks:
             check.validate(cfg.preflight, plan)

@@ -87,3 +87,37 @@ def ensure(cache: Path) -> tuple[Path, Path]:
     """(tokenizer dir, MDS dir) under ``cache``, building them if needed."""
     base = root(cache)
     return build_once(base / "tokenizer", _build_tokenizer), build_once(base / "mds", _build_mds)
+
+
+def _build_text_tokenizer(out: Path) -> None:
+    """The same byte-level BPE, written with ``tokenizers`` alone (``tokenizer.json`` and the
+    special tokens in ``tokenizer_config.json``): what a stack without transformers reads
+    (torchtitan's ``HuggingFaceTokenizer``)."""
+    import json
+
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(split_lines()["train"], vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=[EOS])
+    out.mkdir(parents=True, exist_ok=True)
+    bpe._tokenizer.save(str(out / "tokenizer.json"))
+    special = {"bos_token": EOS, "eos_token": EOS, "unk_token": EOS, "pad_token": EOS, "model_max_length": 2048}
+    (out / "tokenizer_config.json").write_text(json.dumps(special, indent=2), encoding="utf-8")
+
+
+def _build_jsonl(out: Path) -> None:
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    for split, lines in split_lines().items():
+        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for chunk in _chunks(lines):
+                f.write(json.dumps({"text": chunk}) + "\n")
+
+
+def ensure_text(cache: Path) -> tuple[Path, Path]:
+    """(tokenizer dir, dir of ``train.jsonl`` and ``val.jsonl``) under ``cache``: the same
+    corpus, split and chunks as the MDS shards, as JSON lines of ``text`` (a trainer that reads
+    Hugging Face datasets: torchtitan)."""
+    base = root(cache) / "text"
+    return build_once(base / "tokenizer", _build_text_tokenizer), build_once(base / "jsonl", _build_jsonl)

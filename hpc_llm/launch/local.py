@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.base import BaseLauncher, JobFailed, resource_key, shown
+from hpc_llm.launch.job_python import job_python
 from hpc_llm.results import console, ledger
 from hpc_llm.results.failure import first_failure
 from hpc_llm.rundir import provenance
@@ -72,11 +73,12 @@ def scratch_dir(cfg: DictConfig, run_dir: Path) -> Path:
 
 
 def rank_command(cfg: DictConfig, run_dir: Path, payload: Path) -> list[str]:
-    """This interpreter, or the image's Python under the container runtime."""
+    """The job's python (hydra.launcher.python, trainer.python, else this interpreter), or the
+    image's Python under the container runtime."""
     entry = ["-m", "hpc_llm.job.rank.entry", str(payload)]
     container = OmegaConf.select(cfg, "container", default=None)
     if container is None or container.name == "none":
-        return [sys.executable, *entry]
+        return [*job_python(cfg), *entry]
     from hpc_llm.config.validate import components
 
     job = components(cfg, str(run_dir))
@@ -93,8 +95,10 @@ class LocalLauncher(BaseLauncher):
         stream: bool | None = None,
         nodes_key: str | None = None,
         tasks_key: str | None = None,
+        python: str | None = None,
     ) -> None:
         super().__init__()
+        self.python = python
         self.nodes_key = resource_key(resources_key, nodes_key, "nodes_key", "nodes")
         self.tasks_key = resource_key(resources_key, tasks_key, "tasks_key", "tasks_per_node")
         self.timeout_s = timeout_s

@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -39,8 +38,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_llm.config.validate import trainer_name
 from hpc_llm.errors import ConfigError, warn_once
 from hpc_llm.launch import checker_client
+from hpc_llm.launch.job_python import job_python
+from hpc_llm.launch.job_python import source as job_python_source
 
 MODULE = "hpc_llm.job.rank.foundry_check"
 #: hpc_llm.job.rank.foundry_check.EXIT_NO_STACK (the login side never imports hpc_llm.job)
@@ -103,11 +105,10 @@ def environment(cfg: DictConfig) -> Environment:
     container = cfg.container
     if container.name != "none":
         return _container_environment(cfg)
-    python = OmegaConf.select(cfg, "hydra.launcher.python", default=None)
-    command = shlex.split(str(python)) if python else [sys.executable]
+    command = job_python(cfg)
     exe = command[0]
     found = shutil.which(exe) if "/" not in exe else (exe if os.access(exe, os.X_OK) else None)
-    missing = None if found else f"{exe} (hydra.launcher.python) is not on this machine"
+    missing = None if found else f"{exe} ({job_python_source(cfg)}) is not on this machine"
     if "/" in exe:
         command[0] = os.path.abspath(exe)  # a warm checker starts in /
     return Environment(
@@ -192,6 +193,15 @@ def check_sweep(points: Sequence[Point]) -> None:
     todo = [p for p in points if enabled(p.cfg)]
     if not todo:
         return
+    # a trainer other than LLM Foundry brings its own check (Trainer.check_module), run as one
+    # process of its environment; the rest of this module is LLM Foundry's
+    others = [p for p in todo if trainer_name(p.cfg) != "llmfoundry"]
+    todo = [p for p in todo if trainer_name(p.cfg) == "llmfoundry"]
+    lines_of_others = _check_other_trainers(others)
+    if lines_of_others:
+        raise ConfigError(lines_of_others[0], lines_of_others[1:])
+    if not todo:
+        return
     envs: dict[str, Environment] = {}
     for i, p in enumerate(todo):
         env = environment(p.cfg)
@@ -206,6 +216,49 @@ def check_sweep(points: Sequence[Point]) -> None:
             lines += _lines([todo[i] for i in env.points], found)
     if lines:
         raise ConfigError(lines[0], lines[1:])
+
+
+def _check_other_trainers(points: Sequence[Point]) -> list[str]:
+    """Each point through its trainer's ``check_module`` (``python -m M``: points as JSON on
+    stdin, a JSON list of ``[key, message]`` lists per point on the last line of stdout)."""
+    from hpc_llm.plugins.manager import get_plugins
+
+    lines: list[str] = []
+    for p in points:
+        trainer = get_plugins(p.cfg.plugins.block).get("trainer", trainer_name(p.cfg))
+        module = getattr(trainer, "check_module", None)
+        env = environment(p.cfg)
+        if module is None or env.run is None:
+            if env.missing:
+                warn_once(f"{env.missing}: trainer={trainer.name}'s config not checked before submitting")
+            continue
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                env.run(["-m", str(module)], []),
+                input=json.dumps([trainer.check_point(p.cfg, None)]),  # type: ignore[attr-defined]
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            warn_once(f"{env.name} could not check trainer={trainer.name}'s config ({exc}); submitting it unchecked")
+            continue
+        try:
+            found = json.loads((proc.stdout.strip().splitlines() or ["null"])[-1])
+        except ValueError:
+            found = None
+        if proc.returncode != 0 or not isinstance(found, list):
+            tail = " ".join((proc.stderr.strip().splitlines() or ["(no output)"])[-1].split())
+            why = f"{env.name} could not check trainer={trainer.name}'s config ({tail[-300:]})"
+            warn_once(f"{why}; submitting it unchecked")
+            continue
+        sys.stderr.write(
+            f"hpc_llm: check before the queue: trainer={trainer.name}, one process, "
+            f"{time.perf_counter() - t0:.2f} s ({env.name})\n"
+        )
+        lines += [str(message) for _key, message in found[0]]
+    return lines
 
 
 def _payload(p: Point) -> dict[str, Any]:

@@ -110,7 +110,7 @@ class SlurmLauncher(BaseLauncher):
             warn_once(f"container={container}: the object stores are checked when the job starts, not before")
             return
         try:
-            self._stores.check(cfg, job_run_dir(cfg), python_command(self.opts))
+            self._stores.check(cfg, job_run_dir(cfg), python_command(self.opts, cfg))
         except ConfigError as exc:
             if not self.opts.dry_run:
                 raise

@@ -76,6 +76,10 @@ class Component:
     description: str = ""
     #: optional dataclass typing ``<section>.options``
     Options: ClassVar[type | None] = None
+    #: the trainers (``trainer.name``) this component works with; None: any. A component that
+    #: emits LLM Foundry config or reads a Composer ``Trainer`` serves ``llmfoundry`` alone; a
+    #: config that pairs it with another trainer is refused before the queue.
+    trainers: ClassVar[tuple[str, ...] | None] = None
 
     def options(self, section: DictConfig) -> Any:
         """Return ``section.options`` checked against ``Options`` (if any)."""
@@ -119,13 +123,91 @@ class Component:
         shared work yourself, e.g. with :func:`hpc_llm.plugins.once.build_once`)."""
 
 
+class Trainer(Component):
+    """The training stack every rank runs (``trainer.name``): docs/reference/trainers.md.
+
+    Login side (pure, cheap): ``validate`` the config, and what the check before the queue
+    asks of the trainer's own environment (``check_module``: a module of the trainer's
+    environment with ``check_points(points) -> problems``). In the job: ``warm`` (a node's
+    agent, once, after importing ``warm_modules``) and ``train`` (every rank), which keeps the
+    contract the conformance suite (tests/test_trainer_contract.py) holds every trainer to.
+    """
+
+    #: the pip extra of hpc-llm that installs this trainer's stack (its own venv when it pins
+    #: another torch than LLM Foundry's)
+    extra: ClassVar[str] = ""
+    #: modules a node's agent imports once so that every rank it forks starts warm
+    warm_modules: ClassVar[tuple[str, ...]] = ()
+    #: the module the check before the queue runs in the job's environment (None: no check)
+    check_module: ClassVar[str | None] = None
+
+    def validate_job(self, cfg: DictConfig, plan: JobPlan) -> None:
+        """Raise :class:`~hpc_llm.errors.ConfigError` when the whole config (``train`` among it)
+        asks what this trainer cannot do (login node, pure)."""
+
+    def stack_config(self, cfg: DictConfig, job: Any, run_name: str) -> dict[str, Any]:
+        """The config the stack gets, as ``hpc-llm config`` prints it and the run's
+        ``train_config.yaml`` keeps it (login node and job, pure)."""
+        return {}
+
+    def check_point(self, cfg: DictConfig, plan: JobPlan) -> dict[str, Any]:
+        """What the check before the queue sends the trainer's environment for one point."""
+        return {}
+
+    def warm(self) -> None:
+        """In a node's agent, after ``warm_modules`` are imported: patches and registrations
+        every forked rank would otherwise make (idempotent)."""
+
+    def train(self, cfg: DictConfig, job: Any, ctx: JobContext) -> Trained:
+        """Train (resuming where the run's checkpoints say) on every rank; raise
+        :class:`hpc_llm.job.rank.preemption.Preempted` after the save a stop asked for."""
+        raise NotImplementedError
+
+
+class Trained:
+    """What a trainer's ``train`` hands back to the rank's task (in-job)."""
+
+    #: the stack's own trainer object, for the evaluators that serve this trainer
+    handle: Any = None
+    #: the last batch trained
+    batch: int = 0
+    #: seconds training took in this attempt
+    train_s: float = 0.0
+
+    def figures(self, ctx: JobContext, job_s: float) -> dict[str, Any]:
+        """Throughput, loss, memory and mesh for results.json (a collective: every rank calls it)."""
+        return {}
+
+    def close(self) -> None:
+        """End the stack's trainer (trackers finish, uploads end) before the run is called completed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextData:
+    """A data source's text for a trainer that reads Hugging Face datasets (in-job)."""
+
+    #: a directory with ``tokenizer.json`` and ``tokenizer_config.json``
+    tokenizer: str
+    #: JSON-lines files with a ``text`` field
+    train: str
+    eval: str
+
+
 class DataSource(Component):
     """Provides training and held-out data (``data.name``)."""
+
+    trainers: ClassVar[tuple[str, ...] | None] = ("llmfoundry",)
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         """LLM Foundry keys: ``train_loader``, ``eval_loader`` (held-out split)
         and optionally ``tokenizer``."""
         raise NotImplementedError
+
+    def text_data(self, section: DictConfig, ctx: JobContext) -> TextData:
+        """In the job, for a trainer that reads Hugging Face datasets (torchtitan): the tokenizer
+        directory and JSON-lines files of ``text`` for the train and held-out splits, built
+        here if needed (every rank calls it). A source that serves such a trainer has it."""
+        raise ConfigError(f"data source '{self.name}' has no text files for trainer {ctx.cfg.trainer.name}")
 
     def prepare_data(self, section: DictConfig, out: str, source: str | None, splits: list[str]) -> list[str]:
         """``hpc-llm data prepare``: build this source's data under ``out`` (a
@@ -143,6 +225,8 @@ class DataSource(Component):
 class ParallelismStrategy(Component):
     """Maps ``parallelism.*`` to Composer's parallelism config (``parallelism.name``)."""
 
+    trainers: ClassVar[tuple[str, ...] | None] = ("llmfoundry",)
+
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -153,6 +237,8 @@ class ParallelismStrategy(Component):
 
 class CheckpointBackend(Component):
     """Where and how often checkpoints are written (``checkpoint.name``)."""
+
+    trainers: ClassVar[tuple[str, ...] | None] = ("llmfoundry",)
 
     def train_config(self, section: DictConfig, plan: JobPlan) -> dict[str, Any]:
         raise NotImplementedError
@@ -173,6 +259,8 @@ class CheckpointBackend(Component):
 
 class Evaluator(Component):
     """Measures the trained model (listed in ``eval.evaluators``)."""
+
+    trainers: ClassVar[tuple[str, ...] | None] = ("llmfoundry",)
 
     #: keys of ``after_train``'s result that go to the top level of results.json
     #: (verdicts such as ``conversion_ok`` the report reads); the rest go under ``eval``

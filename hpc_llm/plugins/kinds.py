@@ -52,6 +52,24 @@ class Kind:
 
 KINDS: tuple[Kind, ...] = (
     Kind(
+        name="trainer",
+        base="Trainer",
+        hook="hpc_llm_register_trainers",
+        label="trainer",
+        section="trainer",
+        key="name",
+        builtin="hpc_llm.builtin.trainers",
+        doc="""Register trainers (selected by ``trainer.name``; default ``llmfoundry``).
+
+        A trainer is the training stack a rank runs: it checks its config on the
+        login node (``validate``) and in its own environment before the queue
+        (``check``), writes the config its stack gets, and trains inside the job
+        under the contract of docs/reference/trainers.md (progress every batch,
+        a stop on the signal with a save, fenced writes, exact resume). The other
+        kinds' components say which trainers they serve (``trainers``).
+        """,
+    ),
+    Kind(
         name="data",
         base="DataSource",
         hook="hpc_llm_register_data_sources",

@@ -3,10 +3,10 @@
 Importing torch, Composer, Streaming and LLM Foundry costs 6-10 s here (a cold
 rank's start is mostly that); the payload (the task function and the job's
 config) is unpickled once too, and so is any module named in ``HPC_LLM_AGENT_WARM``
-(comma-separated: another Hydra app's heavy imports). For hpc_llm's own task function the agent also
-applies the upstream fixes and registers hpc_llm's Composer callbacks and
-logger (both idempotent, :mod:`hpc_llm.job.rank.compat` and
-:mod:`hpc_llm.job.rank.foundry`), so a forked rank finds them done. Any other
+(comma-separated: another Hydra app's heavy imports). For hpc_llm's own task function the
+run's trainer (``trainer.name``) names the modules to import (``warm_modules``) and sets up
+what every rank would (``warm``: LLM Foundry's upstream fixes and hpc_llm's Composer
+callbacks, or torchtitan's CPU fixes), so a forked rank finds them done. Any other
 Hydra task function gets only its own module (from the unpickling).
 
 Fork after imports is safe only if nothing has started what a fork cannot
@@ -33,25 +33,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpc_llm.rundir.payload import Payload
 
-#: modules hpc_llm's task imports on its way to the first batch
-TRAINING_STACK = (
-    "torch",
-    "torch.distributed",
-    "composer",
-    "composer.callbacks",
-    "composer.trainer",
-    "streaming",
-    "streaming.base.util",
-    "transformers",
-    "llmfoundry",
-    "llmfoundry.command_utils",
-    "hpc_llm.job.rank.task",
-    "hpc_llm.job.rank.compat",
-    "hpc_llm.job.rank.foundry",
-    "hpc_llm.job.rank.fence",
-    "hpc_llm.job.rank.measure",
-)
-
 
 def is_hpc_llm_task(payload: Payload) -> bool:
     return getattr(payload.task_function, "__module__", "") == "hpc_llm.app"
@@ -72,13 +53,12 @@ def warm(payload_path: Path | str) -> tuple[Payload, float]:
     for name in filter(None, (m.strip() for m in os.environ.get(EXTRA_ENV, "").split(","))):
         importlib.import_module(name)
     if is_hpc_llm_task(payload):
-        for name in TRAINING_STACK:
+        # the run's trainer says what its ranks import and what it sets up once
+        # (hpc_llm.builtin.trainers: LLM Foundry's stack, or torchtitan's)
+        trainer = trainer_of(payload)
+        for name in trainer.warm_modules:
             importlib.import_module(name)
-        from hpc_llm.job.rank import compat, foundry
-
-        compat.apply()
-        foundry.register()
-        _prepay_first_calls()
+        trainer.warm()
     # Everything loaded so far lives as long as the agent: out of the garbage collector's reach
     # (CPython's gc.freeze, made for fork servers). Without it every forked rank's first full
     # collection (LLM Foundry's train() runs one before fit) walks the millions of objects the
@@ -89,20 +69,15 @@ def warm(payload_path: Path | str) -> tuple[Payload, float]:
     return payload, time.monotonic() - t0
 
 
-def _prepay_first_calls() -> None:
-    """What a rank's start pays on first use, paid once here (measured with py-spy on a restart
-    in place: together about 1.5 s of its 3.5 s here):
+def trainer_of(payload: Payload) -> Any:
+    """The trainer plugin the payload's run picked (``trainer.name``)."""
+    from omegaconf import OmegaConf
 
-    * Composer's ``HuggingFaceModel`` checks the model against every causal-LM class of
-      transformers' auto mapping (``_is_registered_causal_lm``), which imports each of their
-      modules lazily, hundreds of them;
-    * the CPU model Composer's Trainer logs (upstream fix 20 keeps it: asked once here).
-    """
-    from composer.utils import collect_env
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from hpc_llm.config.validate import trainer_name
+    from hpc_llm.plugins.manager import get_plugins
 
-    list(MODEL_FOR_CAUSAL_LM_MAPPING.values())
-    collect_env.get_cpu_model()
+    block = OmegaConf.select(payload.config, "plugins.block", default=None) or []
+    return get_plugins(block).get("trainer", trainer_name(payload.config))
 
 
 def check_fork_safe() -> None:

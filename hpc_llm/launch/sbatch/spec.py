@@ -9,8 +9,6 @@ the app has them, and falls back to one task on one node.
 
 from __future__ import annotations
 
-import shlex
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_llm.config import stores
 from hpc_llm.config.plan import check_gpu_type, parse_time_limit
 from hpc_llm.errors import ConfigError
+from hpc_llm.launch.job_python import job_python
 from hpc_llm.launch.sbatch.render import SbatchSpec
 from hpc_llm.rundir.layout import RunDir
 
@@ -126,9 +125,10 @@ def slurm_time(seconds: int) -> str:
     return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def python_command(opts: DictConfig) -> list[str]:
-    """How each task starts Python (a container runtime may wrap it)."""
-    return shlex.split(opts.python) if opts.python else [sys.executable]
+def python_command(opts: DictConfig, cfg: DictConfig | None = None) -> list[str]:
+    """How each task starts Python (a container runtime may wrap it): hydra.launcher.python, else
+    the trainer's environment (:mod:`hpc_llm.launch.job_python`)."""
+    return job_python(cfg, opts.python)
 
 
 #: Signals srun passes to the tasks unchanged: it kills the step on TERM, HUP and
@@ -161,7 +161,7 @@ def supervisor_command(
     A Hydra app without a ``fault`` section gets one attempt and no stop signal."""
     fault = OmegaConf.select(cfg, "fault", default=None)
     args = [
-        *python_command(opts),
+        *python_command(opts, cfg),
         "-u",
         "-m",
         "hpc_llm.job.supervisor",
@@ -347,7 +347,7 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         command = job.container.wrap(container, mounts, [str(container.python), *entry])
         container_lines = job.container.script_lines(container, mounts, passthrough)
     else:
-        command = [*python_command(opts), *entry]
+        command = [*python_command(opts, cfg), *entry]
     return SbatchSpec(
         run_dir=run_dir,
         cluster=str(cluster.get("name", "default")),

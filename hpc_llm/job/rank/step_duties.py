@@ -1,0 +1,106 @@
+"""What a trainer's loop owes hpc_llm at each step (docs/reference/trainers.md; in-job only).
+
+LLM Foundry's trainer keeps the contract through Composer callbacks
+(:mod:`hpc_llm.job.rank.preemption_callback`, :mod:`hpc_llm.job.rank.results_logger`); a
+trainer without Composer calls these from its own loop: torchtitan's
+(:mod:`hpc_llm.job.rank.titan.run`) and any third party's. Every rank calls every method, in
+the same order: :meth:`StepDuties.step_ended` holds a collective.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hpc_llm.job import heartbeat
+from hpc_llm.job.rank import fence, preemption
+from hpc_llm.job.rank.context import JobContext
+from hpc_llm.rundir.record import write_progress
+
+#: seconds between notes of the run's record and rewrites of its progress file (rank 0)
+NOTE_EVERY_S = 1.0
+
+
+class StepDuties:
+    """One attempt's duties, step by step. ``tokens_per_step``: the global batch's tokens."""
+
+    def __init__(self, ctx: JobContext, total_steps: int, tokens_per_step: int) -> None:
+        self.ctx = ctx
+        self.total_steps = total_steps
+        self.tokens_per_step = tokens_per_step
+        #: the step this attempt resumed at (0: a fresh start); None before the first step
+        self.first_step: int | None = None
+        #: the last step a checkpoint was saved at, in this attempt
+        self.saved_step: int | None = None
+        self.started_at = time.time()
+        self._noted = 0.0
+
+    def started(self, step: int) -> None:
+        """Training starts after ``step`` (loaded from a checkpoint, or 0)."""
+        self.first_step = step
+        self.started_at = time.time()
+        heartbeat.progress(step)
+        heartbeat.phase(heartbeat.TRAINING)
+        if self.ctx.record is not None:
+            self.ctx.record.note(resumed_at_batch=step, last_batch=step, loaded_at=self.started_at)
+
+    def loss(self, step: int, value: float) -> None:
+        """The training loss of ``step`` (1-based: the step that produced it)."""
+        self.ctx.loss_history.append((int(step), float(value)))
+
+    def before_save(self) -> None:
+        """A checkpoint save is about to write: a rank of an ended generation writes nothing."""
+        fence.check("a checkpoint save")
+
+    def saved(self, step: int) -> None:
+        self.saved_step = step
+        if self.ctx.record is not None:
+            self.ctx.record.note(checkpoint_batch=step)
+
+    def trained_tokens(self, step: int) -> int:
+        return (step - (self.first_step or 0)) * self.tokens_per_step
+
+    def step_ended(self, step: int, save: Callable[[int], Any], reduce_max: Callable[[int], int]) -> None:
+        """After ``step`` and its periodic save: the fence, the heartbeat, the record and the
+        progress file; then whether any rank got the stop signal (``reduce_max``: the trainer's
+        all-reduce of one integer). On a stop: ``save(step)`` unless this step was saved, and
+        :class:`~hpc_llm.job.rank.preemption.Preempted` (the rank's task records it)."""
+        ctx, now = self.ctx, time.time()
+        fence.check("training on")
+        heartbeat.progress(step)
+        if step - (self.first_step or 0) == 1 and ctx.record is not None:
+            ctx.record.note(first_batch_at=now)
+        seconds = max(now - self.started_at, 1e-9)
+        ctx.metrics["throughput/tokens_per_sec"] = self.trained_tokens(step) / seconds
+        if ctx.record is not None and now - self._noted > NOTE_EVERY_S:
+            self._noted = now
+            ctx.record.note(last_batch=step, train_s=round(seconds, 3))
+            write_progress(
+                ctx.run_dir,
+                {
+                    "phase": "train",
+                    "batch": step,
+                    "total_batches": self.total_steps,
+                    "loss": ctx.loss_history[-1][1] if ctx.loss_history else None,
+                    "tokens_per_sec": ctx.metrics["throughput/tokens_per_sec"],
+                    "time": now,
+                },
+            )
+        if not reduce_max(1 if preemption.received() else 0) or step >= self.total_steps:
+            return
+        t0 = time.time()
+        heartbeat.phase("save")
+        if self.saved_step != step:
+            save(step)
+        reduce_max(0)  # every rank's save is done before any rank leaves
+        got = preemption.received()
+        raise preemption.Preempted(step, time.time() - t0, got.get("signal", "peer rank"), got.get("time", now))
+
+    def ended(self, step: int) -> None:
+        """Training is done (rank 0 notes where it got and what it saved)."""
+        heartbeat.phase("post")
+        if self.ctx.record is not None:
+            self.ctx.record.note(last_batch=step, train_s=round(time.time() - self.started_at, 3))
+            if self.saved_step is not None:
+                self.ctx.record.note(checkpoint_batch=self.saved_step)

@@ -1,0 +1,152 @@
+"""What torchtitan 0.3.0 on torch 2.14 needs to train on CPU, and to load checkpoints that cannot
+run code (docs/upstream-fixes.md, upstream fixes 23-25; in-job only).
+
+Applied once per process (a node's agent does it in its warm start, so its ranks find it done).
+torchtitan's modules take ``device_type`` and ``device_module`` by name from
+``torchtitan.tools.utils`` when they are imported: those already imported are changed too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+_APPLIED = False
+
+
+def on_cpu() -> bool:
+    """The ranks train on the CPU: no GPU here, or the run says so (``HPC_LLM_DEVICE=cpu``, set
+    by the rank from ``cluster.device``)."""
+    import torch
+
+    return os.environ.get("HPC_LLM_DEVICE") == "cpu" or not torch.cuda.is_available()
+
+
+def _patch_cpu_device() -> None:
+    """Upstream fix 23: torchtitan defaults its device to CUDA where it finds no accelerator
+    (``get_device_info``: ``_get_available_device_type() or "cuda"``), and its memory monitor
+    asks the device module for a name, properties and memory statistics, which ``torch.cpu``
+    lacks. On CPU: device ``cpu`` and a module answering those questions (the machine's memory
+    as capacity, no statistics)."""
+    import torch
+    from torchtitan.tools import utils
+
+    def properties(device: Any = None) -> Any:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return types.SimpleNamespace(total_memory=memory, name="cpu")
+
+    cpu = types.SimpleNamespace(
+        get_device_name=lambda device=None: "cpu",
+        current_device=lambda: 0,
+        get_device_properties=properties,
+        reset_peak_memory_stats=lambda *a: None,
+        empty_cache=lambda: None,
+        memory_stats=lambda *a: {},
+        device_count=lambda: 1,
+        set_device=lambda device: None,
+        synchronize=lambda *a: None,
+        is_available=lambda: True,
+    )
+
+    def local_device() -> Any:
+        return torch.device("cpu")
+
+    was = {"device_type": utils.device_type, "device_module": utils.device_module, "get_local_device": None}
+    now = {"device_type": "cpu", "device_module": cpu, "get_local_device": local_device}
+    was["get_local_device"] = utils.get_local_device
+    # the modules of torchtitan imported before this (a warm agent imports them first) took the
+    # names from utils: each gets the CPU's
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torchtitan" or name.startswith("torchtitan.")):
+            continue
+        for attr, old in was.items():
+            if module.__dict__.get(attr) is old:
+                setattr(module, attr, now[attr])
+
+
+def _patch_cpu_attention() -> None:
+    """Upstream fix 24: FlexAttention has no backward on CPU ("FlexAttention does not support
+    backward on CPU"), and torchtitan 0.3 refuses SDPA for language models (it cannot take the
+    per-document mask). On CPU the same block-causal mask, made dense from the BlockMask's own
+    ``mask_mod``, goes to SDPA. The parameter names stay torchtitan's: its local-map wrapper
+    reads them."""
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_mask
+    from torchtitan.models.common import attention
+
+    def forward(
+        self: Any,
+        q_BLNH: Any,
+        k_BLNH: Any,
+        v_BLNH: Any,
+        *,
+        attention_masks: Any,
+        score_mod: Any = None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        out_transform: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        if score_mod is not None or out_transform is not None:
+            raise NotImplementedError("hpc_llm's CPU attention takes neither score_mod nor out_transform")
+        b, q_len, kv_len = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]
+        mask = create_mask(attention_masks.mask_mod, b, 1, q_len, kv_len, device=q_BLNH.device)
+        out = F.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out.transpose(1, 2)
+
+    attention.FlexAttention.forward = forward
+
+
+def _patch_safe_dcp_loads() -> None:
+    """Upstream fix 25 (fix 22 for torch 2.14): DCP still reads ``.metadata`` with
+    ``pickle.load`` and every non-tensor entry (torchtitan's train state, its dataloader's
+    state) with ``torch.load(weights_only=False)``. Both go through
+    :mod:`hpc_llm.job.rank.safe_load`; the bodies around them are torch 2.14's own."""
+    from torch.distributed.checkpoint import default_planner, filesystem
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    from hpc_llm.job.rank import safe_load
+
+    reading = [""]
+
+    def read_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        reading[0] = str(self.path)
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            metadata = safe_load.read_metadata(path, metadata_file)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
+        fqn = read_item.dest_index.fqn
+        obj = safe_load.load_bytes(value, f"{reading[0] or 'a sharded checkpoint'} (its entry {fqn})")
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+    filesystem.FileSystemReader.read_metadata = read_metadata  # type: ignore[method-assign]
+    default_planner.DefaultLoadPlanner.load_bytes = load_bytes  # type: ignore[method-assign]
+
+
+def apply() -> None:
+    global _APPLIED
+    if _APPLIED:
+        return
+    if on_cpu():
+        _patch_cpu_device()
+        _patch_cpu_attention()
+    _patch_safe_dcp_loads()
+    _APPLIED = True
