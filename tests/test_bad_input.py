@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import explain, run_app
 
 CASES = [
-    (["+experiment=nope"], "unknown experiment 'nope'; allowed: mpt125m_c4, mpt13b_c4"),
+    (["+experiment=nope"], "unknown experiment 'nope'; allowed: llama3_tiny, mpt125m_c4, mpt13b_c4"),
     (["data.name=nope"], "unknown data source 'nope' (data.name); allowed:"),
     (["parallelism=nope"], "unknown parallelism 'nope'; allowed: ddp, fsdp, hsdp"),
     (["parallelism.name=nope"], "unknown parallelism 'nope' (parallelism.name); allowed: ddp, fsdp, hsdp"),
@@ -57,6 +57,28 @@ CASES = [
         "(--gpus-per-node=8); allowed: GPUs only through resources.gpus_per_node, with resources.gpu_type",
     ),
     (["hydra/launcher=slurm", "+hydra.launcher.gres=gpu:8"], "for submitit's gres use resources.gpus_per_node and"),
+    # trainer=torchtitan: what it cannot do, and what does not serve it (docs/reference/trainers.md)
+    (["trainer=nope"], "unknown trainer 'nope'; allowed: llmfoundry, torchtitan"),
+    (["trainer.name=nope"], "unknown trainer 'nope' (trainer.name); allowed: llmfoundry, torchtitan"),
+    (["trainer=torchtitan", "eval=none"], "train.model.name=mpt_causal_lm: trainer=torchtitan builds torchtitan_llama3"),
+    (
+        ["+experiment=llama3_tiny", "parallelism=fsdp"],
+        "parallelism=fsdp with trainer=torchtitan on CPU: FSDP2's reduce-scatter averages with ReduceOp.PREMUL_SUM",
+    ),
+    (
+        ["+experiment=llama3_tiny", "eval=heldout"],
+        "eval.evaluators=['heldout']: evaluator 'heldout' serves trainer llmfoundry, not trainer=torchtitan; "
+        "allowed with trainer=torchtitan: (none) (or eval=none)",
+    ),
+    (
+        ["+experiment=llama3_tiny", "data=mds", "data.path=/tmp"],
+        "data.name=mds: data source 'mds' serves trainer llmfoundry, not trainer=torchtitan; allowed with "
+        "trainer=torchtitan: tiny_corpus",
+    ),
+    (["+experiment=llama3_tiny", "train.max_duration=1ep"], "train.max_duration=1ep: trainer=torchtitan counts steps"),
+    (["+experiment=llama3_tiny", "+train.model.n_layers=2"], "train.model.n_layers: not a key of torchtitan_llama3"),
+    (["+experiment=llama3_tiny", "+train.eval_loader={}"], "train.eval_loader: not read by trainer=torchtitan"),
+    (["+experiment=llama3_tiny", "+trainer.options.heldoutt=1"], "trainer.options.heldoutt: not an option of trainer"),
     # a threshold of checks that do not run
     (["preflight.min_busbw_gbps=300"], "preflight.min_busbw_gbps=300.0 is ignored while preflight.enabled=false"),
     # a sweep given to a command that shows one config (Hydra: a ValueError, then Ambiguous value)

@@ -332,6 +332,7 @@ def resolve_job(
                 f"eval.options.{key}: '{key}' is not in eval.evaluators; "
                 f"allowed: {', '.join(cfg.eval.evaluators) or '(none)'}"
             )
+    check_trainer_pairs(cfg, job)
     try:
         job.data.validate(cfg.data, plan)
     except ConfigError as exc:
@@ -346,7 +347,6 @@ def resolve_job(
     if "trainer" in cfg:
         job.trainer.validate(cfg.trainer, plan)
     job.trainer.validate_job(cfg, plan)
-    check_trainer_pairs(cfg, job)
     if cfg.preflight.enabled:
         for check in job.health_checks:
             check.validate(cfg.preflight, plan)

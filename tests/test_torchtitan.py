@@ -1,0 +1,119 @@
+"""trainer=torchtitan: torchtitan 0.3.0 on torch 2.14.1 in its own venv (.venv-torchtitan,
+scripts/setup-torchtitan.sh), run through everything hpc_llm has (docs/reference/trainers.md).
+
+The contract's cases (every batch recorded, a stop saved and resumed to the same loss, a killed
+rank forked again by its agent) are in tests/test_trainer_contract.py, for every trainer. Here:
+the config a run gets and the script it renders, a bad torchtitan key refused before the queue
+by torchtitan's own config classes, a checkpoint whose pickle would run a command refused, and
+a sweep of two node counts on the dev cluster with its report.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, explain, results_of, run_app, run_cli
+
+TITAN_PYTHON = ROOT / ".venv-torchtitan" / "bin" / "python"
+TINY = ["+experiment=llama3_tiny"]
+
+
+@pytest.fixture
+def titan_env(app_env: dict[str, str]) -> dict[str, str]:
+    return dict(app_env, HPC_LLM_TORCHTITAN_PYTHON=str(TITAN_PYTHON))
+
+
+def test_config_prints_the_torchtitan_keys_the_run_gets(titan_env, tmp_path):
+    proc = run_cli(
+        ["config", *TINY, "train.max_duration=12ba", "+trainer.options.overrides.training.gc_freq=7"], titan_env
+    )
+    assert proc.returncode == 0, explain(proc)
+    shown = yaml.safe_load(proc.stdout)
+    assert shown["model"]["name"] == "torchtitan_llama3" and shown["model"]["hidden_size"] == 64
+    assert shown["training.steps"] == 12 and shown["training.global_batch_size"] == 8
+    assert shown["training.local_batch_size"] == 4 and shown["training.seq_len"] == 128
+    assert shown["parallelism.data_parallel_replicate_degree"] == 2
+    assert shown["checkpoint.async_mode"] == "async" and shown["checkpoint.folder"] == "<run dir>/checkpoints"
+    assert shown["training.gc_freq"] == 7  # an override, last
+
+
+def test_render_starts_the_torchtitan_venv_on_the_nodes(titan_env, tmp_path):
+    proc = run_cli(["render", *TINY, "resources.nodes=2", "resources.tasks_per_node=1"], titan_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    script = proc.stdout
+    assert f"{TITAN_PYTHON} -u -m hpc_llm.job.supervisor" in script, script
+    assert f"{TITAN_PYTHON} -u -m hpc_llm.job.agent" in script, script
+
+
+def test_a_bad_torchtitan_key_is_refused_before_the_queue_in_one_line(titan_env, runs_dir, tmp_path):
+    """Checked by torchtitan's own Trainer.Config in its venv (the check before the queue)."""
+    env = dict(titan_env, HPC_LLM_PRECHECK="1")
+    proc = run_app([*TINY, "+trainer.options.overrides.training.gc_freqq=3"], env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, explain(proc)
+    [line] = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("hpc_llm: error")]
+    assert line == (
+        "hpc_llm: error: trainer.options.overrides.training.gc_freqq: not a key of torchtitan's "
+        "Trainer.Config; did you mean training.gc_freq?"
+    ), explain(proc)
+    assert "check before the queue: trainer=torchtitan" in proc.stderr
+    assert not runs_dir.exists()
+
+
+class _Touch:
+    """A pickle that runs ``touch`` when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.train
+def test_a_torchtitan_checkpoint_whose_pickle_runs_a_command_is_refused(titan_env, runs_dir, tmp_path):
+    """A resume reads the newest step-N: its .metadata, unpickled, would run ``touch``."""
+    folder = tmp_path / "ckpt"
+    proc = run_app(
+        [*TINY, "train.max_duration=4ba", "checkpoint.interval=2ba", f"checkpoint.location={folder}"],
+        titan_env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    fake = folder / "step-9"
+    shutil.copytree(folder / "step-4", fake)
+    ran = tmp_path / "ran"
+    (fake / ".metadata").write_bytes(pickle.dumps(_Touch(ran)))
+    proc = run_app(
+        [*TINY, "train.max_duration=12ba", "checkpoint.interval=2ba", f"checkpoint.location={folder}"],
+        dict(titan_env, HPC_LLM_RUNS=str(tmp_path / "again")),
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0 and not ran.exists(), explain(proc)
+    [r] = results_of(tmp_path / "again")
+    assert r["status"] == "failed"
+    assert str(fake) in r["error"] and "posix.system" in r["error"], r["error"]
+
+
+@pytest.mark.slurm
+def test_a_sweep_of_two_node_counts_on_the_dev_cluster_and_its_report(slurm_env, runs_dir, tmp_path):
+    env = dict(slurm_env, HPC_LLM_TORCHTITAN_PYTHON=str(TITAN_PYTHON))
+    args = ["-m", *TINY, "hydra/launcher=slurm", "resources.nodes=1,2", "resources.tasks_per_node=1"]
+    proc = run_app([*args, "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"], env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    found = sorted(results_of(runs_dir), key=lambda r: r["nodes"])
+    assert [(r["nodes"], r["status"], r["batches_done"]) for r in found] == [(1, "completed", 40), (2, "completed", 40)]
+    assert all(r["eval"]["loss"] > 0 and r["tokens_per_sec"] > 0 for r in found)
+    sweep = next(runs_dir.glob("llama3_tiny/*"))
+    rep = run_cli(["report", str(sweep), "--format", "json"], env)
+    assert rep.returncode == 0, explain(rep)
+    groups, _ = json.JSONDecoder().raw_decode(rep.stdout)
+    rows = [row for g in groups for row in g["rows"]]
+    assert len(rows) == 2, rows
