@@ -60,7 +60,10 @@ CASES = [
     # trainer=torchtitan: what it cannot do, and what does not serve it (docs/reference/trainers.md)
     (["trainer=nope"], "unknown trainer 'nope'; allowed: llmfoundry, torchtitan"),
     (["trainer.name=nope"], "unknown trainer 'nope' (trainer.name); allowed: llmfoundry, torchtitan"),
-    (["trainer=torchtitan", "eval=none"], "train.model.name=mpt_causal_lm: trainer=torchtitan builds torchtitan_llama3"),
+    (
+        ["trainer=torchtitan", "eval=none"],
+        "train.model.name=mpt_causal_lm: trainer=torchtitan builds torchtitan_llama3",
+    ),
     (
         ["+experiment=llama3_tiny", "parallelism=fsdp"],
         "parallelism=fsdp with trainer=torchtitan on CPU: FSDP2's reduce-scatter averages with ReduceOp.PREMUL_SUM",

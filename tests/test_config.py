@@ -47,6 +47,11 @@ def test_every_experiment_composes_and_builds_a_train_config(tmp_path):
         extra = [f"data.path={tmp_path / 'c4'}"] if name.endswith("_c4") else []
         cfg = compose([f"+experiment={name}", *extra])
         job = resolve_job(cfg, run_dir="/shared/runs/x/0")
+        if job.trainer.name == "torchtitan":  # its own keys (tests/test_torchtitan.py)
+            stack = job.trainer.stack_config(cfg, job, run_name="t")
+            assert stack["checkpoint.folder"] == "/shared/runs/x/0/checkpoints"
+            assert stack["training.seq_len"] == cfg.train.max_seq_len
+            continue
         train = build_train_config(cfg, job, run_name="t")
         assert train["run_name"] == "t"
         assert train["save_folder"] == "/shared/runs/x/0/checkpoints"

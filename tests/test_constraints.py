@@ -89,8 +89,9 @@ def test_the_torchtitan_extra_is_pinned_within_its_range_and_shares_the_payload_
     foundry = pins()
     differ = {name: (foundry.get(name), titan.get(name)) for name in SHARED if foundry.get(name) != titan.get(name)}
     assert not differ, f"the two environments must unpickle the same payload: {differ}"
-    assert TITAN.read_text().splitlines()[0].split(" on Python ")[1].split(",")[0] == (
-        CONSTRAINTS.read_text().splitlines()[0].split(" on Python ")[1].split(",")[0]
+    assert (
+        TITAN.read_text().splitlines()[0].split(" on Python ")[1].split(",")[0]
+        == (CONSTRAINTS.read_text().splitlines()[0].split(" on Python ")[1].split(",")[0])
     ), "both environments pin the same Python minor"
 
 

@@ -91,6 +91,22 @@ PREEMPTED = (
 )
 
 COVERED: dict[str, Run | By | Skip] = {
+    # trainer=torchtitan (docs/reference/trainers.md)
+    "bash scripts/setup-torchtitan.sh": By(
+        "tests/test_constraints.py::test_the_torchtitan_environment_is_the_one_its_constraints_pin",
+        ("setup-torchtitan.sh",),
+    ),
+    "python -m hpc_llm +experiment=llama3_tiny": By(
+        "tests/test_torchtitan.py::test_a_torchtitan_checkpoint_whose_pickle_runs_a_command_is_refused",
+        ('*TINY, "train.max_duration=4ba"',),
+    ),
+    "python -m hpc_llm +experiment=llama3_tiny hydra/launcher=slurm resources.nodes=2": By(
+        "tests/test_torchtitan.py::test_a_sweep_of_two_node_counts_on_the_dev_cluster_and_its_report",
+        ('"hydra/launcher=slurm"', '"resources.nodes=1,2"'),
+    ),
+    "hpc-llm config +experiment=llama3_tiny": By(
+        "tests/test_torchtitan.py::test_config_prints_the_torchtitan_keys_the_run_gets", ('"config"',)
+    ),
     # -- first lines ---------------------------------------------------------------
     "python3 -m venv .venv && .venv/bin/pip install -e .[train] -c constraints/llmfoundry.txt && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
         "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)
