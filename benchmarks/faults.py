@@ -73,6 +73,9 @@ RUN = [
     "checkpoint.interval=20ba",
     "++train.callbacks.hpc_llm_test_pace.batch_s=0.1",
 ]
+#: ``--trainer torchtitan``: the same runs with torchtitan's tiny Llama 3 (its own venv; unpaced:
+#: a step takes ~0.15 s on one CPU rank)
+TITAN_RUN = ["+experiment=llama3_tiny", "hydra/launcher=slurm", "checkpoint.interval=20ba"]
 #: hangs named after 20 s: the agents' setting, and the same in the keys of the design before them
 HANG = {"agents": ["fault.hang_floor_s=20"], "baseline": ["fault.heartbeat_s=2", "fault.hang_timeout_s=20"]}
 TWO_NODES = ["resources.nodes=2", "resources.tasks_per_node=1"]
@@ -464,7 +467,13 @@ def main() -> None:
         action="store_true",
         help="cut,cut-host,slow on a multi-host cluster (dev-cluster up --hosts; with --spares: 24.11, a spare)",
     )
+    ap.add_argument("--trainer", default="llmfoundry", choices=("llmfoundry", "torchtitan"), help="the runs' trainer")
     args = ap.parse_args()
+    if args.trainer == "torchtitan":
+        RUN[:] = TITAN_RUN
+        os.environ.setdefault(
+            "HPC_LLM_TORCHTITAN_PYTHON", str(Path(__file__).resolve().parents[1] / ".venv-torchtitan/bin/python")
+        )
     if args.fabric:
         return fabric_main(args)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -514,7 +523,8 @@ def main() -> None:
             if args.throughput and not slow:
                 every["throughput"] = throughput(ours, base, args.throughput, args.together)
     print(
-        "mpt_tiny, 2 nodes x 1 rank on the dev cluster (CPU, gloo; 10 batches/s; checkpoint every 20 batches)"
+        ("llama3_tiny (torchtitan)" if args.trainer == "torchtitan" else "mpt_tiny")
+        + ", 2 nodes x 1 rank on the dev cluster (CPU, gloo; 10 batches/s; checkpoint every 20 batches)"
         + ("; node/frozen with 1 spare node on Slurm 24.11" if args.spares else "")
     )
     table(rows, before)

@@ -116,3 +116,11 @@ def test_the_torchtitan_environment_is_the_one_its_constraints_pin():
     assert not differ, differ
     assert "-c constraints/torchtitan.txt" in (ROOT / "scripts" / "setup-torchtitan.sh").read_text()
     assert "setup-torchtitan.sh" in (ROOT / "scripts" / "setup-dev.sh").read_text()
+
+
+def test_the_torchtitan_image_installs_with_its_constraints_at_the_extras_pins():
+    text = (ROOT / "containers" / "torchtitan.def").read_text()
+    assert '"/opt/hpc_llm/src[torchtitan]" -c /opt/hpc_llm/src/constraints/torchtitan.txt' in text
+    titan = pins(TITAN)
+    for dist in ("torch", "torchtitan"):
+        assert f"org.hpc_llm.{dist} {titan[dist]}" in text, dist

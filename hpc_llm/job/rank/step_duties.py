@@ -18,6 +18,8 @@ from hpc_llm.job.rank import fence, preemption
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.rundir.record import write_progress
 
+#: steps the throughput is measured over (the last ones)
+WINDOW = 10
 #: seconds between notes of the run's record and rewrites of its progress file (rank 0)
 NOTE_EVERY_S = 1.0
 
@@ -35,11 +37,13 @@ class StepDuties:
         self.saved_step: int | None = None
         self.started_at = time.time()
         self._noted = 0.0
+        self._ends: list[tuple[int, float]] = []
 
     def started(self, step: int) -> None:
         """Training starts after ``step`` (loaded from a checkpoint, or 0)."""
         self.first_step = step
         self.started_at = time.time()
+        self._ends = [(step, self.started_at)]
         heartbeat.progress(step)
         heartbeat.phase(heartbeat.TRAINING)
         if self.ctx.record is not None:
@@ -72,7 +76,13 @@ class StepDuties:
         if step - (self.first_step or 0) == 1 and ctx.record is not None:
             ctx.record.note(first_batch_at=now)
         seconds = max(now - self.started_at, 1e-9)
-        ctx.metrics["throughput/tokens_per_sec"] = self.trained_tokens(step) / seconds
+        # over the last WINDOW steps, as Composer's SpeedMonitor measures LLM Foundry's: the
+        # steady pace, not the first step's warm-up
+        self._ends.append((step, now))
+        del self._ends[: -WINDOW - 1]
+        (s0, t0), (s1, t1) = self._ends[0], self._ends[-1]
+        window = (s1 - s0) * self.tokens_per_step / (t1 - t0) if s1 > s0 and t1 > t0 else None
+        ctx.metrics["throughput/tokens_per_sec"] = window or self.trained_tokens(step) / seconds
         if ctx.record is not None and now - self._noted > NOTE_EVERY_S:
             self._noted = now
             ctx.record.note(last_batch=step, train_s=round(seconds, 3))

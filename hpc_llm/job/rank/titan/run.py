@@ -276,7 +276,9 @@ class TitanTrained(Trained):
             tokens_done=int(self.batch * trainer.tokens_per_step),
             train_s=round(self.train_s, 3),
             wallclock_s=round(job_s, 3),
-            tokens_per_sec=(self.tokens / self.train_s) if self.tokens and self.train_s else None,
+            tokens_per_sec=ctx.metrics.get("throughput/tokens_per_sec") or (
+                self.tokens / self.train_s if self.tokens and self.train_s else None
+            ),
             mfu=None,
         )
         if ctx.loss_history:
