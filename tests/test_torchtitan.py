@@ -87,6 +87,10 @@ def test_a_torchtitan_checkpoint_whose_pickle_runs_a_command_is_refused(titan_en
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
+    # the estimator's model is torchtitan's: the parameters it counts are those torchtitan logs
+    [first] = results_of(runs_dir)
+    assert first["n_params"] == 196_928 and first["model"] == "Llama-197K"
+    assert "size: 196,928 total parameters" in (Path(first["run_dir"]) / "logs" / "rank0.log").read_text()
     fake = folder / "step-9"
     shutil.copytree(folder / "step-4", fake)
     ran = tmp_path / "ran"

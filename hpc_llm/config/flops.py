@@ -270,6 +270,19 @@ def _hf_size(model: Mapping[str, Any], seq: int | None) -> ModelSize | None:
     )
 
 
+#: trainer=torchtitan's Llama 3, described by Hugging Face's LlamaConfig names (conf/model/llama3_tiny.yaml)
+TITAN_LLAMA = "torchtitan_llama3"
+
+
+def _titan_size(model: Mapping[str, Any]) -> ModelSize:
+    """torchtitan's Llama 3 (fused QKV, SwiGLU, RMSNorm, untied output): the same count as
+    transformers' LlamaForCausalLM of those sizes (the tiny one: 196,928, as torchtitan logs)."""
+    config = {k: v for k, v in model.items() if k != "name"}
+    total, active = llama_counts({**config, "model_type": "llama"}, f"train.model ({TITAN_LLAMA})")
+    d, layers = int(model["hidden_size"]), int(model["num_hidden_layers"])
+    return ModelSize(total, active, layers, d, "Llama", f"train.model ({TITAN_LLAMA})")
+
+
 def _mpt_size(model: Mapping[str, Any], seq: int | None, source: str) -> ModelSize:
     total, active = mpt_counts(model, seq)
     cfg = {**MPT_DEFAULTS, **model}
@@ -288,9 +301,12 @@ def model_size(model: Mapping[str, Any], max_seq_len: int | None = None, params:
             size = _mpt_size(model, max_seq_len, "train.model (mpt_causal_lm)")
         elif name == "hf_causal_lm":
             size = _hf_size(model, max_seq_len)
+        elif name == TITAN_LLAMA:
+            size = _titan_size(model)
         elif params is None:
             raise ConfigError(
-                f"model.name={name}: hpc_llm counts mpt_causal_lm and hf_causal_lm models; give --params N"
+                f"model.name={name}: hpc_llm counts mpt_causal_lm, hf_causal_lm and {TITAN_LLAMA} models; "
+                "give --params N"
             )
     except ConfigError:
         if params is None:

@@ -101,7 +101,7 @@ def run_info(cfg: Any) -> dict[str, Any]:
         "max_seq_len": train.get("max_seq_len"),
     }
     model = train.get("model")
-    if isinstance(model, dict) and model.get("name") in ("mpt_causal_lm", "hf_causal_lm"):
+    if isinstance(model, dict) and model.get("name") in ("mpt_causal_lm", "hf_causal_lm", "torchtitan_llama3"):
         from hpc_llm.config.flops import model_size, train_seq_len
 
         try:  # a hub id hpc_llm cannot size offline leaves the label empty, the run goes on
