@@ -35,6 +35,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
     config, for :func:`check_sweep`."""
     from hpc_llm.config.validate import resolve_job
     from hpc_llm.errors import ConfigError
+    from hpc_llm.launch.job_python import check_trainer_python
     from hpc_llm.launch.precheck import warm_up
 
     if cfg.hydra.job.chdir:
@@ -43,6 +44,7 @@ def validate_job(cfg: DictConfig, run_dir: str, preview: bool = False) -> dict[s
             "must not be shared between nodes) and write to the run dir by its absolute path; allowed: false"
         )
     job = resolve_job(cfg, run_dir, preview=preview)
+    check_trainer_python(cfg)  # trainer=torchtitan's own venv, made or named
     warm_up(cfg)  # the check's stack imports while the other points are composed (at the first one)
     train = job.trainer.stack_config(cfg, job, run_name="validate")
     # binds depend on the whole config (data, checkpoints, run dir): conflicts show here

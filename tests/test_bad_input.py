@@ -82,6 +82,10 @@ CASES = [
     (["+experiment=llama3_tiny", "+train.model.n_layers=2"], "train.model.n_layers: not a key of torchtitan_llama3"),
     (["+experiment=llama3_tiny", "+train.eval_loader={}"], "train.eval_loader: not read by trainer=torchtitan"),
     (["+experiment=llama3_tiny", "+trainer.options.heldoutt=1"], "trainer.options.heldoutt: not an option of trainer"),
+    (
+        ["+experiment=llama3_tiny", "trainer.python=/nope/python"],
+        "trainer.python=/nope/python: /nope/python does not exist; trainer=torchtitan runs in an environment of its own",
+    ),
     # a threshold of checks that do not run
     (["preflight.min_busbw_gbps=300"], "preflight.min_busbw_gbps=300.0 is ignored while preflight.enabled=false"),
     # a sweep given to a command that shows one config (Hydra: a ValueError, then Ambiguous value)

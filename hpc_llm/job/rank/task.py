@@ -3,9 +3,11 @@
 Every launcher (local processes, Slurm tasks, containers) ends up calling
 :func:`run` once per rank with the composed config. It reads as the run's
 story: set up (distributed environment, node-local working dir, the run's
-record), check (preflight), train (LLM Foundry), evaluate (the post-train
-evaluators) and record (results.json, through :mod:`hpc_llm.rundir.record`). On the
-Slurm signal it saves and requeues (:mod:`hpc_llm.job.rank.preemption`).
+record), check (preflight), train (the run's trainer: LLM Foundry by default,
+:mod:`hpc_llm.job.rank.foundry_train`; torchtitan, :mod:`hpc_llm.job.rank.titan.run`),
+evaluate (the post-train evaluators) and record (results.json, through
+:mod:`hpc_llm.rundir.record`). On the Slurm signal it saves and requeues
+(:mod:`hpc_llm.job.rank.preemption`).
 """
 
 from __future__ import annotations
