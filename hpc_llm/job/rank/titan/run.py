@@ -76,7 +76,8 @@ def _register_datasets(data: Any) -> None:
     from torchtitan.hf_datasets import DatasetConfig, text_datasets
 
     def loader(path: str) -> Any:
-        return load_dataset("json", data_files=path, split="train")
+        # datasets' Arrow cache beside the files (hpc_llm's cache), not in the user's ~/.cache
+        return load_dataset("json", data_files=path, split="train", cache_dir=str(Path(path).parent / ".hf_datasets"))
 
     for name, path in ((TRAIN_SET, data.train), (EVAL_SET, data.eval)):
         text_datasets.DATASETS[name] = DatasetConfig(path=path, loader=loader, sample_processor=lambda s: s["text"])
