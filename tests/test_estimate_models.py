@@ -195,9 +195,9 @@ def test_every_shipped_experiment_gets_a_result(command, experiment, app_env):
         train = train_of([f"+experiment={experiment}"])
         n = model_size(train["model"], train["max_seq_len"]).n_params
         assert f" {n:,} parameters, " in proc.stdout.splitlines()[0]
-        cpu = experiment == "mpt_tiny"
+        cpu = experiment in ("mpt_tiny", "llama3_tiny")
         assert ("time: not estimated" in proc.stdout) == cpu and ("| nodes | GPUs |" in proc.stdout) != cpu
     elif command == "config":
-        assert yaml.safe_load(proc.stdout)["model"]["name"] in ("mpt_causal_lm", "hf_causal_lm")
+        assert yaml.safe_load(proc.stdout)["model"]["name"] in ("mpt_causal_lm", "hf_causal_lm", "torchtitan_llama3")
     else:
         assert proc.stdout.startswith("#!") and "#SBATCH --nodes=" in proc.stdout

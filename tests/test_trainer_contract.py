@@ -75,6 +75,7 @@ TWO_NODES = ["resources.nodes=2", "resources.tasks_per_node=1"]
 
 
 @pytest.mark.slurm
+@pytest.mark.long  # with its reference run, ~2 min under load: started first, beside the short ones
 @pytest.mark.parametrize("trainer", ["stub", "torchtitan"])
 def test_a_stop_saves_requeues_and_resumes_at_the_same_step_with_the_same_loss(
     trainer, slurm_env, test_site, tmp_path, pytestconfig
