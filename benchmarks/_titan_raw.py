@@ -1,10 +1,11 @@
-"""torchtitan without hpc_llm, for benchmarks/torchtitan.py (run in .venv-torchtitan).
+"""torchtitan without hpc_llm, for benchmarks/titan.py (run in .venv-torchtitan).
 
 ``torchrun --nproc-per-node 2 benchmarks/_titan_raw.py train SPEC.json``: torchtitan's own
 ``Trainer`` on the config hpc_llm gives a run (SPEC: ``hpc-llm config``'s keys, the model, the
 data's files), with no agent, supervisor, heartbeat or step duties: the CPU fixes (upstream
 fixes 23-25) are applied, as torchtitan cannot train on CPU without them. Prints the tokens/s
-of the last 10 steps, measured as hpc_llm's StepDuties measures them.
+of the last 10 steps (as hpc_llm's StepDuties measures them) and over the whole of
+``Trainer.train()`` (as hpc_llm's ``train_s`` times it).
 
 ``python benchmarks/_titan_raw.py save``: one rank, a ~100M-parameter Llama 3; the time each
 ``checkpointer.save`` blocks the loop, async (``checkpoint.async_mode=async``) against
@@ -54,11 +55,14 @@ def train(spec_path: str) -> None:
         ends.append((trainer.step, time.time()))
 
     trainer.train_step = timed
+    started = time.time()
     trainer.train()
+    train_s = time.time() - started
     (s0, t0), (s1, t1) = ends[-11], ends[-1]
     tokens = int(config.training.global_batch_size) * int(config.training.seq_len)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({"tokens_per_sec": (s1 - s0) * tokens / (t1 - t0)}), flush=True)
+        out = {"tokens_per_sec": (s1 - s0) * tokens / (t1 - t0), "loop_tokens_per_sec": s1 * tokens / train_s}
+        print(json.dumps(out), flush=True)
     trainer.close()
 
 

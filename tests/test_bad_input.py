@@ -84,7 +84,8 @@ CASES = [
     (["+experiment=llama3_tiny", "+trainer.options.heldoutt=1"], "trainer.options.heldoutt: not an option of trainer"),
     (
         ["+experiment=llama3_tiny", "trainer.python=/nope/python"],
-        "trainer.python=/nope/python: /nope/python does not exist; trainer=torchtitan runs in an environment of its own",
+        "trainer.python=/nope/python: /nope/python does not exist; trainer=torchtitan runs in an environment of "
+        "its own",
     ),
     # a threshold of checks that do not run
     (["preflight.min_busbw_gbps=300"], "preflight.min_busbw_gbps=300.0 is ignored while preflight.enabled=false"),

@@ -319,7 +319,13 @@ def test_habits_get_a_hint_in_one_line(args, hint, app_env, tmp_path, runs_dir):
 def test_python_m_hpc_llm_help_is_written_for_hpc_llm(app_env):
     proc = run_app(["--help"], app_env)
     assert proc.returncode == 0, explain(proc)
-    for text in ("+experiment=NAME", "yaml=PATH", "hydra/launcher=slurm", "experiment: llama3_tiny, mpt125m_c4", "README.md"):
+    for text in (
+        "+experiment=NAME",
+        "yaml=PATH",
+        "hydra/launcher=slurm",
+        "experiment: llama3_tiny, mpt125m_c4",
+        "README.md",
+    ):
         assert text in proc.stdout, text
     assert "powered by Hydra" not in proc.stdout
 

@@ -235,7 +235,7 @@ def _trainer_class() -> Any:
             # asked after each step's save (and validation) and before the first step
             first = self.duties.first_step
             if first is not None and self.step > first:
-                self.duties.step_ended(self.step, self._stop_save, self._reduce_max)
+                self.duties.step_ended(self.step, self._stop_save, self._start_reduce)
             return bool(super().should_continue_training())
 
         def _stop_save(self, step: int) -> None:
@@ -243,11 +243,17 @@ def _trainer_class() -> Any:
             # after any async save in flight
             self.checkpointer.save(step, last_step=True)
 
-        def _reduce_max(self, value: int) -> int:
+        def _start_reduce(self, value: int) -> Any:
             flag = torch.tensor([value], dtype=torch.int64, device=self.device)
-            if tdist.is_initialized():
-                tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
-            return int(flag.item())
+            if not tdist.is_initialized():
+                return lambda: value
+            work = tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, async_op=True)
+
+            def result() -> int:
+                work.wait()
+                return int(flag.item())
+
+            return result
 
         @property
         def tokens_per_step(self) -> int:
@@ -277,9 +283,8 @@ class TitanTrained(Trained):
             tokens_done=int(self.batch * trainer.tokens_per_step),
             train_s=round(self.train_s, 3),
             wallclock_s=round(job_s, 3),
-            tokens_per_sec=ctx.metrics.get("throughput/tokens_per_sec") or (
-                self.tokens / self.train_s if self.tokens and self.train_s else None
-            ),
+            tokens_per_sec=ctx.metrics.get("throughput/tokens_per_sec")
+            or (self.tokens / self.train_s if self.tokens and self.train_s else None),
             mfu=None,
         )
         if ctx.loss_history:

@@ -98,10 +98,10 @@ class StubTrainer(Trainer):
             tdist.barrier()
             duties.saved(at)
 
-        def reduce_max(value: int) -> int:
+        def start_reduce(value: int) -> Any:
             flag = torch.tensor([value])
-            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
-            return int(flag.item())
+            work = tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, async_op=True)
+            return lambda: (work.wait(), int(flag.item()))[1]
 
         t0 = time.time()
         duties.started(step)
@@ -124,7 +124,7 @@ class StubTrainer(Trainer):
             duties.loss(step, float(mean) / world)
             if step % conf["interval"] == 0 or step == conf["steps"]:
                 save(step)
-            duties.step_ended(step, save, reduce_max)
+            duties.step_ended(step, save, start_reduce)
         duties.ended(step)
         return StubTrained(step, time.time() - t0, duties.trained_tokens(step))
 
