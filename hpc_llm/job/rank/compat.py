@@ -293,32 +293,8 @@ def _patch_safe_checkpoint_loads() -> None:
 
     ckpt.load_checkpoint = load_checkpoint_naming_it
 
-    from torch.distributed.checkpoint import default_planner, filesystem
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    reading = [""]
-
-    def read_metadata(self: Any) -> Any:
-        path = self.fs.concat_path(self.path, ".metadata")
-        reading[0] = str(self.path)
-        with self.fs.create_stream(path, "rb") as metadata_file:
-            metadata = safe_load.read_metadata(path, metadata_file)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
-        fqn = read_item.dest_index.fqn
-        obj = safe_load.load_bytes(value, f"{reading[0] or 'a sharded checkpoint'} (its entry {fqn})")
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
-
-    filesystem.FileSystemReader.read_metadata = read_metadata  # type: ignore[method-assign]
-    default_planner.DefaultLoadPlanner.load_bytes = load_bytes  # type: ignore[method-assign]
+    # torch 2.7's reader names .metadata from its path
+    safe_load.patch_dcp_reads(lambda reader, kwargs: reader.fs.concat_path(reader.path, ".metadata"))
 
 
 def apply() -> None:

@@ -28,6 +28,7 @@ import io
 import pickle
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
@@ -142,3 +143,39 @@ def read_metadata(path: PurePath | str, stream: Any) -> Any:
 def load_bytes(value: io.BytesIO, where: str) -> Any:
     """A DCP non-tensor entry (a Composer timestamp, RNG state, run name)."""
     return torch_load(value, where)
+
+
+def patch_dcp_reads(metadata_path: Callable[[Any, dict[str, Any]], Any]) -> None:
+    """torch DCP's two unpickling reads through this module: ``FileSystemReader.read_metadata``
+    (``.metadata``) and ``DefaultLoadPlanner.load_bytes`` (every non-tensor entry). The bodies
+    around them are torch's own, which torch 2.7 (LLM Foundry's) and 2.14 (torchtitan's) share
+    but for how the reader names ``.metadata``: ``metadata_path(reader, kwargs)`` says.
+
+    Both are methods of the classes every reader and planner derives from (Composer's
+    ``FileSystemReaderWithValidation`` calls the base ``read_metadata``)."""
+    from torch.distributed.checkpoint import default_planner, filesystem
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    reading = [""]
+
+    def reader_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        path = metadata_path(self, kwargs)
+        reading[0] = str(self.path)
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            metadata = read_metadata(path, metadata_file)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def load_entry(self: Any, read_item: Any, value: Any) -> None:
+        fqn = read_item.dest_index.fqn
+        obj = load_bytes(value, f"{reading[0] or 'a sharded checkpoint'} (its entry {fqn})")
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+    filesystem.FileSystemReader.read_metadata = reader_metadata  # type: ignore[method-assign]
+    default_planner.DefaultLoadPlanner.load_bytes = load_entry  # type: ignore[method-assign]

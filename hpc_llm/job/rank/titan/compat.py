@@ -111,34 +111,10 @@ def _patch_safe_dcp_loads() -> None:
     ``pickle.load`` and every non-tensor entry (torchtitan's train state, its dataloader's
     state) with ``torch.load(weights_only=False)``. Both go through
     :mod:`hpc_llm.job.rank.safe_load`; the bodies around them are torch 2.14's own."""
-    from torch.distributed.checkpoint import default_planner, filesystem
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
     from hpc_llm.job.rank import safe_load
 
-    reading = [""]
-
-    def read_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        reading[0] = str(self.path)
-        with self.fs.create_stream(path, "rb") as metadata_file:
-            metadata = safe_load.read_metadata(path, metadata_file)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
-        fqn = read_item.dest_index.fqn
-        obj = safe_load.load_bytes(value, f"{reading[0] or 'a sharded checkpoint'} (its entry {fqn})")
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
-
-    filesystem.FileSystemReader.read_metadata = read_metadata  # type: ignore[method-assign]
-    default_planner.DefaultLoadPlanner.load_bytes = load_bytes  # type: ignore[method-assign]
+    # torch 2.14's reader asks for the path of a rank's own metadata, where it has one
+    safe_load.patch_dcp_reads(lambda reader, kwargs: reader._get_metadata_path(kwargs.get("rank")))
 
 
 def apply() -> None:
