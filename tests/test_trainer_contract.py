@@ -74,15 +74,20 @@ ONE_NODE = ["resources.nodes=1", "resources.tasks_per_node=1", "hydra.launcher.e
 TWO_NODES = ["resources.nodes=2", "resources.tasks_per_node=1"]
 
 
+def on_the_cluster(trainer: str, shape: list[str], batches: int, slurm_env, site, tmp_path, pytestconfig):
+    """(env, the run's args, its uninterrupted reference's results) of ``trainer``'s tiny run."""
+    env = env_for(slurm_env, site, tmp_path / "runs")
+    args = [*RUNS[trainer], *CLUSTER, *shape, f"train.max_duration={batches}ba"]
+    return env, args, reference(args, env, pytestconfig)
+
+
 @pytest.mark.slurm
 @pytest.mark.long  # with its reference run, ~2 min under load: started first, beside the short ones
 @pytest.mark.parametrize("trainer", ["stub", "torchtitan"])
 def test_a_stop_saves_requeues_and_resumes_at_the_same_step_with_the_same_loss(
     trainer, slurm_env, test_site, tmp_path, pytestconfig
 ):
-    env = env_for(slurm_env, test_site, tmp_path / "runs")
-    args = [*RUNS[trainer], *CLUSTER, *ONE_NODE, "train.max_duration=200ba"]
-    ref = reference(args, env, pytestconfig)
+    env, args, ref = on_the_cluster(trainer, ONE_NODE, 200, slurm_env, test_site, tmp_path, pytestconfig)
     _job_id, r = preempted_run([*args, *PACED[trainer]], env, tmp_path, test_site)
     same_loss(r, ref)
     first, second = r["attempts"][:2]
@@ -96,9 +101,7 @@ def test_a_stop_saves_requeues_and_resumes_at_the_same_step_with_the_same_loss(
 def test_a_killed_rank_is_forked_again_by_its_agent_with_the_same_loss(
     trainer, slurm_env, test_site, tmp_path, pytestconfig
 ):
-    env = env_for(slurm_env, test_site, tmp_path / "runs")
-    args = [*RUNS[trainer], *CLUSTER, *TWO_NODES, "train.max_duration=100ba"]
-    ref = reference(args, env, pytestconfig)
+    env, args, ref = on_the_cluster(trainer, TWO_NODES, 100, slurm_env, test_site, tmp_path, pytestconfig)
     job_id, run_dir = submit([*args, *PACED[trainer]], env, tmp_path)
     victim = rank_at(run_dir, 1, 8)
     os.kill(victim["pid"], signal.SIGKILL)

@@ -146,6 +146,12 @@ class Torchtitan(Trainer):
         "hpc_llm.job.rank.titan.compat",
         "torchtitan.trainer",
         "torchtitan.models.llama3",
+        # what a rank's Trainer build reaches next: the data (Hugging Face datasets, ~1 s to
+        # import here), the checkpointer
+        "datasets",
+        "torchtitan.hf_datasets.text_datasets",
+        "torchtitan.components.checkpoint",
+        "torchtitan.components.validate",
         "hpc_llm.job.rank.titan.run",
         "hpc_llm.job.rank.task",
         "hpc_llm.job.rank.fence",
