@@ -70,7 +70,8 @@ def test_a_trainer_records_every_batch_its_loss_and_its_checkpoint(trainer, app_
 
 
 CLUSTER = ["hydra/launcher=slurm", "checkpoint.interval=5ba", "fault.hang_floor_s=20", "fault.hang_timeout_s=60"]
-ONE_NODE = ["resources.nodes=1", "resources.tasks_per_node=1", "hydra.launcher.exclusive=true"]
+#: whole nodes: the preemption (a high-partition job on the run's nodes) hits this run alone
+TWO_WHOLE_NODES = ["resources.nodes=2", "resources.tasks_per_node=1", "hydra.launcher.exclusive=true"]
 TWO_NODES = ["resources.nodes=2", "resources.tasks_per_node=1"]
 
 
@@ -87,7 +88,7 @@ def on_the_cluster(trainer: str, shape: list[str], batches: int, slurm_env, site
 def test_a_stop_saves_requeues_and_resumes_at_the_same_step_with_the_same_loss(
     trainer, slurm_env, test_site, tmp_path, pytestconfig
 ):
-    env, args, ref = on_the_cluster(trainer, ONE_NODE, 200, slurm_env, test_site, tmp_path, pytestconfig)
+    env, args, ref = on_the_cluster(trainer, TWO_WHOLE_NODES, 200, slurm_env, test_site, tmp_path, pytestconfig)
     _job_id, r = preempted_run([*args, *PACED[trainer]], env, tmp_path, test_site)
     same_loss(r, ref)
     first, second = r["attempts"][:2]
