@@ -219,15 +219,20 @@ def check_sweep(points: Sequence[Point]) -> None:
 
 
 def _check_other_trainers(points: Sequence[Point]) -> list[str]:
-    """Each point through its trainer's ``check_module`` (``python -m M``: points as JSON on
-    stdin, a JSON list of ``[key, message]`` lists per point on the last line of stdout)."""
+    """The points through their trainer's ``check_module``, one process per environment and
+    trainer for the whole sweep (``python -m M``: the points as JSON on stdin, a JSON list of
+    ``[key, message]`` lists per point on the last line of stdout): its stack imports once."""
     from hpc_llm.plugins.manager import get_plugins
 
-    lines: list[str] = []
+    groups: dict[tuple[str, str], tuple[Any, Environment, list[Point]]] = {}
     for p in points:
         trainer = get_plugins(p.cfg.plugins.block).get("trainer", trainer_name(p.cfg))
-        module = getattr(trainer, "check_module", None)
         env = environment(p.cfg)
+        key = (env.identity or env.name, trainer.name)
+        groups.setdefault(key, (trainer, env, []))[2].append(p)
+    lines: list[str] = []
+    for trainer, env, group in groups.values():
+        module = getattr(trainer, "check_module", None)
         if module is None or env.run is None:
             if env.missing:
                 warn_once(f"{env.missing}: trainer={trainer.name}'s config not checked before submitting")
@@ -236,7 +241,7 @@ def _check_other_trainers(points: Sequence[Point]) -> list[str]:
         try:
             proc = subprocess.run(
                 env.run(["-m", str(module)], []),
-                input=json.dumps([trainer.check_point(p.cfg, None)]),  # type: ignore[attr-defined]
+                input=json.dumps([trainer.check_point(p.cfg, None) for p in group]),
                 capture_output=True,
                 text=True,
                 timeout=TIMEOUT_S,
@@ -253,11 +258,13 @@ def _check_other_trainers(points: Sequence[Point]) -> list[str]:
             why = f"{env.name} could not check trainer={trainer.name}'s config ({tail[-300:]})"
             warn_once(f"{why}; submitting it unchecked")
             continue
+        n = len(group)
         sys.stderr.write(
-            f"hpc_llm: check before the queue: trainer={trainer.name}, one process, "
-            f"{time.perf_counter() - t0:.2f} s ({env.name})\n"
+            f"hpc_llm: check before the queue: trainer={trainer.name}, {n} point{'s' if n != 1 else ''}, "
+            f"one process, {time.perf_counter() - t0:.2f} s ({env.name})\n"
         )
-        lines += [str(message) for _key, message in found[0]]
+        # the same problem in several points is one line
+        lines += list(dict.fromkeys(str(message) for problems in found for _key, message in problems))
     return lines
 
 
