@@ -67,7 +67,11 @@ class StepDuties:
         return (step - (self.first_step or 0)) * self.tokens_per_step
 
     def step_ended(
-        self, step: int, save: Callable[[int], Any], start_reduce: Callable[[int], Callable[[], int]]
+        self,
+        step: int,
+        save: Callable[[int], Any],
+        start_reduce: Callable[[int], Callable[[], int]],
+        wait_saved: Callable[[], Any] | None = None,
     ) -> None:
         """After ``step`` and its periodic save: the fence, the heartbeat, the record and the
         progress file; then whether any rank got the stop signal. ``start_reduce(value)`` starts
@@ -77,7 +81,8 @@ class StepDuties:
         computes, so a step pays no round trip (a synchronous one cost 3 % of a tiny model's
         step on CPU, benchmarks/titan.py). Every rank reads the same result at the same step,
         so every rank stops at the same step, one step after the signal. On a stop:
-        ``save(step)`` unless this step was saved, and
+        ``save(step)`` unless this step was saved, then ``wait_saved()`` (a trainer that saves
+        asynchronously waits there for the save in flight), and
         :class:`~hpc_llm.job.rank.preemption.Preempted` (the rank's task records it)."""
         ctx, now = self.ctx, time.time()
         fence.check("training on")
@@ -114,6 +119,11 @@ class StepDuties:
         heartbeat.phase("save")
         if self.saved_step != step:
             save(step)
+        if wait_saved is not None:
+            # the step's periodic save may still be writing (asynchronous): a rank that left
+            # now would leave it without its metadata, and the next attempt would resume at
+            # the save before (seen under load: stopped at 50, resumed at 45)
+            wait_saved()
         start_reduce(0)()  # every rank's save is done before any rank leaves
         got = preemption.received()
         raise preemption.Preempted(step, time.time() - t0, got.get("signal", "peer rank"), got.get("time", now))

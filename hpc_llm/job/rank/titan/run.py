@@ -235,7 +235,9 @@ def _trainer_class() -> Any:
             # asked after each step's save (and validation) and before the first step
             first = self.duties.first_step
             if first is not None and self.step > first:
-                self.duties.step_ended(self.step, self._stop_save, self._start_reduce)
+                self.duties.step_ended(
+                    self.step, self._stop_save, self._start_reduce, self.checkpointer.maybe_wait_for_saving
+                )
             return bool(super().should_continue_training())
 
         def _stop_save(self, step: int) -> None:
