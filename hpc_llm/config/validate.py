@@ -333,6 +333,11 @@ def resolve_job(
                 f"allowed: {', '.join(cfg.eval.evaluators) or '(none)'}"
             )
     check_trainer_pairs(cfg, job)
+    # the trainer first: what it cannot be told is the one line, before a component's warning
+    # about how it would have served another trainer
+    if "trainer" in cfg:
+        job.trainer.validate(cfg.trainer, plan)
+    job.trainer.validate_job(cfg, plan)
     try:
         job.data.validate(cfg.data, plan)
     except ConfigError as exc:
@@ -344,9 +349,6 @@ def resolve_job(
     for ev in job.evaluators:
         ev.validate(cfg.eval, plan)
     job.container.validate(cfg.container, plan)
-    if "trainer" in cfg:
-        job.trainer.validate(cfg.trainer, plan)
-    job.trainer.validate_job(cfg, plan)
     if cfg.preflight.enabled:
         for check in job.health_checks:
             check.validate(cfg.preflight, plan)
