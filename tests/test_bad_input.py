@@ -78,6 +78,11 @@ CASES = [
         "data.name=mds: data source 'mds' serves trainer llmfoundry, not trainer=torchtitan; allowed with "
         "trainer=torchtitan: tiny_corpus",
     ),
+    (
+        ["+experiment=llama3_tiny", "checkpoint=uri", "checkpoint.location=gs://bucket/ckpt"],
+        "checkpoint.location=gs://bucket/ckpt: trainer=torchtitan saves to an object store through fsspec with "
+        "s3fs, which its environment has; allowed: s3://bucket/path, or checkpoint=folder",
+    ),
     (["+experiment=llama3_tiny", "train.max_duration=1ep"], "train.max_duration=1ep: trainer=torchtitan counts steps"),
     (["+experiment=llama3_tiny", "+train.model.n_layers=2"], "train.model.n_layers: not a key of torchtitan_llama3"),
     (["+experiment=llama3_tiny", "+train.eval_loader={}"], "train.eval_loader: not read by trainer=torchtitan"),

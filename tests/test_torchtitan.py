@@ -106,6 +106,47 @@ def test_a_torchtitan_checkpoint_whose_pickle_runs_a_command_is_refused(titan_en
     assert str(fake) in r["error"] and "posix.system" in r["error"], r["error"]
 
 
+@pytest.mark.train
+def test_torchtitan_checkpoints_go_to_s3_and_one_there_whose_pickle_runs_a_command_is_refused(
+    titan_env, s3, runs_dir, tmp_path
+):
+    """checkpoint=uri with s3:// (the dev S3 server): torchtitan's DCP saves through s3fs, the
+    record names the save in the store; a load_path in the store goes through the same guard."""
+    from tests.test_object_storage import keys, s3_client
+
+    env = dict(titan_env, **s3.env())
+    prefix = f"titan-{tmp_path.name}"
+    args = [*TINY, "train.max_duration=4ba", "checkpoint.interval=2ba", "checkpoint=uri"]
+    proc = run_app([*args, f"checkpoint.location={s3.uri(prefix)}"], env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [r] = results_of(runs_dir)
+    assert r["status"] == "completed" and r["batches_done"] == 4, r.get("error")
+    folder = r["checkpoint"].rsplit("/", 1)[0]
+    assert folder.startswith(s3.uri(prefix) + "/") and r["checkpoint"] == f"{folder}/step-4", r["checkpoint"]
+    saved = keys(s3, folder[len(s3.uri()) + 1 :] + "/")
+    for step in (2, 4):
+        assert any(k.endswith(f"/step-{step}/.metadata") for k in saved), sorted(saved)
+    assert r["checkpoint_bytes"] == sum(n for k, n in saved.items() if "/step-4/" in k) > 0
+
+    # a copy of step-4 whose .metadata would run `touch`, loaded by a fresh run (load_path)
+    client, bucket = s3_client(s3), s3.bucket
+    evil = f"{prefix}/evil/step-4"
+    for key in saved:
+        if "/step-4/" in key and not key.endswith("/.metadata"):
+            client.copy_object(Bucket=bucket, Key=f"{evil}/{key.rsplit('/', 1)[1]}", CopySource=f"{bucket}/{key}")
+    ran = tmp_path / "ran"
+    client.put_object(Bucket=bucket, Key=f"{evil}/.metadata", Body=pickle.dumps(_Touch(ran)))
+    again = tmp_path / "again"
+    proc = run_app(
+        [*args, f"checkpoint.location={s3.uri(prefix + '/fresh')}", f"checkpoint.load_path={s3.uri(evil)}"],
+        dict(env, HPC_LLM_RUNS=str(again)),
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0 and not ran.exists(), explain(proc)
+    [r] = results_of(again)
+    assert r["status"] == "failed" and s3.uri(evil) in r["error"] and "posix.system" in r["error"], r["error"]
+
+
 @pytest.mark.slurm
 def test_a_sweep_of_two_node_counts_on_the_dev_cluster_and_its_report(slurm_env, runs_dir, tmp_path):
     env = dict(slurm_env, HPC_LLM_TORCHTITAN_PYTHON=str(TITAN_PYTHON))

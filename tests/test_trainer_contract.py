@@ -6,7 +6,8 @@ plain torch, registered through the ``hpc_llm`` entry point group like any packa
 
 * locally, two ranks: every batch recorded, the loss falling, a checkpoint, the record's fields;
 * on the dev cluster: a stop (a preemption) saves, the job requeues, and the run resumes at the
-  step it stopped at and ends with the uninterrupted run's loss;
+  step it stopped at and ends with the uninterrupted run's loss (torchtitan's checkpoints in the
+  dev S3 server);
 * on the dev cluster: a rank killed is forked again by its agent in the same allocation, and
   the run ends with the uninterrupted run's loss.
 
@@ -86,11 +87,20 @@ def on_the_cluster(trainer: str, shape: list[str], batches: int, slurm_env, site
 @pytest.mark.long  # with its reference run, ~2 min under load: started first, beside the short ones
 @pytest.mark.parametrize("trainer", ["stub", "torchtitan"])
 def test_a_stop_saves_requeues_and_resumes_at_the_same_step_with_the_same_loss(
-    trainer, slurm_env, test_site, tmp_path, pytestconfig
+    trainer, slurm_env, test_site, tmp_path, pytestconfig, request
 ):
     env, args, ref = on_the_cluster(trainer, TWO_WHOLE_NODES, 200, slurm_env, test_site, tmp_path, pytestconfig)
-    _job_id, r = preempted_run([*args, *PACED[trainer]], env, tmp_path, test_site)
+    store: list[str] = []
+    if trainer == "torchtitan":
+        # its checkpoints in the dev S3 server (DCP through s3fs), its reference's in a folder:
+        # the same loss either way
+        s3 = request.getfixturevalue("s3")
+        env = dict(env, **s3.env())
+        store = ["checkpoint=uri", f"checkpoint.location={s3.uri('contract-' + tmp_path.name)}"]
+    _job_id, r = preempted_run([*args, *store, *PACED[trainer]], env, tmp_path, test_site)
     same_loss(r, ref)
+    if store:
+        assert r["checkpoint"].startswith(s3.uri("contract-")) and r["checkpoint"].endswith("/step-200")
     first, second = r["attempts"][:2]
     assert (first["state"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2"), r["attempts"]
     assert 0 < first["stopped_at_batch"] < 200 and second["resumed_at_batch"] == first["stopped_at_batch"]

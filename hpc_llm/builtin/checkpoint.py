@@ -243,6 +243,9 @@ def set_aside_unfinished(folder: Path) -> list[Path]:
 class Uri(CheckpointBackend):
     name = "uri"
     description = "checkpoints in an object store: <location>/<run name> (s3:// managed; gs, oci, azure, dbfs)"
+    # torchtitan saves and loads its DCP checkpoints through fsspec itself (s3fs, in its
+    # environment): s3:// only, which its trainer checks (hpc_llm.builtin.trainers)
+    trainers = ("llmfoundry", "torchtitan")
 
     def folder(self, section: DictConfig, plan: JobPlan) -> str:
         """The run's checkpoint folder: ``<location>/<run name>`` (``checkpoint.run_subdir``),

@@ -193,6 +193,12 @@ class Torchtitan(Trainer):
                 f"data.remote={cfg.data.remote}: trainer=torchtitan reads the data source's local text files; "
                 "allowed: data.remote=null"
             )
+        location = str(cfg.checkpoint.get("location") or "")
+        if cfg.checkpoint.name == "uri" and not location.startswith("s3://"):
+            raise ConfigError(
+                f"checkpoint.location={location}: trainer=torchtitan saves to an object store through "
+                "fsspec with s3fs, which its environment has; allowed: s3://bucket/path, or checkpoint=folder"
+            )
         if cfg.parallelism.name != "ddp" and plan.device == "cpu":
             raise ConfigError(
                 f"parallelism={cfg.parallelism.name} with trainer=torchtitan on CPU: FSDP2's reduce-scatter "

@@ -105,3 +105,6 @@ class Preempted(Exception):
         self.save_s = save_s
         self.signal_name = signal_name
         self.signal_time = signal_time
+        #: where the stop's save is, when the trainer knows (torchtitan's step-N); else the
+        #: checkpoint backend's ``latest`` says
+        self.checkpoint: str | None = None

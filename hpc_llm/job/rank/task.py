@@ -214,7 +214,7 @@ def _since(t: float) -> float:
 def after_stop(cfg: DictConfig, job: ResolvedJob, ctx: JobContext, stop: preemption.Preempted) -> None:
     """Global rank 0 records the stop; under the supervisor every rank exits 0 and it requeues."""
     record = ctx.record
-    latest = job.checkpoint.latest(cfg.checkpoint, job.plan)
+    latest = stop.checkpoint or job.checkpoint.latest(cfg.checkpoint, job.plan)
     if record is not None:
         record.note(
             signal=stop.signal_name,

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from hpc_llm.config import titan_config
 from hpc_llm.job import heartbeat
+from hpc_llm.job.rank import preemption
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.job.rank.measure import kept_figures, peak_memory_bytes, placement, progress_figures
 from hpc_llm.job.rank.step_duties import StepDuties
@@ -48,7 +49,14 @@ def train(cfg: DictConfig, job: Any, ctx: JobContext) -> TitanTrained:
     compat.apply()
     heartbeat.phase("data")
     data = job.data.text_data(cfg.data, ctx)
-    flat = titan_config.titan_config(cfg, job.plan, checkpoint_folder(cfg, job))
+    folder = checkpoint_folder(cfg, job)
+    if ctx.dist.rank == 0 and folder.startswith("s3://"):
+        from hpc_llm.job.rank import store_check
+
+        # a store that is down is waited for, a wrong key or a missing bucket is one line,
+        # before torchtitan's first listing of the folder fails on it
+        store_check.wait_for_store("checkpoint.location", folder)
+    flat = titan_config.titan_config(cfg, job.plan, folder)
     model = titan_config.model_section(cfg)
     _register_datasets(data)
     options = titan_config.trainer_options(cfg)
@@ -61,13 +69,36 @@ def train(cfg: DictConfig, job: Any, ctx: JobContext) -> TitanTrained:
     init_logger()
     trainer = _trainer_class()(config, ctx)
     t0 = time.time()
-    trainer.train()
+    try:
+        trainer.train()
+    except preemption.Preempted as stop:
+        stop.checkpoint = saved_at(trainer.checkpointer.folder, stop.batch)
+        raise
     train_s = time.time() - t0
     trained = TitanTrained(trainer, train_s)
     trainer.duties.ended(trainer.step)
     if ctx.record is not None:
         ctx.record.trained(kept_figures(ctx, tokens=trained.tokens, train_s=train_s))
     return trained
+
+
+def saved_at(folder: str, step: int) -> str:
+    """Where torchtitan saved ``step`` (a folder, or an s3:// prefix)."""
+    from torchtitan.tools import filesystem
+
+    return str(filesystem.join(folder, f"step-{step}"))
+
+
+def saved_bytes(path: str) -> int | None:
+    """The bytes of one save (a folder's files, or an object-store prefix's objects)."""
+    from torchtitan.tools import filesystem
+
+    if filesystem.is_remote(path):
+        from fsspec.core import url_to_fs
+
+        fs, where = url_to_fs(path)
+        return int(fs.du(where)) or None
+    return sum(f.stat().st_size for f in Path(path).glob("*") if f.is_file()) or None
 
 
 def _register_datasets(data: Any) -> None:
@@ -296,9 +327,8 @@ class TitanTrained(Trained):
         duties = trainer.duties
         if duties.saved_step is not None or duties.first_step:
             step = duties.saved_step if duties.saved_step is not None else duties.first_step
-            folder = Path(trainer.checkpointer.folder) / f"step-{step}"
-            out["checkpoint"] = str(folder)
-            out["checkpoint_bytes"] = sum(f.stat().st_size for f in folder.glob("*") if f.is_file()) or None
+            out["checkpoint"] = saved_at(trainer.checkpointer.folder, step)
+            out["checkpoint_bytes"] = saved_bytes(out["checkpoint"])
         mine = {**placement(ctx), "peak_memory_bytes": peak_memory_bytes()}
         per_rank = [mine]
         if tdist.is_initialized() and tdist.get_world_size() > 1:
