@@ -23,10 +23,11 @@ def host_binds() -> list[str]:
     return binds
 
 
-def make_skeleton(root: Path, host: bool = True) -> Path:
+def make_skeleton(root: Path, host: bool = True, venv_bin: Path = VENV_BIN) -> Path:
     """A root filesystem with nothing in it: /usr and the venv come in through binds. Its
     environment puts the venv first on PATH, as the shipped images put theirs (``host``:
-    with the mount points and PATH for the host's /usr and venv)."""
+    with the mount points and PATH for the host's /usr and venv; ``venv_bin``: another venv of
+    the checkout, torchtitan's as containers/torchtitan.def installs it)."""
     for d in ("usr", "etc", "tmp", "var/tmp", "proc", "sys", "dev", "root", "home", ".singularity.d/env"):
         (root / d).mkdir(parents=True, exist_ok=True)
     for link in ("bin", "lib", "lib64", "sbin"):
@@ -39,6 +40,6 @@ def make_skeleton(root: Path, host: bool = True) -> Path:
     for bind in host_binds():  # mount points: a build in a user namespace cannot create them
         (root / bind.lstrip("/")).mkdir(parents=True, exist_ok=True)
     env = root / ".singularity.d" / "env" / "90-environment.sh"
-    env.write_text(f"#!/bin/sh\nexport PATH={VENV_BIN}:$PATH\nexport PYTHONNOUSERSITE=1\n")
+    env.write_text(f"#!/bin/sh\nexport PATH={venv_bin}:$PATH\nexport PYTHONNOUSERSITE=1\n")
     env.chmod(0o755)
     return root

@@ -476,6 +476,24 @@ def test_a_2_node_run_trains_inside_apptainer_on_every_rank(slurm_env, sif, tmp_
 
 
 @pytest.mark.slurm
+def test_a_torchtitan_run_trains_inside_its_own_image_on_2_nodes(slurm_env, apptainer, images_dir, tmp_path):
+    """trainer=torchtitan through an image, as containers/torchtitan.def builds one: the
+    image's python3 is torchtitan's environment (torch 2.14), not the login node's."""
+    titan_bin = ROOT / ".venv-torchtitan" / "bin"
+    image = apptainer_build(images_dir / "torchtitan.sif", make_skeleton(images_dir / "titan", venv_bin=titan_bin))
+    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"), HPC_LLM_TORCHTITAN_PYTHON=str(titan_bin / "python"))
+    args = ["+experiment=llama3_tiny", *RUN[2:], f"container.image={image}", "train.max_duration=10ba"]
+    proc = run_app([*args, "hydra.launcher.wait=true", "hydra.launcher.poll_s=1"], env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [r] = results_of(tmp_path / "runs")
+    assert r["status"] == "completed" and r["batches_done"] == 10, r.get("error")
+    assert {x["container"]["image"] for x in r["ranks"]} == {str(image)} and len({x["node"] for x in r["ranks"]}) == 2
+    job = r["provenance"]["job"]
+    assert job["executable"].startswith(str(titan_bin)) and job["versions"]["torch"].startswith("2.14"), job
+    assert job["versions"]["torchtitan"] == "0.3.0" and r["checkpoint"].endswith("/step-10")
+
+
+@pytest.mark.slurm
 def test_stage_true_runs_every_rank_from_a_node_local_copy(slurm_env, sif, tmp_path):
     scratch = tmp_path / "scratch"  # node-local in spirit: each node copies the image there
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))

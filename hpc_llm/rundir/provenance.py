@@ -34,7 +34,7 @@ from hpc_llm.rundir.layout import RunDir
 MAX_DIFF_BYTES = 8 << 20
 #: the distributions of the login side and of the training stack, by their PyPI names
 LOGIN_PACKAGES = ("hpc-llm", "hydra-core", "omegaconf", "submitit", "pluggy")
-TRAINING_PACKAGES = ("torch", "mosaicml", "llm-foundry", "mosaicml-streaming", "transformers")
+TRAINING_PACKAGES = ("torch", "mosaicml", "llm-foundry", "mosaicml-streaming", "transformers", "torchtitan")
 
 
 def _git(repo: Path, *args: str) -> str | None:
