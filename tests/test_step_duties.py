@@ -96,3 +96,22 @@ def test_without_a_stop_no_step_waits_on_a_save(tmp_path, stop_asked):
     for step in range(1, 20):
         d.step_ended(step, lambda s: pytest.fail(f"saved {s} with no stop"), reduce_of, lambda: waited.append(1))
     assert waited == [] and d.ctx.metrics["throughput/tokens_per_sec"] > 0
+
+
+def test_mfu_is_measured_over_the_throughput_window_when_the_trainer_knows_flops_and_peak(tmp_path, stop_asked):
+    from hpc_llm.job.env import DistEnv
+
+    dist = DistEnv(0, 0, 4, 4, 0, 1, "localhost", 29500)
+    ctx = JobContext(plan=None, dist=dist, run_dir=tmp_path, node_dir=tmp_path)  # type: ignore[arg-type]
+    d = StepDuties(ctx, total_steps=100, tokens_per_step=4096, flops_per_token=6e9, peak_flops=1e15)
+    bare = StepDuties(JobContext(plan=None, dist=dist, run_dir=tmp_path, node_dir=tmp_path), 100, 4096)  # type: ignore[arg-type]
+    d.started(0)
+    bare.started(0)
+    for step in range(1, 6):
+        time.sleep(0.01)
+        d.step_ended(step, lambda s: None, reduce_of)
+        bare.step_ended(step, lambda s: None, reduce_of)
+    tps = ctx.metrics["throughput/tokens_per_sec"]
+    # the global tokens/s over 4 devices, each against its own peak
+    assert ctx.metrics["throughput/device/mfu"] == pytest.approx(tps * 6e9 / (4 * 1e15))
+    assert "throughput/device/mfu" not in bare.ctx.metrics

@@ -25,12 +25,24 @@ NOTE_EVERY_S = 1.0
 
 
 class StepDuties:
-    """One attempt's duties, step by step. ``tokens_per_step``: the global batch's tokens."""
+    """One attempt's duties, step by step. ``tokens_per_step``: the global batch's tokens.
+    ``flops_per_token`` (the model's training FLOPs per token) and ``peak_flops``
+    (one device's): given both, the model FLOPs utilisation is measured over the same window as
+    the throughput, as Composer's SpeedMonitor measures LLM Foundry's (a fraction, 0-1)."""
 
-    def __init__(self, ctx: JobContext, total_steps: int, tokens_per_step: int) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        total_steps: int,
+        tokens_per_step: int,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+    ) -> None:
         self.ctx = ctx
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
         #: the step this attempt resumed at (0: a fresh start); None before the first step
         self.first_step: int | None = None
         #: the last step a checkpoint was saved at, in this attempt
@@ -96,7 +108,10 @@ class StepDuties:
         del self._ends[: -WINDOW - 1]
         (s0, t0), (s1, t1) = self._ends[0], self._ends[-1]
         window = (s1 - s0) * self.tokens_per_step / (t1 - t0) if s1 > s0 and t1 > t0 else None
-        ctx.metrics["throughput/tokens_per_sec"] = window or self.trained_tokens(step) / seconds
+        tps = ctx.metrics["throughput/tokens_per_sec"] = window or self.trained_tokens(step) / seconds
+        if self.flops_per_token and self.peak_flops:
+            devices = max(int(getattr(ctx.dist, "world_size", 1) or 1), 1)
+            ctx.metrics["throughput/device/mfu"] = tps * self.flops_per_token / (devices * self.peak_flops)
         if ctx.record is not None and now - self._noted > NOTE_EVERY_S:
             self._noted = now
             ctx.record.note(last_batch=step, train_s=round(seconds, 3))

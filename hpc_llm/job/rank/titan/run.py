@@ -229,7 +229,16 @@ def _trainer_class() -> Any:
             self.hpc_ctx = ctx
             super().__init__(config)
             tokens = int(config.training.global_batch_size) * int(config.training.seq_len)
-            self.duties = StepDuties(ctx, int(config.training.steps), tokens)
+            # MFU as torchtitan computes it (its FLOPs per token, its table of peak bf16 FLOPs by
+            # device name); on a CPU there is no peak to measure against
+            on_gpu = self.device.type == "cuda"
+            self.duties = StepDuties(
+                ctx,
+                int(config.training.steps),
+                tokens,
+                flops_per_token=float(self.metrics_processor.num_flops_per_token) if on_gpu else None,
+                peak_flops=float(self.metrics_processor.gpu_peak_flops) if on_gpu else None,
+            )
             self.heldout_loss: float | None = None
             save, log_metrics = self.checkpointer.save, self.metrics_processor.log
             log_validation = self.metrics_processor.log_validation
@@ -318,7 +327,7 @@ class TitanTrained(Trained):
             wallclock_s=round(job_s, 3),
             tokens_per_sec=ctx.metrics.get("throughput/tokens_per_sec")
             or (self.tokens / self.train_s if self.tokens and self.train_s else None),
-            mfu=None,
+            mfu=ctx.metrics.get("throughput/device/mfu"),
         )
         if ctx.loss_history:
             out["train_loss_first"] = ctx.loss_history[0][1]
