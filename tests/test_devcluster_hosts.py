@@ -345,6 +345,27 @@ def test_a_cut_link_fails_connects_until_it_is_healed(fabric_cluster):
         assert not fabric.is_cut(c, "n2") and run_in(c, "n3", _CONNECT, *to_n2) == "ok"
 
 
+def test_a_partition_drops_what_passes_between_its_sides_silently_and_nothing_else(fabric_cluster):
+    """n2 partitioned from n3: a connect between them times out either way (no refusal, no
+    unreachable: a switch drops silently), n1 still reaches both, and both still reach the
+    controller; mended, n3 reaches n2 again."""
+    from hpc_llm.devcluster import fabric
+
+    c = fabric_cluster
+    to_n2, to_n3 = [c.node_addr("n2"), str(PORT), "2"], [c.node_addr("n3"), str(PORT), "2"]
+    with serving(c, "n2", _LISTEN), serving(c, "n3", _LISTEN):
+        fabric.partition(c, "n2", ["n3"])
+        try:
+            assert run_in(c, "n3", _CONNECT, *to_n2) == "timeout"
+            assert run_in(c, "n2", _CONNECT, *to_n3) == "timeout"
+            assert run_in(c, "n1", _CONNECT, *to_n2) == "ok" and run_in(c, "n1", _CONNECT, *to_n3) == "ok"
+            for node in ("n2", "n3"):
+                assert run_in(c, node, _CONNECT, c.addr, str(c.ctld_port), "2") == "ok"
+        finally:
+            fabric.mend(c, "n2", ["n3"])
+        assert run_in(c, "n3", _CONNECT, *to_n2) == "ok" and run_in(c, "n2", _CONNECT, *to_n3) == "ok"
+
+
 def test_a_slowed_link_slows_a_transfer_and_unslowed_it_is_fast_again(fabric_cluster):
     """tbf at 4 Mbit/s on n2's link: 1 MiB from n2 to n3 takes at least half of 2 s (the rate
     allows no less; the bucket's burst is 32 KiB), and over 3 times the best of three unslowed

@@ -10,6 +10,13 @@ the host side (``hpclPnX``) in this machine's namespace, ``eth0`` inside the nod
   once its ARP entry has gone), and the node's own get nowhere. ``for_s=N`` heals it after N
   seconds from a detached process (the link comes back even if the caller has exited by then);
   :func:`heal` brings it back at once.
+- :func:`partition` drops everything between a node and some others, both ways, while each
+  still reaches the controller (slurmctld, slurmdbd, the S3 server), as a switch whose uplink
+  between two groups failed does: in each namespace, a policy rule drops what arrives from the
+  peer (``ip rule add pref 10 from PEER iif eth0 blackhole``, ahead of the local table, which
+  moves from priority 0 to 100 for it), so the sender sees a timeout and nothing is refused.
+  A blackhole *route* would not do: the sender's own kernel then fails its connect at once
+  (EINVAL), which no switch does. :func:`mend` removes the rules;
 - :func:`slow` shapes both directions with a token bucket (``tc qdisc replace ... tbf``: on the
   host side, what goes to the node; on eth0 inside, what it sends); :func:`unslow` removes it.
 - :func:`lose` drops a share of the packets both ways with ``netem``, where the kernel has
@@ -107,6 +114,53 @@ def cut(c: DevCluster, node: str, for_s: float | None = None) -> Cut:
 def heal(c: DevCluster, node: str) -> None:
     """Node ``node``'s link up again (whatever cut it)."""
     _link(_net(c, node).veth(node), "up")
+
+
+#: the priority of partition's rules, ahead of the local table's (moved to LOCAL_PREF)
+PARTITION_PREF, LOCAL_PREF = "10", "100"
+
+
+def _pairs(net: hosts.Net, node: str, others: list[str]) -> list[tuple[str, str]]:
+    """(namespace, the peer whose packets it drops) for both directions between ``node`` and
+    ``others``."""
+    out = []
+    for other in others:
+        if other == node:
+            raise ConfigError(f"a partition of {node} from itself")
+        out += [(net.netns(node), net.addr(other)), (net.netns(other), net.addr(node))]
+    return out
+
+
+def _local_table_moved(ns: str) -> None:
+    """The local table's rule at LOCAL_PREF instead of 0, so that a rule can come before it."""
+    lines = _run(["ip", "-n", ns, "rule", "show"]).stdout.splitlines()
+    local = [line.split(":", 1)[0] for line in lines if line.rstrip().endswith("lookup local")]
+    if LOCAL_PREF not in local:
+        _run(["ip", "-n", ns, "rule", "add", "pref", LOCAL_PREF, "lookup", "local"])
+    if "0" in local:
+        _run(["ip", "-n", ns, "rule", "del", "pref", "0", "lookup", "local"])
+
+
+def _drop_rule(peer: str) -> list[str]:
+    return ["pref", PARTITION_PREF, "from", f"{peer}/32", "iif", "eth0", "blackhole"]
+
+
+def partition(c: DevCluster, node: str, others: list[str]) -> None:
+    """Node ``node`` and each of ``others`` no longer reach each other (both ways, silently);
+    every one of them still reaches the controller."""
+    net = _net(c, node)
+    for other in others:
+        _net(c, other)
+    for ns, peer in _pairs(net, node, others):
+        _local_table_moved(ns)
+        _run(["ip", "-n", ns, "rule", "add", *_drop_rule(peer)])
+
+
+def mend(c: DevCluster, node: str, others: list[str]) -> None:
+    """Undo :func:`partition` (a rule already gone is fine; the local table stays at its new
+    priority, which routes the same)."""
+    for ns, peer in _pairs(_net(c, node), node, others):
+        subprocess.run(["ip", "-n", ns, "rule", "del", *_drop_rule(peer)], capture_output=True)
 
 
 def _flags(argv: list[str]) -> list[str]:
