@@ -236,6 +236,46 @@ def test_the_batch_host_cut_off_stands_down_and_the_run_completes_elsewhere(
             assert "drain" not in node_state(host, env), node_state(host, env)
 
 
+def test_the_batch_host_partitioned_from_the_other_nodes_blames_itself_not_them(
+    slurm_env, app_env, test_site, tmp_path, pytestconfig
+):
+    """A 3-node run on a 4-node cluster (22.05): the batch host and the job's two other nodes stop
+    reaching each other (a partition: every one of them still reaches slurmctld). The supervisor
+    loses both agents at once while slurmctld answers it and finds both nodes responding: it
+    blames its own host, not the two it cannot see, and requeues without it (before: both
+    healthy nodes were blamed and left out). The run completes elsewhere with the uninterrupted
+    run's loss; the record never says failed, and the job is never held."""
+    from hpc_llm.devcluster import fabric
+
+    three = ["resources.nodes=3", "train.global_train_batch_size=6", "train.device_train_microbatch_size=2"]
+    ref = reference([*SHORT, *three], slurm_env, pytestconfig)
+    with hosts_cluster_of_its_own(pytestconfig, "22.05", nodes=4) as cluster:
+        env = with_site(dict(app_env, **cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
+        job_id, run_dir = submit([*RUN, *three], env, tmp_path)
+        rank_at(run_dir, 1, 8)
+        host = scontrol_job(job_id, env)["BatchHost"]
+        others = [n for n in job_nodes(job_id, env) if n != host]
+        assert len(others) == 2, others
+        watch = Watch(job_id, run_dir, env)
+        fabric.partition(cluster, host, others)
+        try:
+            r = finished(run_dir, 600)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{story(run_dir)}\n{slurm_story(cluster, job_id, env)}") from None
+        finally:
+            watch.close()
+            fabric.mend(cluster, host, others)
+        same_loss(r, ref)
+        first = r["attempts"][0]
+        assert (first["cause"], first["action"], first["suspects"]) == ("node_failure", "requeue", [host]), story(
+            run_dir
+        )
+        assert "a partition" in first["error"], first["error"]
+        assert host not in r["attempts"][-1]["nodes"], r["attempts"][-1]
+        no_healthy_node_blamed(r, host)
+        watch.never_failed_nor_held()
+
+
 def test_a_slowed_link_is_no_fault(slurm_env, app_env, test_site, tmp_path, pytestconfig):
     """A worker's link slowed (tbf) for 30 s while the run trains: the collectives take longer, the
     heartbeats still come: no verdict, no restart."""

@@ -251,3 +251,18 @@ def test_the_time_limit_signal_is_sent_again_after_a_requeue(version):
     signalled = {ln.split()[1]: int(ln.split()[-1]) for ln in log if " got USR2 " in ln}
     assert set(started) == set(signalled) == {"0", "1"}
     assert all(0 <= signalled[a] - started[a] <= 60 for a in started)
+
+
+#: ``scontrol show node -o`` lines as 22.05 printed them on the multi-host dev cluster (trimmed
+#: of the fields between), a node alive and allocated, one whose pings were missed, one DOWN
+SHOW_NODES = """\
+NodeName=n2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 NodeAddr=10.20.224.3 NodeHostName=n2 Port=5345 Version=22.05.8 State=MIXED ThreadsPerCore=1 Partitions=low,high
+NodeName=n3 Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 NodeAddr=10.20.224.4 NodeHostName=n3 Port=5346 Version=22.05.8 State=MIXED+NOT_RESPONDING ThreadsPerCore=1 Partitions=low,high
+NodeName=n4 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 NodeAddr=10.20.224.5 NodeHostName=n4 Port=5347 Version=22.05.8 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 Partitions=low,high
+"""  # noqa: E501
+
+
+def test_the_nodes_slurmctld_finds_gone_a_partition_from_dead_nodes(version):
+    """The supervisor's question when it lost every other agent while slurmctld answers it."""
+    assert parse.gone_nodes(SHOW_NODES) == ["n3", "n4"]
+    assert parse.gone_nodes(SHOW_NODES.splitlines()[0]) == []

@@ -200,6 +200,16 @@ def node_gone(name: str) -> bool | None:
     return parse.state_gone(parse.show_job(out.stdout).get("State", ""))
 
 
+def nodes_gone(names: list[str]) -> list[str] | None:
+    """Which of ``names`` slurmctld has found dead: DOWN, or NOT_RESPONDING (one question for all
+    of them). None when scontrol cannot tell."""
+    try:
+        out = run(["scontrol", "show", "node", "-o", ",".join(names)], timeout=20)
+    except SlurmUnreachable:
+        return None
+    return parse.gone_nodes(out.stdout) if out.returncode == 0 else None
+
+
 def previous_state(job_id: str) -> tuple[str | None, float | None]:
     """The state and end Slurm's accounting gives the previous run of this job (NODE_FAIL,
     REQUEUED...); (None, None) without accounting or when sacct cannot be asked now."""

@@ -236,6 +236,13 @@ def state_gone(state: str) -> bool:
     return bool({"DOWN", "NOT_RESPONDING"} & flags)
 
 
+def gone_nodes(out: str) -> list[str]:
+    """``scontrol show node -o <nodes>`` -> the nodes it finds dead or not responding, sorted."""
+    return sorted(
+        f["NodeName"] for f in map(show_job, out.splitlines()) if f.get("NodeName") and state_gone(f.get("State", ""))
+    )
+
+
 # -- squeue, sbatch --test-only, sacctmgr -------------------------------------------------------
 
 

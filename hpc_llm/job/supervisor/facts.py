@@ -46,11 +46,15 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         # host. Not a cancellation, and not ours to requeue again.
         requeueing = allocation.requeued_by_slurm(sup.job.job_id, sup.job.restart)
     remote, heard = heard_remote(sup)
-    answers = None
+    answers = gone = None
     if sup.job.job_id and remote and not heard:
         # every other node's agent lost: dead nodes, or this host cut off? slurmctld tells
         info = info or sup.job_info()
         answers = bool(info)
+        if answers:
+            # and whether it finds them gone too, or only this host lost them (a partition)
+            found = allocation.nodes_gone(remote)
+            gone = None if found is None else len(found)
     tag = f"{sup.job.job_id or 'local'}.{sup.job.restart}.{sup.gen}"
     # srun's error lines pile up over the agent step's life: a node swapped out earlier is no
     # cause of this stop (it would have blamed a node already gone, and requeued for it)
@@ -77,6 +81,7 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         remote_nodes=len(remote),
         remote_heard=len(heard),
         slurmctld_answers=answers,
+        remote_gone=gone,
         on_slurm=sup.job.ref is not None,
         spares=sup.agents.spares(),
         draining=end.draining if end.stop_cause == Cause.DRAIN else (),

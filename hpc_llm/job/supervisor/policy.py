@@ -109,7 +109,43 @@ def decide(
     if current.state == State.FAILED and current.cause in (Cause.USER_ERROR, Cause.PREFLIGHT_FAILED):
         return Decision(Action.FAIL, Cause(current.cause), current.error or "the run failed", State.FAILED)
     cause, reason, nodes = what_failed(stop, current, earlier_failures)
+    if cause == Cause.NODE_FAILURE and partitioned(stop):
+        return _partitioned(history, current, stop, s)
     return _failed(history, current, stop, s, cause, reason, nodes)
+
+
+def partitioned(stop: Stop) -> bool:
+    """The supervisor lost the agents of every other node at once (two or more), while slurmctld
+    answers it and finds none of those nodes gone: what they share is the batch host's own link
+    to them, not a fault each. With one other node nothing points at either side (and slurmctld
+    may not have missed a dead node's ping yet): that node is blamed, as before."""
+    return bool(
+        stop.batch_host
+        and stop.remote_nodes >= 2
+        and not stop.remote_heard
+        and stop.slurmctld_answers
+        and stop.remote_gone == 0
+    )
+
+
+def _partitioned(history: Sequence[Attempt], current: Attempt, stop: Stop, s: Settings) -> Decision:
+    """A partition between the batch host and the rest of the job: the batch host is blamed (it
+    is one node; blaming the others would leave out all of them, a 2,048-node job's 2,047) and
+    the job requeued without it. Not a swap or a shrink: the supervisor reaches no agent to start
+    them, and Slurm, which still finds every node responding, would requeue nothing itself."""
+    host = str(stop.batch_host)
+    reason = (
+        f"the supervisor on {host} lost the agents of all {stop.remote_nodes} other nodes at once while slurmctld "
+        f"answers it and finds every one of them responding: {host} is cut off from them (a partition); it blames "
+        "its own host and requeues without it"
+    )
+    suspects = (host,)
+    exclude = excluded_by_history(
+        [*history, _with(current, Cause.NODE_FAILURE, suspects, stop.now)], stop.now, s.forgive_after_s
+    )
+    return _budgeted(
+        history, current, stop, s, Cause.NODE_FAILURE, reason, suspects=suspects, exclude=exclude, restart=False
+    )
 
 
 def _cut_off(stop: Stop) -> Decision:

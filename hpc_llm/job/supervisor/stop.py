@@ -80,6 +80,9 @@ class Stop:
     remote_heard: int = 0
     #: whether slurmctld answered the supervisor at this stop (None: not asked, or off Slurm)
     slurmctld_answers: bool | None = None
+    #: every remote agent lost while slurmctld answers: how many of those nodes slurmctld itself
+    #: finds gone (DOWN or NOT_RESPONDING); None: not asked, or scontrol could not tell
+    remote_gone: int | None = None
     #: the start-up phase (imports, container, rendezvous, data) that outlived fault.startup_timeout_s
     startup: str | None = None
     failures: tuple[RankFailure, ...] = ()
