@@ -76,6 +76,14 @@ def slurm_story(cluster, job_id: str, env: dict[str, str]) -> str:
     return "\n".join([f"squeue: {out.stdout.strip()}", f"sinfo:\n{nodes.stdout.strip()}", *log])
 
 
+def finished_or_told(cluster, job_id: str, run_dir: Path, env: dict[str, str], timeout_s: float) -> dict:
+    """The run's results once it ended; failing that, the run's story and Slurm's."""
+    try:
+        return finished(run_dir, timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{story(run_dir)}\n{slurm_story(cluster, job_id, env)}") from None
+
+
 def no_healthy_node_blamed(r: dict, culprit: str) -> None:
     blamed = {n for a in r["attempts"] for n in a["suspects"]}
     assert blamed <= {culprit}, r["attempts"]
@@ -169,9 +177,7 @@ def test_the_batch_host_cut_off_with_a_spare_an_agent_takes_over_in_the_same_job
         watch = Watch(job_id, run_dir, env)
         fabric.cut(cluster, host)
         try:
-            r = finished(run_dir, 420)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{story(run_dir)}\n{slurm_story(cluster, job_id, env)}") from None
+            r = finished_or_told(cluster, job_id, run_dir, env, 420)
         finally:
             watch.close()
         try:
@@ -259,9 +265,7 @@ def test_the_batch_host_partitioned_from_the_other_nodes_blames_itself_not_them(
         watch = Watch(job_id, run_dir, env)
         fabric.partition(cluster, host, others)
         try:
-            r = finished(run_dir, 600)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{story(run_dir)}\n{slurm_story(cluster, job_id, env)}") from None
+            r = finished_or_told(cluster, job_id, run_dir, env, 600)
         finally:
             watch.close()
             fabric.mend(cluster, host, others)
