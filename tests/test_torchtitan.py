@@ -107,6 +107,24 @@ def test_a_torchtitan_checkpoint_whose_pickle_runs_a_command_is_refused(titan_en
 
 
 @pytest.mark.train
+def test_an_attempt_that_resumes_at_the_last_step_still_measures_the_held_out_loss(titan_env, runs_dir, tmp_path):
+    """A second run on a finished run's checkpoints (as an attempt stopped after the last save
+    resumes): it trains nothing, and still records the held-out loss, the first run's exactly
+    (the same weights, the same held-out batches), and the save it resumed from."""
+    folder = tmp_path / "ckpt"
+    args = [*TINY, "train.max_duration=8ba", "checkpoint.interval=4ba", f"checkpoint.location={folder}"]
+    proc = run_app(args, titan_env, cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [first] = results_of(runs_dir)
+    proc = run_app(args, dict(titan_env, HPC_LLM_RUNS=str(tmp_path / "again")), cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    [again] = results_of(tmp_path / "again")
+    assert again["status"] == "completed" and again["batches_done"] == 8, again.get("error")
+    assert again["attempts"][0]["resumed_at_batch"] == 8 and again["checkpoint"] == str(folder / "step-8")
+    assert again["eval"]["loss"] == first["eval"]["loss"] > 0
+
+
+@pytest.mark.train
 def test_torchtitan_checkpoints_go_to_s3_and_one_there_whose_pickle_runs_a_command_is_refused(
     titan_env, s3, runs_dir, tmp_path
 ):

@@ -74,6 +74,12 @@ def train(cfg: DictConfig, job: Any, ctx: JobContext) -> TitanTrained:
     except preemption.Preempted as stop:
         stop.checkpoint = saved_at(trainer.checkpointer.folder, stop.batch)
         raise
+    if trainer.duties.first_step is None:
+        # an attempt that resumed at the last step (a stop after the run's last save, in the
+        # held-out measure or on the way out): torchtitan's loop ran no step, and no measure
+        trainer.duties.started(trainer.step)
+        if heldout and getattr(trainer, "validator", None) is not None:
+            trainer.validator.validate(trainer.model_parts, trainer.step)
     train_s = time.time() - t0
     trained = TitanTrained(trainer, train_s)
     trainer.duties.ended(trainer.step)
