@@ -115,3 +115,28 @@ def test_mfu_is_measured_over_the_throughput_window_when_the_trainer_knows_flops
     # the global tokens/s over 4 devices, each against its own peak
     assert ctx.metrics["throughput/device/mfu"] == pytest.approx(tps * 6e9 / (4 * 1e15))
     assert "throughput/device/mfu" not in bare.ctx.metrics
+
+
+def test_the_throughput_watchdog_watches_any_trainers_steps_and_its_requeue_stops_every_rank(tmp_path, stop_asked):
+    """watchdog.enabled with another trainer than LLM Foundry (whose Composer callback runs it):
+    steps slowed tenfold for ``patience`` steps are one event in the record, and with action
+    requeue the stop flag, so every rank saves at the same step and the stop says why."""
+    from omegaconf import OmegaConf
+
+    from hpc_llm.job.env import DistEnv
+
+    cfg = OmegaConf.create(
+        {"watchdog": {"enabled": True, "window": 4, "fraction": 0.5, "patience": 2, "action": "requeue"}}
+    )
+    dist = DistEnv(0, 0, 2, 2, 0, 1, "localhost", 29500)
+    ctx = JobContext(plan=None, dist=dist, run_dir=tmp_path, node_dir=tmp_path, cfg=cfg)  # type: ignore[arg-type]
+    d, saved = StepDuties(ctx, total_steps=100, tokens_per_step=64), []
+    d.started(0)
+    with pytest.raises(preemption.Preempted) as stopped:
+        for step in range(1, 20):
+            time.sleep(0.2 if 7 <= step <= 8 else 0.02)
+            d.step_ended(step, saved.append, reduce_of)
+    [event] = ctx.watchdog_events
+    assert event["batch"] == 8 and event["action"] == "requeue" and event["ratio"] < 0.5, event
+    # asked during step 8's end; its all-reduce is read at step 9's: every rank stops there
+    assert stopped.value.batch == 9 and stopped.value.signal_name == "watchdog" and saved == [9]

@@ -9,6 +9,7 @@ the same order: :meth:`StepDuties.step_ended` holds a collective.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from hpc_llm.job import heartbeat
 from hpc_llm.job.rank import fence, preemption
 from hpc_llm.job.rank.context import JobContext
+from hpc_llm.job.rank.watchdog import ThroughputWatch, slowed
 from hpc_llm.rundir.record import write_progress
 
 #: steps the throughput is measured over (the last ones)
@@ -51,6 +53,10 @@ class StepDuties:
         self._noted = 0.0
         self._ends: list[tuple[int, float]] = []
         self._pending: Callable[[], int] | None = None
+        #: the throughput watchdog (``watchdog.enabled``), as LLM Foundry's Composer callback runs it
+        w = ctx.cfg.get("watchdog") if ctx.cfg is not None else None
+        self.watch = ThroughputWatch(int(w.window), float(w.fraction), int(w.patience)) if w and w.enabled else None
+        self.watch_action = str(w.action) if w else "warn"
 
     def started(self, step: int) -> None:
         """Training starts after ``step`` (loaded from a checkpoint, or 0)."""
@@ -106,6 +112,8 @@ class StepDuties:
         # steady pace, not the first step's warm-up
         self._ends.append((step, now))
         del self._ends[: -WINDOW - 1]
+        if self.watch is not None and len(self._ends) > 2:  # the first step holds start-up costs
+            self._watch(step, self._ends[-2], self._ends[-1])
         (s0, t0), (s1, t1) = self._ends[0], self._ends[-1]
         window = (s1 - s0) * self.tokens_per_step / (t1 - t0) if s1 > s0 and t1 > t0 else None
         tps = ctx.metrics["throughput/tokens_per_sec"] = window or self.trained_tokens(step) / seconds
@@ -142,6 +150,15 @@ class StepDuties:
         start_reduce(0)()  # every rank's save is done before any rank leaves
         got = preemption.received()
         raise preemption.Preempted(step, time.time() - t0, got.get("signal", "peer rank"), got.get("time", now))
+
+    def _watch(self, step: int, before: tuple[int, float], end: tuple[int, float]) -> None:
+        if end[1] <= before[1] or self.watch is None:
+            return
+        tps = (end[0] - before[0]) * self.tokens_per_step / (end[1] - before[1])
+        event = self.watch.observe(tps)
+        if event is not None and self.ctx.dist.rank == 0:
+            nodes = os.environ.get("SLURM_JOB_NODELIST")
+            slowed(self.ctx, event, tps, step, [nodes] if nodes else [], self.watch_action, self.watch.patience)
 
     def finish(self) -> None:
         """Wait for the all-reduce still running (before the trainer's next collective of its own)."""

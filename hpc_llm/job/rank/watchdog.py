@@ -6,13 +6,19 @@ On GPUs MFU is tokens/s times a constant (FLOPs per token / peak), so the
 ratio is the same whether one watches MFU or tokens/s; tokens/s also works
 on CPU. Slow batches are kept out of the median so that a long slowdown does
 not become the new normal. The Composer side is
-:mod:`hpc_llm.job.rank.watchdog_callback`.
+:mod:`hpc_llm.job.rank.watchdog_callback`; other trainers get it from
+:class:`hpc_llm.job.rank.step_duties.StepDuties`. Both report through :func:`slowed`.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
+import time
 from collections import deque
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class ThroughputWatch:
@@ -37,3 +43,35 @@ class ThroughputWatch:
         if self.low_run != self.patience:
             return None
         return {"median": median, "value": value, "ratio": value / median if median else 0.0}
+
+
+def slowed(
+    ctx: Any, event: dict[str, float], tps: float, batch: int, nodes: list[str], action: str, patience: int
+) -> None:
+    """Rank 0's part of an event: the record's ``watchdog_events``, a warning, and with
+    ``action`` requeue the stop (every rank stops at the same batch through the stop flag)."""
+    ctx.watchdog_events.append(
+        {
+            "batch": batch,
+            "tokens_per_sec": round(tps, 1),
+            "median_tokens_per_sec": round(event["median"], 1),
+            "ratio": round(event["ratio"], 3),
+            "nodes": nodes,
+            "action": action,
+            "time": time.time(),
+        }
+    )
+    log.warning(
+        "hpc_llm watchdog: %.0f tokens/s at batch %d is %.0f%% of the running median %.0f for %d batches; nodes: %s%s",
+        tps,
+        batch,
+        100 * event["ratio"],
+        event["median"],
+        patience,
+        ", ".join(nodes),
+        "; checkpointing and requeueing" if action == "requeue" else "",
+    )
+    if action == "requeue":
+        from hpc_llm.job.rank import preemption
+
+        preemption.request_stop("watchdog")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 from composer.core import Callback
 
-from hpc_llm.job.rank.watchdog import ThroughputWatch
-
-log = logging.getLogger(__name__)
+from hpc_llm.job.rank.watchdog import ThroughputWatch, slowed
 
 
 class Watchdog(Callback):
@@ -43,29 +40,4 @@ class Watchdog(Callback):
         event = self.watch.observe(tps)
         if event is None or self.ctx.dist.rank != 0:
             return
-        batch = int(state.timestamp.batch)
-        record = {
-            "batch": batch,
-            "tokens_per_sec": round(tps, 1),
-            "median_tokens_per_sec": round(event["median"], 1),
-            "ratio": round(event["ratio"], 3),
-            "nodes": self.nodes,
-            "action": self.action,
-            "time": time.time(),
-        }
-        self.ctx.watchdog_events.append(record)
-        log.warning(
-            "hpc_llm watchdog: %.0f tokens/s at batch %d is %.0f%% of the running median %.0f for %d batches; "
-            "nodes: %s%s",
-            tps,
-            batch,
-            100 * event["ratio"],
-            event["median"],
-            self.watch.patience,
-            ", ".join(self.nodes),
-            "; checkpointing and requeueing" if self.action == "requeue" else "",
-        )
-        if self.action == "requeue":
-            from hpc_llm.job.rank import preemption
-
-            preemption.request_stop("watchdog")
+        slowed(self.ctx, event, tps, int(state.timestamp.batch), self.nodes, self.action, self.watch.patience)
