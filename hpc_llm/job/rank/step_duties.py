@@ -9,12 +9,12 @@ the same order: :meth:`StepDuties.step_ended` holds a collective.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from hpc_llm.job import heartbeat
+from hpc_llm.job.env import JobEnv
 from hpc_llm.job.rank import fence, preemption
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.job.rank.watchdog import ThroughputWatch, slowed
@@ -157,7 +157,7 @@ class StepDuties:
         tps = (end[0] - before[0]) * self.tokens_per_step / (end[1] - before[1])
         event = self.watch.observe(tps)
         if event is not None and self.ctx.dist.rank == 0:
-            nodes = os.environ.get("SLURM_JOB_NODELIST")
+            nodes = JobEnv.current().nodelist  # the job's nodes, as Slurm writes them (n[1-4])
             slowed(self.ctx, event, tps, step, [nodes] if nodes else [], self.watch_action, self.watch.patience)
 
     def finish(self) -> None:
