@@ -15,8 +15,10 @@ record (attempts.json):
   first batch loaded -> the first batch trained
   total       fault -> training again
 
-``--fabric``: ``cut`` (a worker's link down for good), ``cut-host`` (the batch host's) and ``slow``
-(a worker's link slowed to 8 mbit/s by tbf for 30 s) on a multi-host dev cluster (``dev-cluster
+``--fabric``: ``cut`` (a worker's link down for good), ``cut-host`` (the batch host's), ``slow``
+(a worker's link slowed to 8 mbit/s by tbf for 30 s) and ``partition`` (``--only partition``: a
+3-node run's batch host partitioned from its other two, all still reaching slurmctld; 4 nodes)
+on a multi-host dev cluster (``dev-cluster
 up --hosts``, SlurmdTimeout=10; with ``--spares`` Slurm 24.11 and a spare node), measured to
 training again (issue #42's targets: a worker cut off with a spare <= 10 s; the batch host cut
 off without one <= SlurmdTimeout + 30 s, with spares <= 30 s; a slowed link: no verdict).
@@ -79,6 +81,13 @@ TITAN_RUN = ["+experiment=llama3_tiny", "hydra/launcher=slurm", "checkpoint.inte
 #: hangs named after 20 s: the agents' setting, and the same in the keys of the design before them
 HANG = {"agents": ["fault.hang_floor_s=20"], "baseline": ["fault.heartbeat_s=2", "fault.hang_timeout_s=20"]}
 TWO_NODES = ["resources.nodes=2", "resources.tasks_per_node=1"]
+#: 3 ranks: a global batch they divide (mpt_tiny's 8 does not)
+THREE_NODES = [
+    "resources.nodes=3",
+    "resources.tasks_per_node=1",
+    "train.global_train_batch_size=6",
+    "train.device_train_microbatch_size=2",
+]
 ALONE = ["resources.nodes=1", "resources.tasks_per_node=1", "hydra.launcher.exclusive=true"]
 PHASES = ("detect", "decide", "stop", "start", "rendezvous", "load", "first batch", "total")
 
@@ -246,6 +255,17 @@ def fault_cut_host(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any
     return _cut(run_dir, job_id, env, cluster, batch_host=True)
 
 
+def fault_partition(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) -> float:
+    """The batch host and the job's other nodes no longer reach each other; all reach slurmctld."""
+    from hpc_llm.devcluster import fabric
+
+    host = _victim(run_dir, job_id, env, batch_host=True)
+    others = [n for n in nodes_of(job_id, env) if n != host]
+    fabric.partition(cluster, host, others)
+    AFTER.append(lambda: fabric.mend(cluster, host, others))
+    return time.time()
+
+
 def fault_slow(run_dir: Path, job_id: str, env: dict[str, str], cluster: Any) -> float:
     from hpc_llm.devcluster import fabric
 
@@ -278,6 +298,12 @@ SCENARIOS = {
     "cut": ("a worker cut off", [*TWO_NODES, "train.max_duration=300ba"], fault_cut, False),
     "cut-host": ("the batch host cut off", [*TWO_NODES, "train.max_duration=300ba"], fault_cut_host, False),
     "slow": ("a link slowed (tbf 8 mbit/s) for 30 s", [*TWO_NODES, "train.max_duration=600ba"], fault_slow, False),
+    "partition": (
+        "the batch host partitioned from the 2 other nodes",
+        [*THREE_NODES, "train.max_duration=300ba"],
+        fault_partition,
+        False,
+    ),
     "time": (
         "a time limit (1 min)",
         [
@@ -554,7 +580,9 @@ def fabric_main(args: argparse.Namespace) -> None:
     rows: dict[str, dict[str, Any]] = {}
     every: dict[str, Any] = {"runs": {}}
     slurm = "24.11" if args.spares else "22.05"
-    with dev_cluster("bench-hosts", nodes=3, ctld_port=27017, slurm=slurm, hosts=True) as (cluster, env):
+    # a partition's 3-node run is requeued without its batch host: a fourth node takes its place
+    nodes = 4 if "partition" in kinds else 3
+    with dev_cluster("bench-hosts", nodes=nodes, ctld_port=27017, slurm=slurm, hosts=True) as (cluster, env):
         ours = dict(env, HPC_LLM_RUNS=str(runs), HPC_LLM_HOME=str(runs / "home"), PYTHONPATH=args.site)
         for kind in kinds:
             measured = []
@@ -565,8 +593,8 @@ def fabric_main(args: argparse.Namespace) -> None:
             every["runs"][kind] = measured
             rows[kind] = median_row(measured)
     print(
-        f"mpt_tiny, 2 nodes x 1 rank on a multi-host dev cluster (Slurm {slurm}, SlurmdTimeout=10)"
-        + ("; 1 spare node" if args.spares else "")
+        f"mpt_tiny, 2 nodes x 1 rank (partition: 3 of 4 nodes) on a multi-host dev cluster (Slurm {slurm}, "
+        "SlurmdTimeout=10)" + ("; 1 spare node" if args.spares else "")
     )
     table(rows, {})
     for kind, ms in every["runs"].items():
