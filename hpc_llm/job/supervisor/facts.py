@@ -51,8 +51,9 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         # every other node's agent lost: dead nodes, or this host cut off? slurmctld tells
         info = info or sup.job_info()
         answers = bool(info)
-        if answers:
-            # and whether it finds them gone too, or only this host lost them (a partition)
+        if answers and len(remote) >= 2:
+            # and whether it finds them gone too, or only this host lost them (a partition; with
+            # one other node the policy cannot tell, and a 2-node job's stop asks nothing more)
             found = allocation.nodes_gone(remote)
             gone = None if found is None else len(found)
     tag = f"{sup.job.job_id or 'local'}.{sup.job.restart}.{sup.gen}"
