@@ -211,7 +211,8 @@ def test_an_agent_killed_on_a_live_node_gets_new_agents_and_its_node_is_a_suspec
     assert (first["cause"], first["action"], first["suspects"]) == ("failure", "restart", ["n2"]), first
     # refused, or (the killed agent's listener not yet closed) accepted and closed unanswered
     assert "live node" in first["error"], first["error"]
-    assert "ECONNREFUSED" in first["error"] or "closed unanswered" in first["error"], first["error"]
+    said = ("ECONNREFUSED", "ECONNRESET", "closed unanswered")
+    assert any(w in first["error"] for w in said), first["error"]
     assert first["detected_at"] - killed_at < 2.0, (killed_at, first)
     assert last["state"] == "completed" and last["generation"] >= 1, last
 

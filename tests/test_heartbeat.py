@@ -368,3 +368,17 @@ def test_a_probe_tells_an_agent_gone_on_a_live_host_from_a_host_that_does_not_an
         fleet.close()
         closed.close()
         silent.close()
+
+
+def test_a_reset_is_the_host_answering_too():
+    """An agent that dies with the probe's connection queued on its port: its host's kernel
+    resets it (ECONNRESET, seen under load in tests/test_agents.py), the same answer as a refusal
+    a moment later: the node lives. No answer at all is the other kind."""
+    import errno
+
+    from hpc_llm.job.supervisor import fleet
+
+    for err in (errno.ECONNREFUSED, errno.ECONNRESET):
+        assert err in fleet.HOST_ANSWERED and "refused" in fleet.probe_failed(err)
+    for err in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT):
+        assert err not in fleet.HOST_ANSWERED and "no answer from the host" in fleet.probe_failed(err)

@@ -361,7 +361,7 @@ class Fleet:
         err = sock.connect_ex((a.addr, a.probe_port))
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
-            self._dead(a, f"{why}, and {probe_failed(err)}", host_answers=err == errno.ECONNREFUSED)
+            self._dead(a, f"{why}, and {probe_failed(err)}", host_answers=err in HOST_ANSWERED)
             return
         p = _Probe(a.node, sock, now + self.probe_timeout_s)
         self._probes[sock.fileno()] = p
@@ -374,7 +374,7 @@ class Fleet:
         if not p.sent:
             err = p.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
-                self._probe_done(fd, probe_failed(err), host_answers=err == errno.ECONNREFUSED)
+                self._probe_done(fd, probe_failed(err), host_answers=err in HOST_ANSWERED)
                 return
             with contextlib.suppress(OSError):
                 p.sock.send(messages.encode(messages.Probe(self.token)))
@@ -430,11 +430,17 @@ class Fleet:
         self._events.put(Dead(a.node, why, max(0.0, lease_ends - time.monotonic()), host_answers))
 
 
+#: a probe's connect errors that are the host's own answer (its kernel sent a reset)
+HOST_ANSWERED = (errno.ECONNREFUSED, errno.ECONNRESET)
+
+
 def probe_failed(err: int) -> str:
     """What a failed probe connection says: ECONNREFUSED is the host answering that nothing
-    listens (the agent died, the node lives); EHOSTUNREACH, ENETUNREACH or a timeout is no
-    answer from the host at all (it is gone or cut off, or this observer is)."""
+    listens (the agent died, the node lives); ECONNRESET is the same answer a moment later (the
+    agent died with the probe's connection queued on its port: the kernel resets it; seen under
+    load, and taken for a dead node); EHOSTUNREACH, ENETUNREACH or a timeout is no answer from
+    the host at all (it is gone or cut off, or this observer is)."""
     name = errno.errorcode.get(err, str(err))
-    if err == errno.ECONNREFUSED:
+    if err in HOST_ANSWERED:
         return f"its probe port refused ({name})"
     return f"its probe got no answer from the host ({name})"
