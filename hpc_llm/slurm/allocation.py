@@ -191,13 +191,8 @@ def slurmd_answers(address: tuple[str, int], timeout_s: float = 1.0) -> bool:
 def node_gone(name: str) -> bool | None:
     """Whether Slurm has found node ``name`` dead: DOWN, or NOT_RESPONDING (a ping missed;
     DOWN follows after SlurmdTimeout). None when scontrol cannot tell."""
-    try:
-        out = run(["scontrol", "show", "node", "-o", name], timeout=20)
-    except SlurmUnreachable:
-        return None
-    if out.returncode != 0:
-        return None
-    return parse.state_gone(parse.show_job(out.stdout).get("State", ""))
+    gone = nodes_gone([name])
+    return None if gone is None else name in gone
 
 
 def nodes_gone(names: list[str]) -> list[str] | None:

@@ -112,14 +112,14 @@ class StepDuties:
         # steady pace, not the first step's warm-up
         self._ends.append((step, now))
         del self._ends[: -WINDOW - 1]
-        if self.watch is not None and len(self._ends) > 2:  # the first step holds start-up costs
+        if len(self._ends) > 2:  # the first step holds start-up costs
             self._watch(step, self._ends[-2], self._ends[-1])
         (s0, t0), (s1, t1) = self._ends[0], self._ends[-1]
         window = (s1 - s0) * self.tokens_per_step / (t1 - t0) if s1 > s0 and t1 > t0 else None
         tps = ctx.metrics["throughput/tokens_per_sec"] = window or self.trained_tokens(step) / seconds
         if self.flops_per_token and self.peak_flops:
-            devices = max(int(getattr(ctx.dist, "world_size", 1) or 1), 1)
-            ctx.metrics["throughput/device/mfu"] = tps * self.flops_per_token / (devices * self.peak_flops)
+            per_device = tps / ctx.dist.world_size
+            ctx.metrics["throughput/device/mfu"] = per_device * self.flops_per_token / self.peak_flops
         if ctx.record is not None and now - self._noted > NOTE_EVERY_S:
             self._noted = now
             ctx.record.note(last_batch=step, train_s=round(seconds, 3))
@@ -152,7 +152,7 @@ class StepDuties:
         raise preemption.Preempted(step, time.time() - t0, got.get("signal", "peer rank"), got.get("time", now))
 
     def _watch(self, step: int, before: tuple[int, float], end: tuple[int, float]) -> None:
-        if end[1] <= before[1] or self.watch is None:
+        if self.watch is None or end[1] <= before[1]:
             return
         tps = (end[0] - before[0]) * self.tokens_per_step / (end[1] - before[1])
         event = self.watch.observe(tps)

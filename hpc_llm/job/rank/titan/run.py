@@ -30,6 +30,7 @@ from hpc_llm.job.rank import preemption
 from hpc_llm.job.rank.context import JobContext
 from hpc_llm.job.rank.measure import kept_figures, peak_memory_bytes, placement, progress_figures
 from hpc_llm.job.rank.step_duties import StepDuties
+from hpc_llm.paths import size_bytes
 from hpc_llm.plugins.base import Trained
 
 log = logging.getLogger(__name__)
@@ -99,12 +100,12 @@ def saved_bytes(path: str) -> int | None:
     """The bytes of one save (a folder's files, or an object-store prefix's objects)."""
     from torchtitan.tools import filesystem
 
-    if filesystem.is_remote(path):
-        from fsspec.core import url_to_fs
+    if not filesystem.is_remote(path):
+        return size_bytes(Path(path)) or None
+    from fsspec.core import url_to_fs
 
-        fs, where = url_to_fs(path)
-        return int(fs.du(where)) or None
-    return sum(f.stat().st_size for f in Path(path).glob("*") if f.is_file()) or None
+    fs, where = url_to_fs(path)
+    return int(fs.du(where)) or None
 
 
 def _register_datasets(data: Any) -> None:
