@@ -8,7 +8,7 @@
     hpc-llm wait SWEEP_DIR|RUN      until every run has ended, with a live line per run
     hpc-llm logs RUN [--rank N] [-f]
     hpc-llm cancel RUN
-    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11] [--s3] [--hosts]
+    hpc-llm dev-cluster up|down [--nodes N] [--root DIR] [--slurm 22.05|24.11] [--s3] [--hosts] [--pyxis]
     hpc-llm report SWEEP_DIR [--format md|csv|json] [--baseline-nodes N]
     hpc-llm estimate [overrides] [--nodes N ...] [--tokens T] [--mfu M]
     hpc-llm container build DEF IMAGE | check [overrides] | inspect IMAGE
@@ -200,13 +200,23 @@ def cmd_dev_cluster(args: argparse.Namespace) -> int:
     root = Path(args.root) if args.root else None
     if args.action == "up":
         c = devcluster.up(
-            root=root, nodes=args.nodes, ctld_port=args.port, slurm=args.slurm, s3=args.s3, hosts=args.hosts
+            root=root,
+            nodes=args.nodes,
+            ctld_port=args.port,
+            slurm=args.slurm,
+            s3=args.s3,
+            hosts=args.hosts,
+            pyxis=args.pyxis,
         )
         print(f"# dev cluster: {c.nodes} nodes ({', '.join(c.node_names)}), partitions low (default) and high")
         if c.net is not None:
             nodes = ", ".join(f"{n} {c.node_addr(n)}" for n in c.node_names)
             print(f"# nodes are hosts: {nodes}; slurmctld at {c.addr} (bridge {c.net.bridge})")
         print(f"# Slurm {c.slurm}; logs: {c.root / 'log'}; stop it with: hpc-llm dev-cluster down --root {c.root}")
+        if c.pyxis:
+            print(
+                f"# pyxis: srun --container-image=IMAGE.sqsh ... (enroot, plugstack {c.conf.parent / 'plugstack.conf'})"
+            )
         print(f"export SLURM_CONF={c.conf}")
         if c.prefix is not None:  # its commands (sbatch, srun in the jobs, scontrol, sacct) first
             print(f'export PATH="{c.prefix / "bin"}:$PATH"')
@@ -471,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each node a host of its own: its own network, hostname, /tmp and /dev/shm (namespaces and a bridge; "
         "root); the fabric faults of hpc_llm.devcluster.fabric need it",
+    )
+    p.add_argument(
+        "--pyxis",
+        action="store_true",
+        help="srun and the nodes load NVIDIA's pyxis and run containers with enroot (srun --container-image=...; "
+        "scripts/install-pyxis.sh builds them)",
     )
     p.set_defaults(func=cmd_dev_cluster)
     p = sub.add_parser("report", help="tables (md, csv) and a scaling plot from a sweep's results.json files")

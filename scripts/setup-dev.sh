@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development machine from scratch: Debian packages (Slurm for the
 # dev cluster), a real Apptainer (scripts/install-apptainer.sh), Slurm 24.11 beside
-# the system's 22.05 (scripts/install-slurm.sh), a virtualenv
+# the system's 22.05 (scripts/install-slurm.sh), enroot and pyxis (scripts/install-pyxis.sh), a virtualenv
 # in .venv with hpc_llm[train,test] installed editable. Idempotent; safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,11 @@ bash scripts/install-apptainer.sh
 # a second Slurm beside 22.05: Debian trixie's 24.11 in /opt/slurm-24.11, with a private glibc
 # (the tests marked slurm24 run a second dev cluster on it)
 bash scripts/install-slurm.sh 24.11
+
+# enroot and pyxis (srun --container-image), built from the vendored sources in ../shared/vendor
+# for both Slurm versions (container=pyxis's tests run them); where they cannot be built here it
+# says why in one line and the pyxis tests skip with that reason
+bash scripts/install-pyxis.sh
 
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

