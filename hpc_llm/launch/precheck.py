@@ -4,7 +4,8 @@ The login node never imports the training stack. What LLM Foundry and Composer w
 at the job's start (a time string, a precision, an optimizer argument, a registry name, a
 loader's arguments, the batch split at the point's world size) is asked of that stack where
 the job will run it: the venv the ranks use (``hydra.launcher.python``, else this
-interpreter), or the image through the container runtime (``container=apptainer``), running
+interpreter), or the image through the container runtime (``container=apptainer``, or
+``enroot start`` of the squashfs with ``container=pyxis``), running
 :mod:`hpc_llm.job.rank.foundry_check`'s code on all points of the sweep. One bad point stops
 the whole sweep: nothing is created or submitted. Each problem is one line naming the key the
 user set (``checkpoint.interval`` for a preset's ``save_interval``, ``train.variables.x``
@@ -127,8 +128,13 @@ def _container_environment(cfg: DictConfig) -> Environment:
     container = cfg.container
     name = f"the image {container.image}"
     exe = str(container.executable)
+    pyxis = container.name == "pyxis"
+    if pyxis and not str(container.image).startswith(("/", ".", "~")):
+        # a registry reference: pulling it here would take what every node's step takes
+        return Environment(name, missing=f"{name} is a registry reference, checked by its own stack at the job's start")
     if shutil.which(exe) is None:
-        return Environment(name, missing=f"{exe} (container.executable) is not on this machine")
+        at_start = ", so the image's stack checks them at the job's start" if pyxis else ""
+        return Environment(name, missing=f"{exe} (container.executable) is not on this machine{at_start}")
     here = str(cache_dir().expanduser().resolve())
     os.makedirs(here, exist_ok=True)  # bound: it must exist
     job = components(cfg, here)
@@ -139,7 +145,9 @@ def _container_environment(cfg: DictConfig) -> Environment:
     def run(args: list[str], binds: list[str]) -> list[str]:
         paths = tuple(HostPath(b, "the check before the queue") for b in binds)
         mounts = Mounts(run_dir=here, paths=paths, scratch=None, gpus=False)
-        return job.container.wrap(section, mounts, [str(container.python), *args])
+        # a runtime whose tasks srun starts in the image (pyxis) runs it here its own way
+        start = getattr(job.container, "here", None) or job.container.wrap
+        return start(section, mounts, [str(container.python), *args])
 
     image = os.path.realpath(os.path.expanduser(str(container.image)))
     try:

@@ -21,12 +21,21 @@ def peak_memory_bytes() -> int:
 
 
 def container() -> dict[str, Any] | None:
-    """The Apptainer container this rank runs in, read from inside it; None outside one.
+    """The container this rank runs in, read from inside it; None outside one.
 
-    ``/.singularity.d`` exists only inside an Apptainer (or Singularity) container and
-    the runtime sets ``APPTAINER_CONTAINER`` to the image it started; the runtime's
-    version comes in through the batch script (hpc_llm.builtin.container_runtimes).
+    Apptainer: ``/.singularity.d`` exists only inside an Apptainer (or Singularity) container
+    and the runtime sets ``APPTAINER_CONTAINER`` to the image it started; the runtime's
+    version comes in through the batch script (hpc_llm.builtin.container_runtimes). pyxis:
+    the batch script's ``PYXIS_CONTAINER_IMAGE`` (every step of the job starts in it, or does
+    not start) and enroot's version, from the batch host.
     """
+    pyxis_image = os.environ.get("PYXIS_CONTAINER_IMAGE")
+    if pyxis_image:  # (first: an image made for both runtimes may have a /.singularity.d)
+        return {
+            "image": pyxis_image,
+            "runtime": "pyxis",
+            "enroot_version": os.environ.get("HPC_LLM_ENROOT_VERSION") or None,
+        }
     if not os.path.isdir("/.singularity.d"):
         return None
     return {
