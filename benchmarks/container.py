@@ -18,6 +18,17 @@ are slurmd processes on this host. Needs root, slurm-wlm and Apptainer
 cluster under ~/.hpc_llm/bench-container-cluster and stops it.
 
     .venv/bin/python benchmarks/container.py [--repeats 2] [--batches 100] [--skip-run]
+
+``--pyxis`` measures instead, on a dev cluster of its own whose srun and slurmd load pyxis
+(``dev-cluster up --pyxis``; scripts/install-pyxis.sh builds enroot and pyxis), for each Slurm
+version installed: what one srun step costs with ``--container-image`` (pyxis unpacks the
+squashfs at every step) against the same step without, for the tests' enroot image and the same
+image padded with 100 and 500 MB of random data; ``enroot start`` of the squashfs itself (what
+the check before the queue runs); and, for no container, Apptainer and pyxis, a cold job start
+(submit to rank 0's first batch, 1 node x 1 rank) and a rank restart (SIGKILL to the rank
+training again).
+
+    .venv/bin/python benchmarks/container.py --pyxis [--samples 5]
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' image helpers
-from tests.skeleton import host_binds, make_skeleton  # noqa: E402
+from tests.skeleton import host_binds, make_enroot_image, make_skeleton  # noqa: E402
 
 IMPORTS = "import hpc_llm.job.rank.task, torch, composer, llmfoundry"
 
@@ -91,7 +102,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=100, help="train.max_duration of each mpt_tiny run")
     ap.add_argument("--samples", type=int, default=10, help="timings per start-up figure")
     ap.add_argument("--skip-run", action="store_true", help="only the start-up, exec and staging figures")
+    ap.add_argument("--pyxis", action="store_true", help="pyxis's per-step cost; cold start and restart, 3 runtimes")
     args = ap.parse_args()
+    if args.pyxis:
+        pyxis_figures(args)
+        return
     if shutil.which("apptainer") is None:
         raise SystemExit("apptainer is not on PATH: run scripts/install-apptainer.sh")
     version = subprocess.run(["apptainer", "--version"], capture_output=True, text=True).stdout.strip()
@@ -165,6 +180,129 @@ def run_inside_vs_outside(image: Path, args: argparse.Namespace, work: Path) -> 
             f"outside {out:.1f} s (runs {', '.join(f'{x:.1f}' for x in times['outside'])}): "
             f"ratio {ins / out:.3f} (target <= 1.03)"
         )
+
+
+def pyxis_figures(args: argparse.Namespace) -> None:
+    from hpc_llm.devcluster import cluster as devcluster
+    from hpc_llm.devcluster import pyxis
+
+    (Path.home() / ".hpc_llm").mkdir(exist_ok=True)  # not /tmp: every job gets a private one
+    work = Path(tempfile.mkdtemp(prefix="pyxis-bench-", dir=str(Path.home() / ".hpc_llm")))
+    n = args.samples
+    try:
+        images = {0: make_enroot_image(work / "rootfs", work / "image.sqsh")}
+        for mb in (100, 500):
+            rootfs = work / f"rootfs-{mb}"
+            shutil.copytree(work / "rootfs", rootfs, symlinks=True)
+            with open(rootfs / "pad.bin", "wb") as f:  # random: squashfs cannot shrink it
+                for _ in range(mb):
+                    f.write(os.urandom(1 << 20))
+            images[mb] = make_enroot_image(rootfs, work / f"image-{mb}.sqsh")
+        enroot_env = dict(os.environ, PATH=f"{pyxis.enroot().parent}:{os.environ['PATH']}")
+        mounts = [a for b in host_binds() for a in ("--mount", f"{b}:{b}")]
+        start = statistics.median(
+            [timed_env(["enroot", "start", *mounts, str(images[0]), "true"], enroot_env) for _ in range(n)]
+        )
+        print(
+            f"enroot start of the squashfs on this machine (the check before the queue; median of {n}): {start:.2f} s"
+        )
+        for slurm in devcluster.installed_versions():
+            if pyxis.unavailable(slurm):
+                print(f"Slurm {slurm}: {pyxis.unavailable(slurm)}")
+                continue
+            root = Path.home() / ".hpc_llm" / f"bench-pyxis-{slurm}"
+            c = devcluster.up(root=root, nodes=2, ctld_port=27017, slurm=slurm, accounting=False, pyxis=True)
+            try:
+                env = c.full_env()
+                plain = statistics.median([timed_env(["srun", "-N1", "/bin/true"], env) for _ in range(n)])
+                cells = []
+                for image in images.values():
+                    step = ["srun", "-N1", f"--container-image={image}", "/bin/true"]
+                    t = statistics.median([timed_env(step, env) for _ in range(n)])
+                    size = image.stat().st_size / 1e6
+                    cells.append(f"{size:.0f} MB image {t:.2f} s (+{t - plain:.2f} s)")
+                print(f"Slurm {slurm}, one srun step (median of {n}): no container {plain:.2f} s; " + "; ".join(cells))
+            finally:
+                devcluster.down(root)
+        if not args.skip_run:
+            start_and_restart(images[0], work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def timed_env(cmd: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return time.perf_counter() - t
+
+
+def start_and_restart(enroot_image: Path, work: Path) -> None:
+    """Submit to rank 0's first batch, and SIGKILL of rank 0 to it training again, for no
+    container, Apptainer (the skeleton SIF) and pyxis (the enroot squashfs), on 22.05."""
+    import signal
+
+    from hpc_llm.devcluster import cluster as devcluster
+    from tests.jobs import beat, finished, paced, submit, wait_for
+
+    binds = f"container.binds=[{','.join(host_binds())}]"
+    run = [
+        "+experiment=mpt_tiny",
+        "hydra/launcher=slurm",
+        "eval=none",
+        "resources.nodes=1",
+        "resources.tasks_per_node=1",
+        "checkpoint.interval=5ba",
+        "train.max_duration=40ba",
+        *paced(0.1),
+    ]
+    setups: dict[str, list[str]] = {"none": []}
+    if shutil.which("apptainer"):
+        sif = build(work / "skeleton.sif", skeleton(work / "skeleton"))
+        setups["apptainer"] = ["container=apptainer", f"container.image={sif}", binds]
+    setups["pyxis"] = ["container=pyxis", f"container.image={enroot_image}", binds]
+    root = Path.home() / ".hpc_llm" / "bench-pyxis-runs"
+    c = devcluster.up(root=root, nodes=2, ctld_port=27117, accounting=False, pyxis=True)
+    site = work / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            "tests/plugins/hpc-llm-pace",
+        ],
+        check=True,
+        cwd=ROOT,
+    )
+    try:
+        env = dict(c.full_env(), HPC_LLM_RUNS=str(work / "runs"), HPC_LLM_HOME=str(work / "home"))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+        env["HPC_LLM_PRECHECK"] = "0"
+        for name, extra in setups.items():
+            t0 = time.monotonic()
+            _job, run_dir = submit([*run, *extra], env, work)
+            wait_for(lambda rd=run_dir: beat(rd, 0).get("batch", -1) >= 1 and beat(rd, 0), 300, "batch 1")
+            cold = time.monotonic() - t0
+            victim = wait_for(lambda rd=run_dir: beat(rd, 0).get("batch", -1) >= 8 and beat(rd, 0), 300, "batch 8")
+            os.kill(victim["pid"], signal.SIGKILL)
+            t1 = time.monotonic()
+            wait_for(
+                lambda rd=run_dir, v=victim: beat(rd, 0).get("pid") not in (None, v["pid"]) and beat(rd, 0),
+                300,
+                "the rank again",
+            )
+            again = time.monotonic() - t1
+            r = finished(run_dir, 300)
+            assert r["status"] == "completed", r.get("error")
+            print(
+                f"{name:9s} cold start (submit to batch 1) {cold:.1f} s; rank restart (kill to training) {again:.1f} s"
+            )
+    finally:
+        devcluster.down(root)
 
 
 if __name__ == "__main__":
