@@ -6,7 +6,7 @@
 #
 #   scripts/install-pyxis.sh            (setup-dev.sh runs it)
 #   prefix:  /opt/hpc_llm-pyxis, or $HPC_LLM_PYXIS_PREFIX (what hpc_llm.devcluster.pyxis reads too)
-#   sources: ../shared/vendor beside the checkout, or $HPC_LLM_VENDOR: enroot-*.tar.gz,
+#   sources: shared/vendor in the folder holding the checkout, or $HPC_LLM_VENDOR: enroot-*.tar.gz,
 #            pyxis-*.tar.gz, slurm-24.11.*-headers.tar.gz (neither enroot nor pyxis is packaged by
 #            Debian, and CI reaches only the package registries)
 #
@@ -27,7 +27,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PREFIX="${HPC_LLM_PYXIS_PREFIX:-/opt/hpc_llm-pyxis}"
-VENDOR="${HPC_LLM_VENDOR:-../shared/vendor}"
+# the vendored sources: shared/vendor in the folder that holds this checkout (CI lays it there)
+VENDOR="${HPC_LLM_VENDOR:-$(dirname "$PWD")/shared/vendor}"
 REVISION=1  # of this recipe (in the stamp: a new one rebuilds)
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

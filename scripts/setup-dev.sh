@@ -25,7 +25,7 @@ bash scripts/install-apptainer.sh
 # (the tests marked slurm24 run a second dev cluster on it)
 bash scripts/install-slurm.sh 24.11
 
-# enroot and pyxis (srun --container-image), built from the vendored sources in ../shared/vendor
+# enroot and pyxis (srun --container-image), built from the vendored sources (shared/vendor beside the checkout)
 # for both Slurm versions (container=pyxis's tests run them); where they cannot be built here it
 # says why in one line and the pyxis tests skip with that reason
 bash scripts/install-pyxis.sh

@@ -423,6 +423,12 @@ def test_shipped_definitions_pin_what_pyproject_pins():
             assert f"org.hpc_llm.{dist} {pins[dist]}" in text, (name, dist)
         # everything else comes from pyproject itself, at the versions the constraints pin
         assert '"/opt/hpc_llm/src[train]" -c /opt/hpc_llm/src/constraints/llmfoundry.txt' in text
+    # the same stack for enroot (container=pyxis): docker build, then enroot import dockerd://
+    text = (ROOT / "containers" / "h100.Dockerfile").read_text()
+    assert f"torch=={pins['torch']}" in text
+    for dist in ("llm-foundry", "mosaicml", "torch"):
+        assert f"org.hpc_llm.{dist}={pins[dist]}" in text, dist
+    assert '"/opt/hpc_llm/src[train]" -c /opt/hpc_llm/src/constraints/llmfoundry.txt' in text
 
 
 # -- real Slurm jobs, every rank in apptainer exec ------------------------------

@@ -308,6 +308,14 @@ COVERED: dict[str, Run | By | Skip] = {
         "tests/test_containers.py::test_a_2_node_run_trains_inside_apptainer_on_every_rank",
         ("*RUN", 'f"container.image={sif}"'),
     ),
+    # -- pyxis and enroot (real pyxis and enroot: see tests/test_pyxis.py) -------------------------
+    # CI's setup runs it (the pyxis tests skip with its one line where it could not build them)
+    "scripts/install-pyxis.sh": By("scripts/setup-dev.sh"),
+    "eval $(hpc-llm dev-cluster up --nodes 3 --pyxis)": By("tests/test_pyxis.py::pyxis_cluster", ("pyxis=True",)),
+    "python -m hpc_llm +experiment=mpt_tiny hydra/launcher=slurm resources.nodes=2 container=pyxis container.image=/shared/images/hpc_llm-h100.sqsh": By(  # noqa: E501
+        "tests/test_pyxis.py::test_a_2_node_run_in_pyxis_trains_as_without_a_container_and_a_killed_rank_trains_again",
+        ("*SHORT", '"container=pyxis"', 'f"container.image={image}"'),
+    ),
     # -- preflight and the watchdog ------------------------------------------------------------
     "hpc-llm preflight hydra/launcher=slurm cluster=h100 resources.nodes=2": By(
         "tests/test_preflight.py::test_preflight_prints_a_busbw_table_from_two_dev_cluster_nodes",
