@@ -217,7 +217,13 @@ def pyxis_figures(args: argparse.Namespace) -> None:
                 plain = statistics.median([timed_env(["srun", "-N1", "/bin/true"], env) for _ in range(n)])
                 cells = []
                 for image in images.values():
-                    step = ["srun", "-N1", f"--container-image={image}", "/bin/true"]
+                    step = [
+                        "srun",
+                        "-N1",
+                        f"--container-image={image}",
+                        f"--container-mounts={','.join(host_binds())}",
+                        "/bin/true",
+                    ]
                     t = statistics.median([timed_env(step, env) for _ in range(n)])
                     size = image.stat().st_size / 1e6
                     cells.append(f"{size:.0f} MB image {t:.2f} s (+{t - plain:.2f} s)")
