@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import string
+import types
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -293,8 +294,53 @@ def _patch_safe_checkpoint_loads() -> None:
 
     ckpt.load_checkpoint = load_checkpoint_naming_it
 
+    # Composer's newer checkpoint API took the loader by name at its import, and reads its
+    # resumption file with pickle.load: neither the Trainer nor LLM Foundry calls it, but a
+    # callback might. Its module's `pickle` is the one name that call looks up.
+    from composer.checkpoint import load as new_api
+
+    new_api._torch_load_with_validation = torch_load_with_validation
+    new_api.pickle = types.SimpleNamespace(  # type: ignore[assignment]
+        load=lambda f: safe_load.unpickle(f, str(getattr(f, "name", "a resumption file")), safe_load.RESUMPTION_GLOBALS)
+    )
+
     # torch 2.7's reader names .metadata from its path
     safe_load.patch_dcp_reads(lambda reader, kwargs: reader.fs.concat_path(reader.path, ".metadata"))
+
+
+def _patch_safe_algorithm_loads() -> None:
+    """Composer ``eval``s the repr of each required-on-load algorithm a checkpoint names
+    (docs/upstream-fixes.md, upstream fix 26): only a call of that algorithm with literal
+    arguments is let through to it (:func:`hpc_llm.job.rank.safe_load.check_algorithms`).
+
+    Checked before Composer's own method runs, outside the bare ``except:`` around its eval,
+    which would take a refusal for "recreating the algorithm failed" and go on."""
+    from composer import algorithms
+    from composer.core import Algorithm, State
+
+    from hpc_llm.job.rank import safe_load
+
+    original = State._apply_required_algorithms
+    if getattr(original, "_hpc_llm", False):
+        return
+
+    def apply_required_algorithms(
+        self: Any, state_dict: dict[str, Any], logger: Any, exclude_algorithms: Any = None, algorithm_passes: Any = None
+    ) -> Any:
+        def evaluated(name: str) -> bool:
+            # every entry Composer's own test (hasattr, required_on_load, not excluded) lets
+            # through to its eval: anything it names that is not an algorithm class is checked
+            # too, and only an algorithm class's own required_on_load is called
+            if not hasattr(algorithms, name) or name in (exclude_algorithms or []):
+                return False
+            found = getattr(algorithms, name)
+            return not (isinstance(found, type) and issubclass(found, Algorithm)) or bool(found.required_on_load())
+
+        safe_load.check_algorithms(state_dict.get("algorithms"), evaluated)
+        return original(self, state_dict, logger, exclude_algorithms, algorithm_passes)
+
+    apply_required_algorithms._hpc_llm = True  # type: ignore[attr-defined]
+    State._apply_required_algorithms = apply_required_algorithms  # type: ignore[method-assign]
 
 
 def apply() -> None:
@@ -310,4 +356,5 @@ def apply() -> None:
     _patch_cpu_model_query()
     _patch_remote_uploader()
     _patch_safe_checkpoint_loads()
+    _patch_safe_algorithm_loads()
     _APPLIED = True

@@ -1,5 +1,5 @@
 """What torchtitan 0.3.0 on torch 2.14 needs to train on CPU, and to load checkpoints that cannot
-run code (docs/upstream-fixes.md, upstream fixes 23-25; in-job only).
+run code (docs/upstream-fixes.md, upstream fixes 23 to 25 and 27; in-job only).
 
 Applied once per process (a node's agent does it in its warm start, so its ranks find it done).
 torchtitan's modules take ``device_type`` and ``device_module`` by name from
@@ -117,6 +117,33 @@ def _patch_safe_dcp_loads() -> None:
     safe_load.patch_dcp_reads(lambda reader, kwargs: reader._get_metadata_path(kwargs.get("rank")))
 
 
+def _patch_safe_dataloader_state() -> None:
+    """Upstream fix 27: torchtitan 0.3 pickles its dataloader's state into the checkpoint and, at
+    a resume, unpickles those bytes with ``pickle.loads`` (``ParallelAwareDataloader.load_state_dict``);
+    DCP hands them through intact. They are unpickled with nothing but containers, numbers and
+    strings allowed (:func:`hpc_llm.job.rank.safe_load.dataloader_state`); the rest of the
+    method is torchtitan's own, its warning and check included."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+    from torchtitan.tools.logging import logger
+
+    from hpc_llm.job.rank import safe_load
+
+    def load_state_dict(self: Any, state_dict: dict[str, Any]) -> None:
+        if not state_dict:  # state being empty is valid
+            return
+        if self._rank_id not in state_dict:
+            logger.warning(f"DataLoader state is empty for dp rank {self.dp_rank}, expected key {self._rank_id}")
+            return
+        assert self.dp_world_size == state_dict["world_size"], (
+            "dp_degree is inconsistent before and after checkpoint, dataloader resharding is not supported yet."
+        )
+        where = safe_load.reading(f"dataloader.{self._rank_id}")
+        StatefulDataLoader.load_state_dict(self, safe_load.dataloader_state(state_dict[self._rank_id], where))
+
+    ParallelAwareDataloader.load_state_dict = load_state_dict
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -125,4 +152,5 @@ def apply() -> None:
         _patch_cpu_device()
         _patch_cpu_attention()
     _patch_safe_dcp_loads()
+    _patch_safe_dataloader_state()
     _APPLIED = True
