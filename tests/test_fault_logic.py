@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from hpc_llm import world
 from hpc_llm.job import failures, heartbeat, messages
 from hpc_llm.job.failures import RankExit
 from hpc_llm.job.supervisor import hang_watch, main
@@ -586,7 +587,7 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
 
     monkeypatch.setattr(requeue, "nodes_up", lambda partition: list(up))
     monkeypatch.setattr(requeue, "run", run)
-    monkeypatch.setattr(requeue.time, "sleep", lambda s: None)
+    monkeypatch.setattr(world, "sleep", lambda s: None)
 
     def fit(asked, full, needed, excluded, partition):
         return requeue.fit_partition(requeue.Size(asked, full, needed, partition, tuple(excluded)))
@@ -793,15 +794,13 @@ def test_one_orphaned_agent_claims_the_takeover_and_only_where_it_can_start_a_su
     assert takeover.claimed_by(run_dir, "7", 1, "n1") is None  # the next allocation's is its own
     assert takeover.claim(run_dir, "7", 0, "n2", "n3") is None  # the supervisor that took over, lost too
     real = shutil.which
-    monkeypatch.setattr(
-        takeover.shutil, "which", lambda name: f"/usr/bin/{name}" if name in ("srun", "scontrol") else real(name)
-    )
+    monkeypatch.setattr(world, "which", lambda name: f"/usr/bin/{name}" if name in ("srun", "scontrol") else real(name))
     py = shutil.which("python3") or "/usr/bin/python3"
     assert takeover.why_not([py, "-m", "x"], ["n1", "n2", "n3"], "n1", 2) is None
     assert takeover.why_not([py, "-m", "x"], ["n1", "n2"], "n1", 2) == "1 node(s) left and the run needs 2"
     assert "is not here" in takeover.why_not(["/no/such/python", "-m", "x"], ["n1", "n2"], "n1", 1)
     assert takeover.why_not(None, ["n1", "n2"], "n1", 1) == "the supervisor offered no takeover"
-    monkeypatch.setattr(takeover.shutil, "which", lambda name: None if name == "srun" else real(name))
+    monkeypatch.setattr(world, "which", lambda name: None if name == "srun" else real(name))
     assert "no srun" in takeover.why_not([py, "-m", "x"], ["n1", "n2"], "n1", 1)
 
 

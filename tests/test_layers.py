@@ -1,7 +1,8 @@
 """The layers the folders promise (docs/design/overview.md, "Two process worlds").
 
-* The login side (everything but ``hpc_llm.job``, ``hpc_llm.builtin`` and the
-  built-in data helpers ``hpc_llm.data``) imports neither the in-job side
+* The login side (everything but ``hpc_llm.job``, ``hpc_llm.builtin``, the
+  built-in data helpers ``hpc_llm.data`` and the control plane's simulator
+  ``hpc_llm.sim``, which runs the in-job code) imports neither the in-job side
   nor the training stack.
 * Core code reaches the built-in plugins only through the plugin manager,
   which imports them by name (never with an import statement).
@@ -22,7 +23,7 @@ import pytest
 import hpc_llm
 from tests.conftest import ROOT
 
-NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data")
+NOT_CORE = ("hpc_llm.job", "hpc_llm.builtin", "hpc_llm.data", "hpc_llm.sim")
 #: boto3: an object store is checked before submitting from the job's own Python, in a subprocess
 TRAINING_STACK = ("torch", "composer", "llmfoundry", "streaming", "transformers", "datasets", "boto3", "botocore")
 #: the two places where the login side hands over to the job: the Hydra task

@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hpc_llm import world
 from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
 
 # What the job's supervisor tells the ranks of a step it runs.
@@ -107,7 +108,7 @@ class JobEnv:
 
     @classmethod
     def current(cls, env: Mapping[str, str] | None = None) -> JobEnv:
-        e = os.environ if env is None else env
+        e = world.environ() if env is None else env
         alloc, beat, forked = e.get(ALLOC_START), e.get(HEARTBEAT_S), e.get(FORKED_AT)
         return cls(
             job_id=e.get("SLURM_JOB_ID") or None,

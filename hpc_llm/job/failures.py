@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpc_llm import world
 from hpc_llm.job.env import JobEnv
 from hpc_llm.rundir.layout import RunDir
 
@@ -85,7 +85,7 @@ def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, bat
     rd.failure_reports.mkdir(parents=True, exist_ok=True)
     message = " ".join(str(exc).split())[:2000]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])[-4000:]
-    failure = RankFailure(rank, node, type(exc).__name__, message, batch, time.time(), tb)
+    failure = RankFailure(rank, node, type(exc).__name__, message, batch, world.time(), tb)
     path = rd.failure_report(JobEnv.current().generation_tag, rank)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(asdict(failure)))

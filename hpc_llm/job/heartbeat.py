@@ -34,13 +34,13 @@ import contextlib
 import json
 import mmap
 import os
-import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_llm import world
 from hpc_llm.rundir.layout import RunDir
 
 _state: dict[str, int | str] = {"batch": -1, "phase": "start", "asides": 0, "win": -1, "busy_us": -1, "wall_us": -1}
@@ -65,7 +65,7 @@ def heartbeat_dir(run_dir: Path | str) -> Path:
 
 
 def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return world.environ().get("SLURMD_NODENAME") or world.hostname()
 
 
 def progress(batch: int) -> None:

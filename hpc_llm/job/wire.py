@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import socket
 from pathlib import Path
+from typing import Any
 
+from hpc_llm import world
 from hpc_llm.job.messages import Message, decode, encode
 
 #: a line longer than this is not ours: the connection is closed
@@ -95,7 +97,7 @@ class Conn:
     """One end of a connection: messages queued by :meth:`send` and written as the socket
     takes them; :meth:`receive` returns the complete messages read so far."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: Any) -> None:
         sock.setblocking(False)
         self.sock = sock
         self._in = bytearray()
@@ -160,21 +162,16 @@ class Conn:
                 self.sock.close()
 
 
-def listener(host: str = "0.0.0.0", backlog: int = 4096) -> socket.socket:
-    """A listening TCP socket on an ephemeral port (its address: ``getsockname()``)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, 0))
-    s.listen(backlog)
-    s.setblocking(False)
-    return s
+def listener(host: str = "0.0.0.0", backlog: int = 4096) -> Any:
+    """A listening, non-blocking TCP socket on an ephemeral port (its address: ``getsockname()``)."""
+    return world.listener(host, backlog)
 
 
-def connect(address: str, timeout_s: float) -> socket.socket:
+def connect(address: str, timeout_s: float) -> Any:
     """A connection to ``host:port`` (blocking, with a timeout), with TCP keepalive on and
     Nagle off: the messages are small and each one matters now."""
     host, _, port = address.rpartition(":")
-    s = socket.create_connection((host, int(port)), timeout=timeout_s)
+    s = world.connect(host, int(port), timeout_s)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     return s

@@ -24,14 +24,13 @@ atomically (temp file + rename), so a reader never sees half a record. Pure
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from hpc_llm import world
 from hpc_llm.rundir.layout import RunDir
 
 if TYPE_CHECKING:  # the job's supervisor imports this module: no omegaconf (tests/test_layers.py)
@@ -129,9 +128,9 @@ def _write_json(path: Path, data: Any) -> Path:
     for check in _BEFORE_WRITE:
         check()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{world.pid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    world.replace(tmp, path)
     return path
 
 
@@ -428,7 +427,7 @@ def update_results(run_dir: Path | str, attempts: Attempts, status: str, fields_
     fold_trained(results, read_trained(run_dir))
     results.update(attempts.summary())
     results["status"] = status
-    results["finished_at"] = time.time()
+    results["finished_at"] = world.time()
     write_results(run_dir, results)
     return results
 
@@ -608,7 +607,7 @@ class RunRecord:
         self, status: str, state: str, figures: dict[str, Any], *, batch: int | None, cause: str | None
     ) -> dict[str, Any]:
         a = self.current
-        a.state, a.ended_at = state, time.time()
+        a.state, a.ended_at = state, world.time()
         if cause is not None:
             a.cause = cause
         if figures.get("error"):
@@ -625,7 +624,7 @@ class RunRecord:
         if results.get("batches_done") is None and batch is not None:
             results["batches_done"] = batch
         results.update(self.attempts.summary())
-        results["finished_at"] = time.time()
+        results["finished_at"] = world.time()
         write_results(self.run_dir, results)
         self._keep(results, earlier)
         return results

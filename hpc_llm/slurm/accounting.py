@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
-import time
 from dataclasses import dataclass, field
 
-from hpc_llm import errors
+from hpc_llm import errors, world
 from hpc_llm.slurm.commands import SlurmUnreachable, run
 
 FIELDS = (
@@ -43,7 +41,6 @@ FIELDS = (
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "REQUEUED", "BOOT_FAIL"}
 )
-_available: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -117,16 +114,16 @@ def parse(out: str) -> dict[str, list[AttemptRow]]:
 
 def available() -> bool:
     """Whether this cluster keeps accounting (asked once per process)."""
-    global _available
-    if _available is None:
-        conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-        if shutil.which("sacct") is None or not os.path.isfile(conf):
+    known = world.local()
+    if known.get("sacct") is None:
+        conf = world.environ().get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+        if world.which("sacct") is None or not os.path.isfile(conf):
             # no cluster configured here: sacct would first spend ~20 s looking for one in DNS
-            _available = False
+            known["sacct"] = False
         else:
             out = _sacct(["-n", "-X", "-j", "1", "-o", "JobID"])
-            _available = out is not None
-    return _available
+            known["sacct"] = out is not None
+    return bool(known["sacct"])
 
 
 def _sacct(args: list[str], timeout: float = 20) -> str | None:
@@ -151,20 +148,20 @@ def attempts(job_ids: list[str], *, tries: int = 3, backoff_s: float = 1.0) -> d
         out = _sacct(args)
         if out is not None:
             return parse(out)
-        time.sleep(backoff_s * (2**i))
+        world.sleep(backoff_s * (2**i))
     return None
 
 
 def settled(job_ids: list[str], timeout_s: float = 30.0, poll_s: float = 1.0) -> dict[str, list[AttemptRow]] | None:
     """The attempts once every job's latest attempt has ended (jobs that just left squeue may
     reach slurmdbd a little later); whatever is known after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    deadline = world.monotonic() + timeout_s
     while True:
         rows = attempts(job_ids)
         done = rows is not None and all(j in rows and rows[j][-1].state in ENDED for j in job_ids)
-        if done or time.monotonic() > deadline:
+        if done or world.monotonic() > deadline:
             return rows
-        time.sleep(poll_s)
+        world.sleep(poll_s)
 
 
 def final_states(job_ids: list[str]) -> dict[str, str]:

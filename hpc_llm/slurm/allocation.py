@@ -12,10 +12,9 @@ Stdlib only.
 
 from __future__ import annotations
 
-import socket
-import time
 from dataclasses import dataclass, field
 
+from hpc_llm import world
 from hpc_llm.slurm import parse
 from hpc_llm.slurm.commands import SlurmUnreachable, run
 
@@ -93,7 +92,7 @@ def requeued_by_slurm(job_id: str, restart: int, tries: int = 5, pause_s: float 
         if seen is not None:
             return info.get("JobState", "") if seen else None
         if i + 1 < tries:
-            time.sleep(pause_s)
+            world.sleep(pause_s)
     return None
 
 
@@ -102,18 +101,17 @@ def still_this_allocation(info: dict[str, str], restart: int) -> bool:
     return info.get("JobState") == "RUNNING" and info.get("Restarts", "0") == str(restart)
 
 
-_version: tuple[int, int] | None = None
-
-
 def slurm_version() -> tuple[int, int] | None:
-    """This Slurm's release, from ``scontrol --version`` (asked once; None when it cannot be)."""
-    global _version
-    if _version is None:
+    """This Slurm's release, from ``scontrol --version`` (asked once per process; None when it
+    cannot be)."""
+    known = world.local()
+    if known.get("slurm_version") is None:
         try:
-            _version = parse.version(run(["scontrol", "--version"], timeout=10).stdout)
+            known["slurm_version"] = parse.version(run(["scontrol", "--version"], timeout=10).stdout)
         except SlurmUnreachable:
             return None
-    return _version
+    found: tuple[int, int] | None = known["slurm_version"]
+    return found
 
 
 def slurm_config() -> dict[str, str]:
@@ -182,7 +180,7 @@ def slurmd_answers(address: tuple[str, int], timeout_s: float = 1.0) -> bool:
     """A node's slurmd accepts a TCP connection: its host is up and reachable (whatever became
     of the processes the job runs there)."""
     try:
-        socket.create_connection(address, timeout=timeout_s).close()
+        world.connect(address[0], address[1], timeout_s).close()
     except OSError:
         return False
     return True

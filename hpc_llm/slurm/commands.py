@@ -14,10 +14,9 @@ Stdlib only: the job's supervisor and agents call it on the batch host and the c
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import time
 
+from hpc_llm import world
 from hpc_llm.errors import ConfigError
 
 HOW_TO_START = (
@@ -40,7 +39,7 @@ class SlurmUnreachable(ConfigError):
 def no_config() -> SlurmUnreachable | None:
     """The configured SLURM_CONF does not exist: a client would first spend ~20 s on DNS SRV
     look-ups for a config server before it failed."""
-    conf = os.environ.get("SLURM_CONF")
+    conf = world.environ().get("SLURM_CONF")
     if conf and not os.path.isfile(conf):
         return SlurmUnreachable(f"no Slurm reachable: SLURM_CONF={conf} does not exist; {HOW_TO_START}")
     return None
@@ -53,18 +52,18 @@ def run(
     :class:`SlurmUnreachable` when it could not be asked: the command is missing, SLURM_CONF
     names no file, it timed out, or slurmctld stayed too busy to answer over ``tries`` tries
     (``timeout`` is for all of them together)."""
-    if shutil.which(args[0]) is None:
+    if world.which(args[0]) is None:
         raise SlurmUnreachable(f"no Slurm reachable: `{args[0]}` is not on PATH; {HOW_TO_START}")
     gone = no_config()
     if gone is not None:
         raise gone
-    full = {**os.environ, **env} if env else None
-    deadline = time.monotonic() + timeout
+    full = {**world.environ(), **env} if env else None
+    deadline = world.monotonic() + timeout
     pause = BUSY_PAUSE_S
     for attempt in range(tries):
-        left = deadline - time.monotonic()
+        left = deadline - world.monotonic()
         try:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=max(left, 0.1), env=full, check=False)
+            out = world.run(args, timeout=max(left, 0.1), env=full)
         except subprocess.TimeoutExpired:
             raise SlurmUnreachable(f"no Slurm reachable: `{' '.join(args)}` timed out; {HOW_TO_START}") from None
         except OSError as exc:
@@ -72,9 +71,9 @@ def run(
         busy = out.returncode != 0 and any(b in out.stderr for b in BUSY)
         if not busy:
             return out
-        if attempt + 1 == tries or time.monotonic() + pause >= deadline:
+        if attempt + 1 == tries or world.monotonic() + pause >= deadline:
             break
-        time.sleep(pause)
+        world.sleep(pause)
         pause *= 2
     raise SlurmUnreachable(f"no Slurm reachable: {args[0]}: {said(out)}; {HOW_TO_START}")
 

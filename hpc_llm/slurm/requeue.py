@@ -14,9 +14,9 @@ must not come back. Stdlib only.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
+from hpc_llm import world
 from hpc_llm.slurm import parse
 from hpc_llm.slurm.allocation import nodes_up, preempting, show_job, slurm_config, slurm_version, slurmd_timeout_s
 from hpc_llm.slurm.commands import SlurmUnreachable, all_said, run, unreachable_why
@@ -166,7 +166,7 @@ def update_pending(
         # a job just requeued may not be pending yet in slurmctld's view: ask again, briefly
         if out.returncode == 0 or "pending" not in said.lower() or attempt == UPDATE_TRIES - 1:
             break
-        time.sleep(1.0)
+        world.sleep(1.0)
     return None if out.returncode == 0 else (said or f"exit {out.returncode}")
 
 

@@ -24,20 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import selectors
 import shutil
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from hpc_llm import world
 from hpc_llm.job import heartbeat, messages, wire
-from hpc_llm.job.agent import forker, node_check, orphan, warm
-from hpc_llm.job.agent.forker import RankProc
+from hpc_llm.job.agent import orphan
+from hpc_llm.job.agent.forker import RankProc, describe_status
 from hpc_llm.job.agent.node import board_file, free_port, own_output, rank_env
+from hpc_llm.job.agent.ranks import Forked, RankRuntime
 from hpc_llm.job.env import FORKED_AT, JobEnv
 from hpc_llm.rundir.layout import RunDir
 
@@ -65,13 +65,13 @@ class Agent:
         self.restart = job.restart
         #: (nodes the run needs, nodes submitted with, ranks per node) when the job was submitted
         #: with spares; None: never requeue on the supervisor's loss
-        self.requeue_on_loss = wire.requeue_on_loss(os.environ.get(wire.REQUEUE_ON_LOSS))
+        self.requeue_on_loss = wire.requeue_on_loss(world.environ().get(wire.REQUEUE_ON_LOSS))
         #: the supervisor's connection was lost without an ``end`` (``silent``: it stayed open, unused)
         self.orphaned = False
         self.silent = False
-        self.heard = time.monotonic()  # the supervisor's last message
+        self.heard = world.monotonic()  # the supervisor's last message
         #: the supervisor tells its patience (bounded by SlurmdTimeout); else the default
-        told = os.environ.get(wire.SILENT_S)
+        told = world.environ().get(wire.SILENT_S)
         self.silent_s = float(told) if told else wire.supervisor_silent_s(beat_s, lease_s)
         self.lost_at = 0.0  # when the supervisor was found gone (wall clock)
         self.payload: Any = None
@@ -81,14 +81,15 @@ class Agent:
         self.live: int | None = None  # the generation whose lease pings renew (None once killed)
         self.killing: dict[int, float] = {}  # generation -> when the kill began
         self.scratch: set[Path] = set()
-        self.sel = selectors.DefaultSelector()
+        #: the ranks: forked from this warm process (the simulator's world models them)
+        self.rt: RankRuntime = world.ranks() or Forked()
+        self.sel = world.selector()
         self.conn: wire.Conn | None = None
         self.probes: dict[int, tuple[wire.Conn, float]] = {}
         self.done = False
         self.stalled = False
         self.file = heartbeat.Writer(self.run_dir, self.node)
         self._seq = 0
-        self._wake_r, self._wake_w = os.pipe()
         self._signals: list[int] = []
 
     # -- start-up ----------------------------------------------------------------
@@ -105,58 +106,49 @@ class Agent:
                 token=self.token,
                 node=self.node,
                 node_id=self.node_id,
-                pid=os.getpid(),
+                pid=world.pid(),
                 addr=self.conn.sock.getsockname()[0],
                 probe_port=self.listener.getsockname()[1],
             )
         )
-        self.payload, took = warm.warm(self.payload_path)
-        log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, warm.describe(self.payload))
-        if stale := heartbeat.remove_stale_boards(board_file().parent):
+        self.payload, took = self.rt.warm(self.payload_path)
+        log.info("hpc_llm agent on %s: warm in %.1f s (%s)", self.node, took, self.rt.describe(self.payload))
+        if stale := self.rt.remove_stale_boards(board_file().parent):
             log.info("hpc_llm agent on %s: removed %d board file(s) of agents gone", self.node, len(stale))
-        checked = self._check_node()
+        checked = self.rt.check_node(self.payload)
+        log.info("hpc_llm agent on %s: node check %s", self.node, checked)
         self.conn.send(messages.Warm(import_s=round(took, 3), gflops=checked.gflops, failed=checked.failed))
-        self.heard = time.monotonic()
+        self.heard = world.monotonic()
         return self._loop()
 
-    def _check_node(self) -> node_check.NodeCheck:
-        """This node's own checks, before it trains or waits as a spare (hpc_llm's task only: another
-        Hydra app's agent may have no torch)."""
-        if not warm.is_hpc_llm_task(self.payload):
-            return node_check.NodeCheck()
-        warm.check_fork_safe()
-        result = node_check.check(self.payload.config)
-        log.info("hpc_llm agent on %s: node check %s", self.node, result)
-        return result
-
     def _connect(self) -> wire.Conn:
-        deadline = time.monotonic() + CONNECT_S
+        deadline = world.monotonic() + CONNECT_S
         while True:
             try:
                 return wire.Conn(wire.connect(self.supervisor, timeout_s=5.0))
             except OSError as exc:
-                if time.monotonic() > deadline:
+                if world.monotonic() > deadline:
                     raise RuntimeError(f"cannot reach the supervisor at {self.supervisor}: {exc}") from exc
-                time.sleep(0.5)
+                world.sleep(0.5)
 
     def _install_signals(self) -> None:
-        os.set_blocking(self._wake_w, False)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        # a signal turns this readable, so the loop's select wakes for it
+        self._wake_r, self._drain_wake = world.signal_wakeup()
 
         def note(signum: int, frame: Any) -> None:
             self._signals.append(signum)
 
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-            signal.signal(sig, note)
+            world.on_signal(sig, note)
 
     # -- the loop ----------------------------------------------------------------
     def _loop(self) -> int:
-        next_beat = time.monotonic()
-        last_tick = time.monotonic()
+        next_beat = world.monotonic()
+        last_tick = world.monotonic()
         while not self.done:
-            wait = max(0.0, min(next_beat - time.monotonic(), 0.5))
+            wait = max(0.0, min(next_beat - world.monotonic(), 0.5))
             events = self.sel.select(wait)
-            now = time.monotonic()
+            now = world.monotonic()
             if now - last_tick > self.lease_s:
                 self._stalled(now - last_tick)
             last_tick = now
@@ -197,7 +189,7 @@ class Agent:
     def _ready(self, key: selectors.SelectorKey) -> None:
         what = key.data
         if what == "supervisor" and self.conn is not None:
-            self.heard = time.monotonic()
+            self.heard = world.monotonic()
             for msg in self.conn.receive():
                 self._command(msg)
             if self.conn.closed:
@@ -206,7 +198,7 @@ class Agent:
             with contextlib.suppress(BlockingIOError, OSError):
                 sock, _ = self.listener.accept()
                 c = wire.Conn(sock)
-                self.probes[c.fileno()] = (c, time.monotonic() + 10.0)
+                self.probes[c.fileno()] = (c, world.monotonic() + 10.0)
                 self.sel.register(c, selectors.EVENT_READ, "probe")
         elif what == "probe":
             found = self.probes.get(key.fd)
@@ -220,8 +212,7 @@ class Agent:
             if msgs or probe.closed:
                 self._drop_probe(key.fd)
         elif what == "wake":
-            with contextlib.suppress(BlockingIOError):
-                os.read(self._wake_r, 4096)
+            self._drain_wake()
 
     def _drop_probe(self, fd: int) -> None:
         c, _ = self.probes.pop(fd, (None, 0.0))
@@ -253,31 +244,31 @@ class Agent:
 
     def _renew(self) -> None:
         if self.board is not None and self.live is not None:
-            self.board.set_fence(self.live, time.monotonic() + self.lease_s)
+            self.board.set_fence(self.live, world.monotonic() + self.lease_s)
 
     def _start(self, msg: messages.Start) -> None:
         gen, node_rank, per_node = msg.gen, msg.node_rank, msg.tasks_per_node
-        warm.check_fork_safe()
+        self.rt.check_fork_safe()
         if self.board is None or self.board.slots < per_node:
             if self.board is not None:
                 self.board.remove()
             self.board = heartbeat.Board(per_node, board_file())
         self.gen = self.live = gen
         self.stalled = False
-        self.board.set_fence(gen, time.monotonic() + self.lease_s)
+        self.board.set_fence(gen, world.monotonic() + self.lease_s)
         base = dict(msg.env)
-        scratch = warm.scratch_dir(self.payload, self.run_dir, self.job_id, node_rank)
+        scratch = self.rt.scratch_dir(self.payload, self.run_dir, self.job_id, node_rank)
         if scratch is not None:
             self.scratch.add(scratch)
-        close = [self._wake_r, self._wake_w, self.listener.fileno()]
+        close = [self._wake_r, self.listener.fileno()]
         close += [c.fileno() for c, _ in self.probes.values()]
         if self.conn is not None:
             close.append(self.conn.fileno())
-        started = time.time()
+        started = world.time()
         for local in range(per_node):
             rank = node_rank * per_node + local
             env = {**base, **rank_env(msg, rank, local), FORKED_AT: f"{started:.6f}"}
-            pid = forker.fork_rank(
+            pid = self.rt.fork_rank(
                 payload=self.payload,
                 payload_path=self.payload_path,
                 board=self.board,
@@ -299,7 +290,7 @@ class Agent:
         for p in self._of(gen):
             if p.alive:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, sig)
+                    world.kill(p.pid, sig)
 
     def _kill(self, gen: int) -> None:
         if self.board is not None and self.live == gen:
@@ -308,9 +299,9 @@ class Agent:
         for p in self._of(gen):
             if p.alive:
                 p.killed = True
-                forker.kill_group(p.pid)
-        self.killing.setdefault(gen, time.monotonic())
-        self._check_kills(time.monotonic())
+                self.rt.kill_group(p.pid)
+        self.killing.setdefault(gen, world.monotonic())
+        self._check_kills(world.monotonic())
 
     def _check_kills(self, now: float) -> None:
         for gen, began in list(self.killing.items()):
@@ -337,26 +328,20 @@ class Agent:
                 for p in self.ranks.values():
                     if p.alive:
                         p.killed = True
-                        forker.kill_group(p.pid)
+                        self.rt.kill_group(p.pid)
                 self._send(messages.Bye(signal.Signals(sig).name))
                 self.done = True
 
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in world.reap():
             p = self.ranks.get(pid)
             if p is None:
                 continue
-            p.status = code = os.waitstatus_to_exitcode(status)
-            forker.kill_group(pid)  # whatever the rank started dies with it
+            p.status = code
+            self.rt.kill_group(pid)  # whatever the rank started dies with it
             if self.board is not None and p.gen == self.gen:
                 self.board.clear(p.local_rank)  # an ended rank beats no more
-            self._send(messages.Exit(p.gen, p.rank, self.node, code, forker.describe_status(code), p.killed))
+            self._send(messages.Exit(p.gen, p.rank, self.node, code, describe_status(code), p.killed))
 
     def _stalled(self, gap: float) -> None:
         """The loop did not run for ``gap`` s, longer than the lease: the node was frozen or starved,
@@ -372,9 +357,9 @@ class Agent:
     def _supervisor_lost(self) -> None:
         if self.conn is None:
             return
-        how = "silent for %.0f s" % (time.monotonic() - self.heard) if self.silent else "gone"
+        how = "silent for %.0f s" % (world.monotonic() - self.heard) if self.silent else "gone"
         log.error("hpc_llm agent on %s: the supervisor's connection is %s: ending the ranks", self.node, how)
-        self.lost_at = time.time()
+        self.lost_at = world.time()
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(self.conn)
         self.conn = None
@@ -385,7 +370,7 @@ class Agent:
         for p in self.ranks.values():
             if p.alive:
                 p.killed = True
-                forker.kill_group(p.pid)
+                self.rt.kill_group(p.pid)
         self.done = True
 
     def _beat(self) -> None:
@@ -414,10 +399,10 @@ class Agent:
                 self._supervisor_lost()
 
     def _cleanup(self) -> None:
-        deadline = time.monotonic() + KILL_WAIT_S
-        while any(p.alive for p in self.ranks.values()) and time.monotonic() < deadline:
+        deadline = world.monotonic() + KILL_WAIT_S
+        while any(p.alive for p in self.ranks.values()) and world.monotonic() < deadline:
             self._reap()
-            time.sleep(0.05)
+            world.sleep(0.05)
         if self.conn is not None:
             self.conn.flush()
             self.conn.close()
@@ -437,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if len(args) != 1:
         raise SystemExit("usage: python -m hpc_llm.job.agent <payload.pkl>")
-    env = os.environ
+    env = world.environ()
     if wire.SUPERVISOR not in env or wire.TOKEN not in env:
         raise SystemExit(f"hpc_llm.job.agent: {wire.SUPERVISOR} and {wire.TOKEN} are set by the job's supervisor")
     agent = Agent(
@@ -456,6 +441,6 @@ def main(argv: list[str] | None = None) -> None:
             agent.conn.flush()
         for p in agent.ranks.values():
             if p.alive:
-                forker.kill_group(p.pid)
+                agent.rt.kill_group(p.pid)
         code = 1
     raise SystemExit(code)

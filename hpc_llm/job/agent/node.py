@@ -3,13 +3,12 @@ environment of the ranks it forks. Stdlib only."""
 
 from __future__ import annotations
 
-import os
 import random
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
+from hpc_llm import world
 from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.job import heartbeat, messages, wire
 from hpc_llm.job.env import JobEnv
@@ -19,9 +18,8 @@ from hpc_llm.rundir.layout import RunDir
 def board_file() -> Path:
     """This agent's board file: in /dev/shm (memory, and per job where Slurm's job_container
     gives each job its own), else the temp dir; named by the agent's pid."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"{heartbeat.BOARD_PREFIX}{os.getpid()}"
+    base = world.shm_dir() or Path(tempfile.gettempdir())
+    return base / f"{heartbeat.BOARD_PREFIX}{world.pid()}"
 
 
 def rank_env(msg: messages.Start, rank: int, local_rank: int) -> dict[str, str]:
@@ -60,11 +58,7 @@ def free_port() -> int:
         port = PORT_BASE + (start + i) % PORT_SPAN
         if lo <= port <= hi:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
+        if world.bindable(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every one taken: any free port
         s.bind(("", 0))
@@ -79,16 +73,4 @@ def own_output(payload_path: Path) -> None:
     on a host cut off and healed, never writes into the file of the one after it); srun's
     ``--output`` file keeps what came before this call."""
     job = JobEnv.current()
-    path = RunDir.of_payload(payload_path).agent_log(job.rank, job.restart)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-    except OSError:
-        return  # srun's file it is
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.dup2(null, 0)
-    os.close(fd)
-    os.close(null)
+    world.redirect_output(RunDir.of_payload(payload_path).agent_log(job.rank, job.restart))

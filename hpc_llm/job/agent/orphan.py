@@ -23,10 +23,10 @@ import contextlib
 import json
 import logging
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_llm import world
 from hpc_llm.job import wire
 from hpc_llm.job.agent import takeover
 from hpc_llm.rundir.layout import RunDir
@@ -69,7 +69,7 @@ def requeue_orphaned(o: Orphan) -> None:
     """Requeue the job whose batch host died (see the module's docstring), or leave it be."""
     # a process being killed closes its sockets one by one: asked 1 ms after our connection
     # dropped, its listener still accepted, and the agent took the supervisor for alive
-    time.sleep(ORPHAN_SETTLE_S)
+    world.sleep(ORPHAN_SETTLE_S)
     try:
         wire.connect(o.supervisor, timeout_s=2.0).close()
         refused = False
@@ -82,7 +82,7 @@ def requeue_orphaned(o: Orphan) -> None:
             log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", o.node)
             return
     # the batch host (whose death orphans us) is the allocation's first node: the next asks at once
-    time.sleep(ORPHAN_STAGGER_S * max(0, o.node_id - 1))
+    world.sleep(ORPHAN_STAGGER_S * max(0, o.node_id - 1))
     log.info(
         "hpc_llm agent on %s: the supervisor's address %s: asking Slurm",
         o.node,
@@ -126,14 +126,14 @@ def await_verdict(o: Orphan, host: str, follow_batch_host: bool = True) -> dict[
     """Wait until slurmctld finds the supervisor's host ``host`` gone (then the job's info now), or
     give up (None) after SlurmdTimeout and :data:`VERDICT_SLACK_S`, or when the job moved on.
     ``follow_batch_host``: ``host`` is the job's BatchHost, as slurmctld names it."""
-    deadline = time.monotonic() + allocation.slurmd_timeout_s(allocation.slurm_config()) + VERDICT_SLACK_S
+    deadline = world.monotonic() + allocation.slurmd_timeout_s(allocation.slurm_config()) + VERDICT_SLACK_S
     log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", o.node, host)
     # staggered like the first ask: at scale, not every agent polls slurmctld at once
     while host == "?" or not allocation.node_gone(host):
-        time.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (o.node_id % 8))
+        world.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (o.node_id % 8))
         info = job_info(o.job_id)
         host = (info.get("BatchHost") if follow_batch_host else None) or host
-        if time.monotonic() > deadline or (info and not allocation.still_this_allocation(info, o.restart)):
+        if world.monotonic() > deadline or (info and not allocation.still_this_allocation(info, o.restart)):
             log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", o.node, host)
             return None
     return job_info(o.job_id)
@@ -159,7 +159,7 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
         "how": how,
         "by": o.node,
         "detected_at": o.lost_at,
-        "requeued_at": time.time(),
+        "requeued_at": world.time(),
         "exclude_error": None if host != "?" else "no BatchHost",
         "shrunk": shrunk[1] if shrunk else None,
     }
@@ -167,7 +167,7 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
     with contextlib.suppress(OSError):
         lost.write_text(json.dumps(seen))
     log.info("hpc_llm agent on %s: job %s is %s: requeueing it", o.node, o.job_ref, info.get("JobState"))
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    world.on_signal(signal.SIGTERM, signal.SIG_IGN)
     done = requeue.requeue(
         o.job_ref, exclude=exclude if host != "?" else None, resize=shrunk, per_node=per_node, after_dead_node=True
     )
@@ -195,5 +195,5 @@ def job_info(job_id: str) -> dict[str, str]:
         info = allocation.show_job(job_id)
         if info:
             return info
-        time.sleep(2.0 * (i + 1))
+        world.sleep(2.0 * (i + 1))
     return {}

@@ -37,12 +37,9 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import signal
-import sys
-import time
 from pathlib import Path
 
+from hpc_llm import world
 from hpc_llm.job import wire
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.slurm import allocation
@@ -53,7 +50,7 @@ log = logging.getLogger("hpc_llm.agent")
 def command() -> list[str] | None:
     """The supervisor's command line, as it told the agent step (None: no takeover offered)."""
     try:
-        argv = json.loads(os.environ.get(wire.TAKEOVER) or "null")
+        argv = json.loads(world.environ().get(wire.TAKEOVER) or "null")
     except ValueError:
         return None
     ok = isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
@@ -62,7 +59,7 @@ def command() -> list[str] | None:
 
 def supervisor_node() -> str | None:
     """The node the supervisor runs on, as it told the agent step (the batch host at first)."""
-    return os.environ.get(wire.SUPERVISOR_NODE) or None
+    return world.environ().get(wire.SUPERVISOR_NODE) or None
 
 
 def why_not(argv: list[str] | None, nodes: list[str], lost: str, needed: int) -> str | None:
@@ -71,9 +68,9 @@ def why_not(argv: list[str] | None, nodes: list[str], lost: str, needed: int) ->
     trains on."""
     if argv is None:
         return "the supervisor offered no takeover"
-    if shutil.which("srun") is None or shutil.which("scontrol") is None:
+    if world.which("srun") is None or world.which("scontrol") is None:
         return "no srun or scontrol here (inside a container?)"
-    if not (os.path.isfile(argv[0]) or shutil.which(argv[0])):
+    if not (os.path.isfile(argv[0]) or world.which(argv[0])):
         return f"the supervisor's Python {argv[0]} is not here"
     left = [n for n in nodes if n != lost]
     if len(left) < needed:
@@ -110,8 +107,8 @@ def take_over(
     is what the agent found (how the supervisor was lost, when): the new supervisor books it."""
     rd = RunDir(run_dir)
     with contextlib.suppress(OSError):
-        rd.supervisor_lost.write_text(json.dumps({**seen, "taken_over_at": time.time()}))
-    env = dict(os.environ)
+        rd.supervisor_lost.write_text(json.dumps({**seen, "taken_over_at": world.time()}))
+    env = dict(world.environ())
     env[wire.TAKEN_OVER_FROM] = lost
     here = allocation.slurmd_addresses([node]).get(node)
     env["MASTER_ADDR"] = here[0] if here else node
@@ -123,15 +120,9 @@ def take_over(
         lost,
         rd.takeover_log(job_ref, restart, node),
     )
-    sys.stdout.flush()
-    sys.stderr.flush()
+    world.redirect_output(rd.takeover_log(job_ref, restart, node))
     try:
-        fd = os.open(rd.takeover_log(job_ref, restart, node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # a mask outlives exec
-        exe = argv[0] if os.path.isfile(argv[0]) else (shutil.which(argv[0]) or argv[0])
-        os.execve(exe, argv, env)
+        exe = argv[0] if os.path.isfile(argv[0]) else (world.which(argv[0]) or argv[0])
+        world.execve(exe, argv, env)
     except OSError as exc:
         log.error("hpc_llm agent on %s: could not start the supervisor: %s", node, exc)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hpc_llm.job import heartbeat
@@ -63,17 +64,29 @@ def state(wait_s: float = RENEWAL_WAIT_S) -> str | None:
             return "the node's agent has ended (its board file is gone)"
         return None
     board, _slot, gen = found
-    deadline = time.monotonic() + wait_s
+    return state_of(board, gen, wait_s)
+
+
+def state_of(
+    board: heartbeat.Board,
+    gen: int,
+    wait_s: float = RENEWAL_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Why a rank of generation ``gen`` on ``board`` may not write (None: it may); the clock of
+    its node (the simulator's ranks pass theirs)."""
+    deadline = clock() + wait_s
     while True:
         live, lease_until = board.fence()
         if live != gen:
             return f"generation {gen} has ended (the live one is {live})"
-        now = time.monotonic()
+        now = clock()
         if now <= lease_until:
             return None
         if now >= deadline:
             return f"the supervisor has not been heard from for {now - lease_until:.1f} s past the lease"
-        time.sleep(0.05)
+        sleep(0.05)
 
 
 def ended() -> bool:

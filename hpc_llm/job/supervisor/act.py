@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from typing import TYPE_CHECKING
 
+from hpc_llm import world
 from hpc_llm.job.supervisor.stop import Decision
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
@@ -52,8 +52,8 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
         log.warning("hpc_llm supervisor: %s; not recording a failure", d.reason)
         return 0
     a.state = d.state
-    a.ended_at = a.ended_at or time.time()
-    a.decided_at = a.decided_at or time.time()
+    a.ended_at = a.ended_at or world.time()
+    a.decided_at = a.decided_at or world.time()
     a.cause = d.cause
     if a.state != State.STOPPED or d.action == Action.FAIL:
         a.error = d.reason  # a stop that saved keeps what rank 0 said (usually nothing)
@@ -97,16 +97,16 @@ def stand_aside(sup: SupervisorState, wait_for_claim: bool = True) -> None:
     not at all unless ``wait_for_claim`` (a supervisor whose job runs a newer allocation)."""
     if not sup.job.job_id or not sup.agents.takeover_offered():
         return
-    deadline = time.monotonic() + sup.silent_s + sup.slurmd_timeout_s + ASIDE_SLACK_S
+    deadline = world.monotonic() + sup.silent_s + sup.slurmd_timeout_s + ASIDE_SLACK_S
     said = False
     while not sup.terminated_at:
         if sup.taken_over():
             if not said:
                 log.warning("hpc_llm supervisor: an agent took this supervisor's place: keeping the batch script")
                 said = True
-        elif not wait_for_claim or time.monotonic() > deadline:
+        elif not wait_for_claim or world.monotonic() > deadline:
             return
-        time.sleep(ASIDE_POLL_S)
+        world.sleep(ASIDE_POLL_S)
 
 
 def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
@@ -115,7 +115,7 @@ def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -
     update_results(sup.run_dir, attempts, "restarting", {"error": d.reason})
     log.warning("hpc_llm supervisor: %s; restarting the ranks in this allocation", d.reason)
     if d.delay_s:
-        time.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next generation
+        world.sleep(d.delay_s)  # a stop signal meanwhile is queued and handled by the next generation
 
 
 def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
@@ -140,8 +140,8 @@ def swap(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> N
 def fail(sup: SupervisorState, attempts: Attempts, a: Attempt | None, cause: str, reason: str) -> None:
     if a is not None:
         a.cause, a.action, a.error = cause, Action.FAIL, reason
-        a.decided_at = a.decided_at or time.time()
-        a.ended_at = a.ended_at or time.time()
+        a.decided_at = a.decided_at or world.time()
+        a.ended_at = a.ended_at or world.time()
         if a.state == State.RUNNING:
             a.state = State.FAILED
     attempts.save()
@@ -163,13 +163,13 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
     partition holds."""
     exclude, warning = exclusions(sup, attempts, d)
     a.action, a.requeued = Action.REQUEUE, True
-    a.decided_at = a.decided_at or time.time()
+    a.decided_at = a.decided_at or world.time()
     if warning:
         a.error = f"{a.error or d.cause}; {warning}"
     attempts.save()
     update_results(sup.run_dir, attempts, "requeued", {"error": a.error, "excluded_nodes": exclude or None})
     # records first; the requeue sends this very job SIGTERM, which we must outlive
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    world.on_signal(signal.SIGTERM, signal.SIG_IGN)
     job = sup.job
     change = sorted(exclude) != sorted(job.excluded)
     # Slurm >= 24.05 in a preemption's grace time: ending the batch script is the requeue
@@ -200,7 +200,7 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
         )
         return 1
     if a.signal_time:
-        a.signal_to_requeue_s = round(time.time() - a.signal_time, 3)
+        a.signal_to_requeue_s = round(world.time() - a.signal_time, 3)
     if done.update_error:
         a.error = f"{a.error or d.cause}; could not update the requeued job ({done.update_error})"
     elif done.resized:

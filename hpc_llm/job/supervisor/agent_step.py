@@ -15,8 +15,8 @@ import contextlib
 import signal
 import subprocess
 import sys
-import threading
-import time
+
+from hpc_llm import world
 
 
 def for_nodes(
@@ -65,9 +65,9 @@ class Step:
     """A running srun step and the srun error lines seen on its stderr so far."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = world.popen(command, env)
         self.errors: list[str] = []
-        self._pump = threading.Thread(target=pump_stderr, args=(self.proc, self.errors), daemon=True)
+        self._pump = world.thread(lambda: pump_stderr(self.proc, self.errors), "hpc_llm-srun-stderr")
         self._pump.start()
 
     @property
@@ -87,7 +87,7 @@ class Step:
         return self.proc.returncode
 
 
-def pump_stderr(proc: subprocess.Popen[str], keep: list[str]) -> None:
+def pump_stderr(proc: world.Child, keep: list[str]) -> None:
     """srun's stderr to ours (the batch log), keeping the lines that name failed tasks."""
     if proc.stderr is None:
         return
@@ -98,15 +98,15 @@ def pump_stderr(proc: subprocess.Popen[str], keep: list[str]) -> None:
             keep.append(line.rstrip("\n"))
 
 
-def send_signal(proc: subprocess.Popen[str], sig: int) -> None:
+def send_signal(proc: world.Child, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(sig)
 
 
-def kill_step(proc: subprocess.Popen[str]) -> None:
+def kill_step(proc: world.Child) -> None:
     """srun's own abort: two interrupts within a second SIGKILL every task, frozen ones too."""
     send_signal(proc, signal.SIGINT)
-    time.sleep(0.3)
+    world.sleep(0.3)
     send_signal(proc, signal.SIGINT)
     try:
         proc.wait(timeout=60)

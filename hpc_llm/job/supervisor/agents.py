@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
-import time
 
+from hpc_llm import world
 from hpc_llm.config.ports import PORT_BASE, PORT_SPAN
 from hpc_llm.job import messages, wire
 from hpc_llm.job.env import JobEnv
@@ -111,14 +110,14 @@ class Agents:
             self.fleet.close()
             self.fleet = self.new_fleet()
         self.step = Step(for_nodes(self.command, self.job.nodes, self.left_out, overlap=self.overlap), self.env())
-        self.since = time.monotonic()
+        self.since = world.monotonic()
 
     def env(self) -> dict[str, str]:
         """The agent step's environment: the supervisor's address and the allocation's token."""
-        env = dict(os.environ)
+        env = dict(world.environ())
         # the batch script exports the batch host's address; without it, the batch host's slurmd
         # address (a node's own loopback would send every agent on another host to itself)
-        here = self.slurmd.get(os.environ.get("SLURMD_NODENAME", ""))
+        here = self.slurmd.get(world.environ().get("SLURMD_NODENAME", ""))
         host = env.get("MASTER_ADDR") or (here[0] if here else "127.0.0.1")
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
@@ -316,8 +315,8 @@ class Agents:
         """The free port node rank 0's agent names for generation ``number`` (None: no answer in
         :data:`PORT_WAIT_S`); what else the fleet heard meanwhile is held for the loop."""
         self.fleet.send(master, messages.FindPort(number))
-        deadline = time.monotonic() + PORT_WAIT_S
-        while time.monotonic() < deadline:
+        deadline = world.monotonic() + PORT_WAIT_S
+        while world.monotonic() < deadline:
             for ev in self.fleet.events(timeout=0.05):
                 match ev:
                     case Heard(msg=messages.PortFound(gen=gen, port=port)) if gen == number:

@@ -11,9 +11,9 @@ patience. Stdlib only.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
+from hpc_llm import world
 from hpc_llm.job import failures
 from hpc_llm.job.supervisor import state
 from hpc_llm.job.supervisor.generation import GenerationEnd
@@ -62,7 +62,7 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
     failed_nodes = [n for n in failures.failed_nodes(end.srun_errors) if n not in sup.agents.left_out]
     return Stop(
         returncode=end.returncode,
-        now=time.time(),
+        now=world.time(),
         stop_cause=end.stop_cause if end.stop else None,
         sigterm_at=sigterm_at,
         end_time=end_time,
@@ -105,7 +105,7 @@ def ask_why_again(sup: SupervisorState, end: GenerationEnd, tries: int = 3) -> N
             end.stop_cause, end.stop_cause_asked = cause, True
             return
         if i + 1 < tries:
-            time.sleep(2)
+            world.sleep(2)
 
 
 def self_stall(sup: SupervisorState) -> str | None:

@@ -39,10 +39,11 @@ import queue
 import selectors
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
+from hpc_llm import world
 from hpc_llm.job import heartbeat, messages, wire
 from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Joined, Suspect
 
@@ -74,7 +75,7 @@ class AgentView:
     probe_port: int
     conn: wire.Conn
     state: AgentState = IMPORTING
-    last_heard: float = field(default_factory=time.monotonic)
+    last_heard: float = field(default_factory=world.monotonic)
     last_ping: float = 0.0
     import_s: float | None = None
     #: its node's own checks, sent with ``warm`` (hpc_llm.job.agent.node_check)
@@ -94,7 +95,7 @@ class AgentView:
 @dataclass
 class _Probe:
     node: str
-    sock: socket.socket
+    sock: Any
     deadline: float
     sent: bool = False
     buf: bytes = b""
@@ -117,17 +118,18 @@ class Fleet:
         self.probe_timeout_s = probe_timeout_s
         self.lease_s = lease_s
         self.longest_stall = 0.0
-        self.last_turn = time.monotonic()
+        self.last_turn = world.monotonic()
         self.listener = wire.listener(host)
         self.port = int(self.listener.getsockname()[1])
         self.agents: dict[str, AgentView] = {}
         self._pending: dict[int, wire.Conn] = {}
         self._probes: dict[int, _Probe] = {}
-        self._events: queue.Queue[FleetEvent] = queue.Queue()
+        self._events: queue.Queue[FleetEvent] = world.event_queue()
+        # taken only around work that never waits (the simulator runs both sides in one thread)
         self._lock = threading.Lock()
-        self._sel = selectors.DefaultSelector()
+        self._sel = world.selector()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="hpc_llm-fleet", daemon=True)
+        self._thread = world.thread(self._serve, "hpc_llm-fleet")
 
     # -- the main loop's side ----------------------------------------------------------
     def start(self) -> None:
@@ -146,7 +148,7 @@ class Fleet:
         """The longest stall of the I/O loop since the last call (seconds), then forget it. The
         stall still running counts: thawed, the main loop may decide before this loop turns."""
         with self._lock:
-            out = max(self.longest_stall, time.monotonic() - self.last_turn)
+            out = max(self.longest_stall, world.monotonic() - self.last_turn)
             self.longest_stall = 0.0
         return out
 
@@ -189,12 +191,12 @@ class Fleet:
 
     # -- the I/O thread ------------------------------------------------------------------
     def _serve(self) -> None:
-        next_ping = self.last_turn = time.monotonic()
+        next_ping = self.last_turn = world.monotonic()
         while not self._stop.is_set():
             # the longest this loop went without a turn: a frozen process (its host frozen) that
             # sent no ping for longer than the agents wait for one (Supervisor._facts)
-            self.longest_stall = max(self.longest_stall, time.monotonic() - self.last_turn)
-            self.last_turn = time.monotonic()
+            self.longest_stall = max(self.longest_stall, world.monotonic() - self.last_turn)
+            self.last_turn = world.monotonic()
             for key, mask in self._sel.select(timeout=0.1):
                 kind, ref = key.data
                 with self._lock:
@@ -212,7 +214,7 @@ class Fleet:
                         # ping, and every one gives its supervisor up): drop that connection
                         log.exception("hpc_llm supervisor: fleet I/O on %s %s failed; dropping it", kind, ref)
                         self._drop(key)
-            now = time.monotonic()
+            now = world.monotonic()
             with self._lock:
                 self._judge(now)
                 if now >= next_ping:
@@ -251,7 +253,7 @@ class Fleet:
         kind, ref = key.data
         if kind == "agent" and ref in self.agents and self.agents[ref].alive:
             self.agents[ref].conn.close()
-            self._suspect(self.agents[ref], "its connection failed", time.monotonic())
+            self._suspect(self.agents[ref], "its connection failed", world.monotonic())
         elif kind == "pending":
             c = self._pending.pop(ref, None)
             if c is not None:
@@ -301,7 +303,7 @@ class Fleet:
             # agent, suspect and probed. Registering its closed socket raised ValueError and ended
             # this thread (seen beside 2,048 agents on a busy machine: their process had died).
             if a.state != GONE:
-                self._suspect(a, "its connection dropped", time.monotonic())
+                self._suspect(a, "its connection dropped", world.monotonic())
             return
         self._sel.register(c, selectors.EVENT_READ, ("agent", node))
 
@@ -311,7 +313,7 @@ class Fleet:
             return
         msgs = a.conn.receive()
         if msgs:
-            a.last_heard = time.monotonic()
+            a.last_heard = world.monotonic()
         for msg in msgs:
             self._message(a, msg)
         if a.conn.closed and a.alive:
@@ -320,7 +322,7 @@ class Fleet:
             if a.state == GONE:
                 return
             # dropped without a word: suspect at once, and ask it on a connection of its own
-            self._suspect(a, "its connection dropped", time.monotonic())
+            self._suspect(a, "its connection dropped", world.monotonic())
 
     def _message(self, a: AgentView, msg: messages.Message) -> None:
         if isinstance(msg, messages.Beat):
@@ -356,9 +358,7 @@ class Fleet:
         if not a.addr:  # nothing to ask on another host: this host's loopback would answer for it
             self._dead(a, f"{why}, and it gave no address to probe")
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        err = sock.connect_ex((a.addr, a.probe_port))
+        sock, err = world.connect_nowait(a.addr, a.probe_port)
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
             self._dead(a, f"{why}, and {probe_failed(err)}", host_answers=err in HOST_ANSWERED)
@@ -417,7 +417,7 @@ class Fleet:
 
     def _cleared(self, a: AgentView) -> None:
         a.state, a.why, a.suspect_since = WARM, None, None
-        a.last_heard = time.monotonic()
+        a.last_heard = world.monotonic()
         self._events.put(Cleared(a.node))
 
     def _dead(self, a: AgentView, why: str, host_answers: bool = False) -> None:
@@ -427,7 +427,7 @@ class Fleet:
         a.conn.close()
         # no ping has gone to it since it became suspect: its lease ends lease_s after the last one
         lease_ends = a.last_ping + self.lease_s
-        self._events.put(Dead(a.node, why, max(0.0, lease_ends - time.monotonic()), host_answers))
+        self._events.put(Dead(a.node, why, max(0.0, lease_ends - world.monotonic()), host_answers))
 
 
 #: a probe's connect errors that are the host's own answer (its kernel sent a reset)

@@ -10,9 +10,9 @@ of its decision. Stdlib only.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
+from hpc_llm import world
 from hpc_llm.job import messages
 from hpc_llm.job.failures import RankExit
 from hpc_llm.rundir.outcome import Cause
@@ -87,7 +87,7 @@ class Generation:
         self.exits: dict[int, RankExit] = {}
         self.stopped: set[str] = set()
         self.killing = False
-        self.started_at = time.time()
+        self.started_at = world.time()
 
     @property
     def ntasks(self) -> int:
@@ -105,7 +105,7 @@ class Generation:
         rank = msg.rank
         if rank not in self.expected or rank in self.exits:
             return None
-        e = RankExit(rank, msg.node, msg.status, msg.what, msg.killed, time.time())
+        e = RankExit(rank, msg.node, msg.status, msg.what, msg.killed, world.time())
         self.exits[rank] = e
         return e
 
@@ -113,7 +113,7 @@ class Generation:
         """The node is gone: its ranks ended with it."""
         for rank, where in self.expected.items():
             if where == node and rank not in self.exits:
-                self.exits[rank] = RankExit(rank, node, None, f"lost with the node ({why})", False, time.time())
+                self.exits[rank] = RankExit(rank, node, None, f"lost with the node ({why})", False, world.time())
         self.stopped.add(node)
 
     @property

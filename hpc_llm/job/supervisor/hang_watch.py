@@ -27,10 +27,10 @@ by: only a frozen rank counts there. No I/O: it only looks at what it is given.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from dataclasses import dataclass
 
+from hpc_llm import world
 from hpc_llm.job import heartbeat
 
 #: step-time samples before the median decides (until then: timeout_s); the first one after a
@@ -103,7 +103,7 @@ class HangWatch:
         return f"{heartbeat.STARTUP_PHASES[slowest.phase]} (rank {slowest.rank} on {slowest.node})"
 
     def check(self, beats: dict[int, heartbeat.Beat], now: float | None = None) -> Hang | None:
-        now = time.monotonic() if now is None else now
+        now = world.monotonic() if now is None else now
         self._observe(beats, now)
         silent = sorted(r for r, (_seq, t) in self.seen.items() if r in beats and now - t > self.silence_s)
         if silent:

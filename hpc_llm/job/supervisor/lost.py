@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
+from hpc_llm import world
 from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts
@@ -34,7 +34,7 @@ def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
         return
     state, ended = previous_state(a.job_id) if a.job_id else (None, None)
     a.state, a.ended_at = State.LOST, ended or (a.started_at + a.train_s)
-    a.decided_at = time.time()
+    a.decided_at = world.time()
     a.cause = lost_cause(state)
     a.error = (
         f"the allocation ended while training (Slurm state {state})"
@@ -76,7 +76,7 @@ def taken_over(run_dir: Path, job: SlurmJob, attempts: Attempts, host: str) -> i
     a = mine[-1]
     seen = seen_by_agents(run_dir, a) or {}
     if a.state == State.RUNNING:
-        now = time.time()
+        now = world.time()
         a.state, a.cause, a.action = State.LOST, Cause.NODE_FAILURE, Action.SWAP
         a.suspects, a.left_out = [host], [host]
         a.detected_at = seen.get("detected_at") or a.detected_at or now

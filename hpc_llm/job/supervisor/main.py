@@ -32,9 +32,9 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import time
 from typing import Any
 
+from hpc_llm import world
 from hpc_llm.job import failures, heartbeat
 from hpc_llm.job.supervisor import act, facts, lost, policy
 from hpc_llm.job.supervisor.generation import GenerationEnd
@@ -111,7 +111,7 @@ class Supervisor(SupervisorState):
         a = Attempt(
             job_id=self.job.job_id,
             restart=self.job.restart,
-            started_at=time.time(),
+            started_at=world.time(),
             generation=self.gen,
             nodes=list(self.job.nodes),
             alloc_started_at=self.job.start,
@@ -124,14 +124,14 @@ class Supervisor(SupervisorState):
     # -- at the start --------------------------------------------------------------------------
     def _install_handlers(self) -> None:
         def on_stop(signum: int, frame: Any) -> None:
-            self.signals.append((signal.Signals(signum).name, time.time()))
+            self.signals.append((signal.Signals(signum).name, world.time()))
 
         def on_term(signum: int, frame: Any) -> None:
-            self.terminated_at = self.terminated_at or time.time()
+            self.terminated_at = self.terminated_at or world.time()
 
         if self.policy.stop_signal:
-            signal.signal(getattr(signal, f"SIG{self.policy.stop_signal}"), on_stop)
-        signal.signal(signal.SIGTERM, on_term)
+            world.on_signal(getattr(signal, f"SIG{self.policy.stop_signal}"), on_stop)
+        world.on_signal(signal.SIGTERM, on_term)
 
     def _missed_preemption(self) -> None:
         """The batch script ignores the stop signal until this process has its handler (a
@@ -140,7 +140,7 @@ class Supervisor(SupervisorState):
         there is covered by :meth:`StopTiming.time_is_up`."""
         if self.policy.stop_signal and self.job.job_id and allocation.preempting(self.job_info()):
             log.warning("hpc_llm supervisor: the job was being preempted before the supervisor started")
-            self.signals.append((f"SIG{self.policy.stop_signal}", time.time()))
+            self.signals.append((f"SIG{self.policy.stop_signal}", world.time()))
 
     def _lead(self, attempts: Attempts) -> float:
         """How long before the time limit to stop: twice the longest save measured so far (a
@@ -193,7 +193,7 @@ def end_taken_over(sup: Supervisor, patience_s: float = 180.0) -> None:
     machine), with nothing left that would ever end it."""
     if sup.taken_over() or not sup.job.job_id:
         return
-    deadline = time.monotonic() + patience_s
+    deadline = world.monotonic() + patience_s
     while True:
         info = sup.job_info()
         if info and not allocation.still_this_allocation(info, sup.job.restart):
@@ -213,8 +213,8 @@ def end_taken_over(sup: Supervisor, patience_s: float = 180.0) -> None:
                 why = f"scancel: {exc}"
         else:
             why = "slurmctld did not answer scontrol show job"
-        if time.monotonic() > deadline:
+        if world.monotonic() > deadline:
             log.error("hpc_llm supervisor: could not end job %s (%s): scancel it by hand", sup.job.ref, why)
             return
         log.warning("hpc_llm supervisor: %s; asking again", why)
-        time.sleep(3)
+        world.sleep(3)

@@ -7,10 +7,10 @@
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import fields
 
+from hpc_llm import world
 from hpc_llm.job import heartbeat, wire
 from hpc_llm.job.env import JobEnv
 from hpc_llm.job.supervisor.agents import Agents
@@ -36,7 +36,7 @@ class SupervisorState:
         #: the batch host, or the node of the agent that took over: this process's own node
         self.node = heartbeat.node_name()
         #: the node whose supervisor this one replaced in this allocation (None: the batch script's)
-        self.taken_over_from = os.environ.get(wire.TAKEN_OVER_FROM) or None
+        self.taken_over_from = world.environ().get(wire.TAKEN_OVER_FROM) or None
         #: the generation of ranks running or next (0 at the allocation's start)
         self.gen = 0
         #: Slurm's stop signals as the handler queued them: (signal, when)

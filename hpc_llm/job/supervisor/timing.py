@@ -23,10 +23,10 @@ drives it through a simulated hour. Stdlib only.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hpc_llm import world
 from hpc_llm.rundir.outcome import Cause
 from hpc_llm.slurm.allocation import preempting
 from hpc_llm.slurm.parse import slurm_time
@@ -69,7 +69,7 @@ class StopTiming:
         lead_s: float,
         signal_lead_s: float,
         ask: Callable[[], dict[str, str]] | None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = world.time,
     ) -> None:
         self.end = end
         self.lead_s = lead_s

@@ -15,9 +15,9 @@ the supervisor saw, for its decision. Stdlib only.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
+from hpc_llm import world
 from hpc_llm.job import messages
 from hpc_llm.job.supervisor import spares
 from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Suspect
@@ -52,8 +52,8 @@ class GenerationRun:
         self.over = False
         self.started_at = 0.0
         self.killed_at: float | None = None
-        self.drain_polled = time.monotonic()
-        self.spares_checked = time.monotonic()
+        self.drain_polled = world.monotonic()
+        self.spares_checked = world.monotonic()
         self.watch = HangWatch(
             floor_s=p.hang_floor_s,
             factor=p.hang_factor,
@@ -70,7 +70,7 @@ class GenerationRun:
         while not self.over:
             for ev in self.agents.events(POLL_S):
                 self.on_event(ev)
-            self.turn(time.monotonic())
+            self.turn(world.monotonic())
         return self.finish()
 
     # -- what the fleet heard --------------------------------------------------------------
@@ -86,19 +86,19 @@ class GenerationRun:
         match ev:
             case Dead(node=node, why=why, host_answers=True) if self.agents.host_answers(node) is not False:
                 end.agents_died[node] = why
-                end.detected_at = end.detected_at or time.time()
+                end.detected_at = end.detected_at or world.time()
                 log.error("hpc_llm supervisor: the agent on %s is gone, its node answers: %s", node, why)
             case Dead(node=node, why=why, host_answers=True):
                 end.dead_nodes[node] = f"{why}; its slurmd does not answer either: the node is dead"
-                end.detected_at = end.detected_at or time.time()
+                end.detected_at = end.detected_at or world.time()
                 log.error("hpc_llm supervisor: node %s is dead: %s", node, end.dead_nodes[node])
             case Dead(node=node, why=why):
                 end.dead_nodes[node] = why
-                end.detected_at = end.detected_at or time.time()
+                end.detected_at = end.detected_at or world.time()
                 log.error("hpc_llm supervisor: node %s is dead or cut off: %s", node, why)
             case Heard(node=node, msg=messages.Bye(why=why) as bye) if not bye.on_purpose:
                 end.agent_errors[node] = why
-                end.detected_at = end.detected_at or time.time()
+                end.detected_at = end.detected_at or world.time()
                 log.error("hpc_llm supervisor: the agent on %s ended: %s", node, why)
 
     def during(self, ev: FleetEvent, gen: Generation) -> None:
@@ -124,7 +124,7 @@ class GenerationRun:
             case Heard(node=node, msg=messages.Stalled(gap_s=gap_s)) if node in gen.layout:
                 # its loop stalled past the lease (a frozen or starved node) and it ended its ranks
                 end.hang = (f"the agent on {node} stalled for {gap_s}s (frozen?)", (node,))
-                end.detected_at = end.detected_at or time.time()
+                end.detected_at = end.detected_at or world.time()
             case Suspect(node=node, why=why):
                 log.warning("hpc_llm supervisor: node %s %s", node, why)
             case Cleared(node=node):
@@ -146,7 +146,7 @@ class GenerationRun:
             return
         if self.sup.terminated_at and not self.end.terminated:
             self.end.terminated = True
-            self.end.detected_at = self.end.detected_at or time.time()
+            self.end.detected_at = self.end.detected_at or world.time()
         if self.gen is not None:
             self.watch_heartbeats(self.gen, now)
             self.watch_stragglers(self.gen)
@@ -176,7 +176,7 @@ class GenerationRun:
             self.over = True
         elif len(self.agents.warm_nodes()) >= self.agents.size and not self.waiting_for_here(now):
             self.gen = self.agents.start(self.sup.gen)
-            self.started_at = time.monotonic()
+            self.started_at = world.monotonic()
         elif not step.running:
             end.returncode = step.wait() or 1
             end.agent_errors["*"] = f"the agent step ended before every agent was up (srun exited {end.returncode})"
@@ -253,10 +253,10 @@ class GenerationRun:
         gen = self.gen
         if self.timing.pending is not None or gen is None or not gen.all_started or gen.killing:
             return
-        if time.monotonic() - self.drain_polled < DRAIN_POLL_S:
+        if world.monotonic() - self.drain_polled < DRAIN_POLL_S:
             return
         self.end.draining = self.agents.draining_to_swap(gen)
-        self.drain_polled = time.monotonic()  # after the call: a slow sinfo is not asked back to back
+        self.drain_polled = world.monotonic()  # after the call: a slow sinfo is not asked back to back
         if self.end.draining:
             self.timing.requested(f"SIG{self.policy.stop_signal}", Cause.DRAIN)
 
@@ -277,11 +277,11 @@ class GenerationRun:
         if gen is not None and (not gen.all_started or gen.killing):
             return
         end.stop, end.stop_time = pending.signal, pending.at
-        end.detected_at = end.detected_at or time.time()
+        end.detected_at = end.detected_at or world.time()
         if gen is None:
             self.over = True
             return
-        left = f"; {self.timing.end - time.time():.0f} s before the end time" if self.timing.end else ""
+        left = f"; {self.timing.end - world.time():.0f} s before the end time" if self.timing.end else ""
         log.warning("hpc_llm supervisor: forwarding %s to the ranks (%s%s)", pending.signal, pending.cause, left)
         self.agents.signal(gen, pending.signal)
 
@@ -327,7 +327,7 @@ class GenerationRun:
             and len(self.agents.spares()) > len(self.end.slow)
         )
         action = "swap" if can_swap else "warn" if asked == "warn" else "exclude"
-        self.end.stragglers.append({**verdict.as_record(), "action": action, "batch": batch, "at": time.time()})
+        self.end.stragglers.append({**verdict.as_record(), "action": action, "batch": batch, "at": world.time()})
         figures = ", ".join(f"{n} {s:.3f}" for n, s in sorted(verdict.busy_s.items()))
         then = {
             "swap": "saving, then swapping in a spare",
@@ -378,7 +378,7 @@ class GenerationRun:
     def kill(self, now: float) -> None:
         """End the generation now: every agent kills its ranks' process groups."""
         assert self.gen is not None
-        self.end.detected_at = self.end.detected_at or time.time()
+        self.end.detected_at = self.end.detected_at or world.time()
         self.agents.kill(self.gen, set(self.end.lost))
         self.killed_at = now
 
@@ -389,6 +389,6 @@ class GenerationRun:
         if gen is not None:
             end.returncode = gen.returncode() or end.returncode
             end.rank_exits = gen.ended_badly()
-            end.stopped_at = time.time()
+            end.stopped_at = world.time()
         end.top_batch, end.heartbeat_train_s = self.watch.top_batch, self.watch.train_s
         return end
