@@ -4,7 +4,8 @@ and by the one-shot check (:mod:`hpc_llm.job.rank.foundry_check` ``--cache``), i
 environment, in the directory the login side names (``<hpc_llm home>/precheck/cache``).
 
 One file a verdict, ``<root>/<key[:2]>/<key>.json``: the point's problems (an empty list: it
-passed) and hpc_llm's sources the check ran with. The key is a SHA-256 of the rest of what a
+passed) and the sources the check ran with (hpc_llm's, and a plugin's on ``PYTHONPATH``:
+:func:`~hpc_llm.job.rank.stack_fingerprint.sources`). The key is a SHA-256 of the rest of what a
 verdict depends on: the environment as the login side names it (its command, the image), the
 stack's fingerprint inside it (:mod:`hpc_llm.job.rank.stack_fingerprint`) and the point as
 checked (its train config, with the run dir written as ``<run dir>``, its world size, its
