@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -77,33 +78,73 @@ class _Touch:
         return (os.system, (f"touch {self.path}",))
 
 
+#: issue #54's recipe for a step folder whose dataloader state runs a command: a real step made a
+#: torch.save file, its ``dataloader.dp_rank_N`` entries replaced, made a DCP folder again
+#: (torch 2.14's own converters, in torchtitan's venv)
+PLANT_DATALOADER = """
+import os, pickle, sys, torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+src, dst, marker = sys.argv[1:4]
+dcp_to_torch_save(src, dst + ".pt")
+state = torch.load(dst + ".pt", weights_only=False)
+class Touch:
+    def __reduce__(self):
+        return (os.system, (f"touch {marker}",))
+ranks = [k for k in state["dataloader"] if k.startswith("dp_rank_")]
+assert ranks, sorted(state["dataloader"])
+for key in ranks:
+    state["dataloader"][key] = pickle.dumps(Touch())
+torch.save(state, dst + ".pt")
+torch_save_to_dcp(dst + ".pt", dst)
+os.remove(dst + ".pt")
+"""
+
+
 @pytest.mark.train
 def test_a_torchtitan_checkpoint_whose_pickle_runs_a_command_is_refused(titan_env, runs_dir, tmp_path):
-    """A resume reads the newest step-N: its .metadata, unpickled, would run ``touch``."""
+    """A resume reads the newest step-N. Issue #54's two escapes, each planted in a copy of a real
+    step: a ``.metadata`` naming ``FileSystem.rm_file`` (a dotted name whose ``__module__`` is
+    DCP's, which a guard by spelling let delete a file), then a dataloader state whose pickle runs
+    ``touch`` (torchtitan unpickled it with ``pickle.loads``). Each resume is refused in one line
+    naming the step folder and the global; the file is still there, nothing ran."""
     folder = tmp_path / "ckpt"
-    proc = run_app(
-        [*TINY, "train.max_duration=4ba", "checkpoint.interval=2ba", f"checkpoint.location={folder}"],
-        titan_env,
-        cwd=tmp_path,
-    )
+    args = [*TINY, "train.max_duration=12ba", "checkpoint.interval=2ba", f"checkpoint.location={folder}"]
+    proc = run_app([*TINY, "train.max_duration=4ba", *args[2:]], titan_env, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     # the estimator's model is torchtitan's: the parameters it counts are those torchtitan logs
     [first] = results_of(runs_dir)
     assert first["n_params"] == 196_928 and first["model"] == "Llama-197K"
     assert "size: 196,928 total parameters" in (Path(first["run_dir"]) / "logs" / "rank0.log").read_text()
-    fake = folder / "step-9"
+
+    from tests.hostile import payloads as hostile
+
+    fake, canary = folder / "step-9", tmp_path / "canary"
     shutil.copytree(folder / "step-4", fake)
-    ran = tmp_path / "ran"
-    (fake / ".metadata").write_bytes(pickle.dumps(_Touch(ran)))
-    proc = run_app(
-        [*TINY, "train.max_duration=12ba", "checkpoint.interval=2ba", f"checkpoint.location={folder}"],
-        dict(titan_env, HPC_LLM_RUNS=str(tmp_path / "again")),
-        cwd=tmp_path,
-    )
-    assert proc.returncode != 0 and not ran.exists(), explain(proc)
+    hostile.lay_canary(canary)
+    [dotted] = [p for p in hostile.payloads(canary) if p.name == "stack-global-dotted-rm_file"]
+    (fake / ".metadata").write_bytes(dotted.data)
+    proc = run_app(args, dict(titan_env, HPC_LLM_RUNS=str(tmp_path / "again")), cwd=tmp_path)
+    assert proc.returncode != 0 and not hostile.changed(canary), explain(proc)
     [r] = results_of(tmp_path / "again")
     assert r["status"] == "failed"
-    assert str(fake) in r["error"] and "posix.system" in r["error"], r["error"]
+    assert f"refused to load {fake / '.metadata'}: it names {dotted.refused[0]}," in r["error"], r["error"]
+    assert "\n" not in r["error"]
+
+    shutil.rmtree(fake)
+    fake, ran = folder / "step-11", tmp_path / "ran"
+    planted = subprocess.run(
+        [str(TITAN_PYTHON), "-c", PLANT_DATALOADER, str(folder / "step-4"), str(fake), str(ran)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert planted.returncode == 0 and (fake / ".metadata").is_file(), planted.stderr[-3000:]
+    proc = run_app(args, dict(titan_env, HPC_LLM_RUNS=str(tmp_path / "third")), cwd=tmp_path)
+    assert proc.returncode != 0 and not ran.exists(), explain(proc)
+    [r] = results_of(tmp_path / "third")
+    assert r["status"] == "failed" and "\n" not in r["error"]
+    assert f"refused to load {fake} (its entry dataloader.dp_rank_" in r["error"], r["error"]
+    assert "it names posix.system" in r["error"], r["error"]
 
 
 @pytest.mark.train
