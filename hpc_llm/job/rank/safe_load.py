@@ -206,13 +206,14 @@ def torch_load(source: Any, where: str, map_location: Any = None) -> Any:
     """``torch.load`` of a checkpoint, weights only, with exactly :data:`ENTRY_GLOBALS` beyond torch's own."""
     import torch
 
-    try:
-        with exact_globals(allowed_globals()):
+    with exact_globals(allowed_globals()):
+        try:
             return torch.load(source, map_location=map_location, weights_only=True)
-    except UnsafeCheckpoint:
-        raise
-    except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpoint(where, _what(exc, source)) from None
+        except UnsafeCheckpoint:
+            raise
+        except pickle.UnpicklingError as exc:
+            what = _what(exc, source)  # against the list in force
+    raise UnsafeCheckpoint(where, what) from None
 
 
 def load_bytes(value: io.BytesIO, where: str) -> Any:
@@ -614,14 +615,14 @@ def patch_dcp_reads(metadata_path: Callable[[Any, dict[str, Any]], Any]) -> None
             self.state_dict[fqn] = obj
 
     def reader_data(self: Any, plan: Any, planner: Any) -> Any:
-        try:
-            with exact_globals([]):
+        with exact_globals([]):
+            try:
                 return read_data(self, plan, planner)
-        except UnsafeCheckpoint:
-            raise
-        except pickle.UnpicklingError as exc:
-            fqn, what = _refused_tensor(self, plan) or ("", _what(exc))
-            raise UnsafeCheckpoint(f"{self.path} (its tensor {fqn or 'data'})", what) from None
+            except UnsafeCheckpoint:
+                raise
+            except pickle.UnpicklingError as exc:
+                fqn, what = _refused_tensor(self, plan) or ("", _what(exc))
+        raise UnsafeCheckpoint(f"{self.path} (its tensor {fqn or 'data'})", what) from None
 
     reader_metadata._hpc_llm = True  # type: ignore[attr-defined]
     reader_class.read_metadata = reader_metadata  # type: ignore[method-assign]
