@@ -264,7 +264,7 @@ def real_metadata(tmp_path_factory) -> list[bytes]:
     return [data, pickle.dumps(meta, protocol=2)]
 
 
-def test_mutated_metadata_never_resolves_a_global_outside_the_list(real_metadata, tmp_path, monkeypatch):
+def test_mutated_metadata_never_resolves_a_global_outside_the_list(real_metadata, tmp_path, monkeypatch, request):
     from hpc_llm.job.rank import safe_load
 
     resolved: list[tuple[str, str]] = []
@@ -278,6 +278,7 @@ def test_mutated_metadata_never_resolves_a_global_outside_the_list(real_metadata
     for data in real_metadata:  # the originals load, and resolve only listed pairs
         assert type(safe_load.unpickle(data, "x/.metadata", safe_load.METADATA_GLOBALS)).__name__ == "Metadata"
     hostile.register_extensions()
+    request.addfinalizer(hostile.unregister_extensions)
     canary = tmp_path / "canary"
     hostile.lay_canary(canary)
     seed = int(os.environ.get("HPC_LLM_MUTATION_SEED", "54"))

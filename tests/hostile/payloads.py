@@ -91,6 +91,14 @@ def class_changed() -> bool:
     return hasattr(getattr(importlib.import_module(METADATA[0]), METADATA[1]), CLASS_MARK)
 
 
+def unregister_extensions() -> None:
+    """Undo :func:`register_extensions` (registered, the codes change how ``pickle.dumps`` writes
+    ``os.system`` in this process)."""
+    for code, (module, name) in EXT_CODES.values():
+        with contextlib.suppress(ValueError):
+            copyreg.remove_extension(module, name, code)
+
+
 def register_extensions() -> None:
     """The EXT codes, as a library in the reading process could register them."""
     for code, (module, name) in EXT_CODES.values():
