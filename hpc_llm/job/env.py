@@ -41,6 +41,10 @@ ALLOC_START = "HPC_LLM_ALLOC_START"
 HEARTBEAT_S = "HPC_LLM_HEARTBEAT_S"
 #: when the node's agent forked the ranks of this generation (epoch seconds)
 FORKED_AT = "HPC_LLM_FORKED_AT"
+#: the run's epoch this generation belongs to, "<restart>.<takeover>.<generation>"
+#: (hpc_llm.rundir.epoch.EPOCH_ENV), and the run directory where it is kept
+EPOCH = "HPC_LLM_EPOCH"
+RUN_DIR = "HPC_LLM_RUN_DIR"
 #: what srun tells the one task it starts of a step: the agent's own place in the agent step. A
 #: rank the agent forks is no srun task: these are taken out of its environment and it gets
 #: torch's own variables instead (RANK, LOCAL_RANK, WORLD_SIZE, ...: agent.node.rank_env), which
@@ -104,6 +108,9 @@ class JobEnv:
     heartbeat_s: float | None = None
     #: when the node's agent forked this rank (epoch seconds; None: not forked by an agent)
     forked_at: float | None = None
+    #: the run's epoch of this process's generation ("r.t.g"; None: not told one) and the run dir
+    epoch: str | None = None
+    run_dir: str | None = None
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -126,6 +133,8 @@ class JobEnv:
             supervised=bool(e.get(SUPERVISED)),
             heartbeat_s=float(beat) if beat else None,
             forked_at=float(forked) if forked else None,
+            epoch=e.get(EPOCH) or None,
+            run_dir=e.get(RUN_DIR) or None,
             environ=e,
         )
 
@@ -154,12 +163,22 @@ class JobEnv:
         return from_environ(self.environ)
 
     def for_generation(
-        self, generation: int, nodes: list[str], alloc_start: float | None, heartbeat_s: float | None
+        self,
+        generation: int,
+        nodes: list[str],
+        alloc_start: float | None,
+        heartbeat_s: float | None,
+        epoch: str | None = None,
+        run_dir: str | None = None,
     ) -> dict[str, str]:
         """The environment of a supervised generation's ranks: this one plus what the supervisor tells them."""
         env = dict(self.environ)
         env[SUPERVISED] = "1"
         env[GENERATION] = str(generation)
+        if epoch is not None:
+            env[EPOCH] = epoch
+        if run_dir is not None:
+            env[RUN_DIR] = run_dir
         env[NODES] = ",".join(nodes)
         if alloc_start is not None:
             env[ALLOC_START] = str(alloc_start)

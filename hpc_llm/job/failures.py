@@ -13,7 +13,6 @@ generation's end was. Stdlib only.
 from __future__ import annotations
 
 import json
-import os
 import re
 import traceback
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from hpc_llm import world
 from hpc_llm.job.env import JobEnv
 from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import write_json
 
 #: exception text that means the machine (GPU, driver, network, a peer), not the code
 INFRA_PATTERNS = re.compile(
@@ -86,11 +86,7 @@ def report(run_dir: Path | str, exc: BaseException, *, rank: int, node: str, bat
     message = " ".join(str(exc).split())[:2000]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])[-4000:]
     failure = RankFailure(rank, node, type(exc).__name__, message, batch, world.time(), tb)
-    path = rd.failure_report(JobEnv.current().generation_tag, rank)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(failure)))
-    os.replace(tmp, path)
-    return path
+    return write_json(rd.failure_report(JobEnv.current().generation_tag, rank), asdict(failure))
 
 
 def read(run_dir: Path | str, tag: str) -> list[RankFailure]:
@@ -139,6 +135,16 @@ class RankExit:
 #: srun's line for a node Slurm found failed (the same on 22.05 and 24.11,
 #: tests/fixtures/slurm/*/srun_errors.txt)
 _SRUN_NODE_FAIL = re.compile(r"(?:Node failure on|node failure on|NODE_FAIL.*on) (?P<node>[\w\-\[\],.]+)")
+
+
+#: srun could not start a task on a node (its slurmd unreachable from the batch host)
+_SRUN_LAUNCH_FAILED = re.compile(r"Task launch for \S+ failed on node (?P<nodes>[\w.,\[\]-]+)")
+
+
+def launch_failed(lines: list[str]) -> list[str]:
+    """The nodes the agent step's srun could not start its task on (``srun: error: Task launch for
+    StepId=J.S failed on node n2: Communication connection failure``)."""
+    return [n for line in lines if (m := _SRUN_LAUNCH_FAILED.search(line)) for n in m["nodes"].split(",") if n]
 
 
 def failed_nodes(lines: list[str]) -> list[str]:

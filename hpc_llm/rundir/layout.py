@@ -142,6 +142,12 @@ class RunDir:
         return self.root / PRIVATE
 
     @property
+    def epochs(self) -> Path:
+        """Who holds the job: one file per command claimed, written by its holder only
+        (hpc_llm.rundir.epoch)."""
+        return self.private / "epoch"
+
+    @property
     def payload(self) -> Path:
         return self.private / "job.pkl"
 

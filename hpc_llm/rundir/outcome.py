@@ -42,6 +42,8 @@ class Cause(_Word):
     TRANSIENT = "transient"
     HANG = "hang"
     NODE_FAILURE = "node_failure"
+    #: nodes went silent that Slurm finds responding: a link between them and the batch host
+    NETWORK = "network"
     LOST = "lost"
     WATCHDOG = "watchdog"
     PREFLIGHT = "preflight"
@@ -88,6 +90,7 @@ FAILURE_CAUSES = frozenset(
         Cause.TRANSIENT,
         Cause.HANG,
         Cause.NODE_FAILURE,
+        Cause.NETWORK,
         Cause.LOST,
         Cause.WATCHDOG,
         Cause.PREFLIGHT,

@@ -24,13 +24,13 @@ atomically (temp file + rename), so a reader never sees half a record. Pure
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hpc_llm import world
+from hpc_llm.rundir import epoch
 from hpc_llm.rundir.layout import RunDir
 
 if TYPE_CHECKING:  # the job's supervisor imports this module: no omegaconf (tests/test_layers.py)
@@ -113,20 +113,13 @@ def run_info(cfg: Any) -> dict[str, Any]:
     return info
 
 
-#: checks run before every write of the record in this process: a rank of a generation that has
-#: ended raises there instead of writing (hpc_llm.job.rank.fence); the supervisor registers none
-_BEFORE_WRITE: list[Callable[[], None]] = []
-
-
-def guard_writes(check: Callable[[], None]) -> None:
-    """Run ``check`` before every write of this run's record in this process (it raises to refuse)."""
-    if check not in _BEFORE_WRITE:
-        _BEFORE_WRITE.append(check)
-
-
-def _write_json(path: Path, data: Any) -> Path:
-    for check in _BEFORE_WRITE:
-        check()
+def write_json(path: Path, data: Any) -> Path:
+    """Put one of the run's records in place, atomically (a temp file renamed over it), once this
+    process's epoch allows it (:func:`hpc_llm.rundir.epoch.check`: a process that no longer holds
+    the job raises :class:`~hpc_llm.rundir.epoch.Stale` and writes nothing; one that holds no epoch,
+    the login side, always may). Every write of results.json, attempts.json, trained.json,
+    progress, spares.json and the failure reports comes here."""
+    epoch.check(f"writing {path.name}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{world.pid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -155,7 +148,7 @@ def with_iso_times(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_results(run_dir: Path | str, data: dict[str, Any]) -> Path:
-    return _write_json(RunDir(run_dir).results, with_iso_times(data))
+    return write_json(RunDir(run_dir).results, with_iso_times(data))
 
 
 def read_results(run_dir: Path | str) -> dict[str, Any] | None:
@@ -167,7 +160,7 @@ def read_results(run_dir: Path | str) -> dict[str, Any] | None:
 
 
 def write_progress(run_dir: Path | str, data: dict[str, Any]) -> None:
-    _write_json(RunDir(run_dir).progress, data)
+    write_json(RunDir(run_dir).progress, data)
 
 
 def read_progress(run_dir: Path | str) -> dict[str, Any]:
@@ -237,6 +230,8 @@ class Attempt:
     left_out: list[str] = field(default_factory=list)
     #: nodes the job gave back to Slurm after this stop (left out and still allocated: the job shrank)
     given_back: list[str] = field(default_factory=list)
+    #: a ``network`` stop's nodes the batch host could not reach (blamed if it happens again)
+    unreachable: list[str] = field(default_factory=list)
     #: straggler verdicts (hpc_llm.job.supervisor.stragglers): node, ratio, busy seconds per batch
     #: of every node, the action taken (warn | swap | exclude), when
     stragglers: list[dict[str, Any]] = field(default_factory=list)
@@ -292,7 +287,7 @@ class Attempts:
         return cls(path, items)
 
     def save(self) -> None:
-        _write_json(self.path, [asdict(a) for a in self.items])
+        write_json(self.path, [asdict(a) for a in self.items])
 
     @property
     def current(self) -> Attempt:
@@ -567,7 +562,7 @@ class RunRecord:
         for key in CARRIED_FIGURES:
             if kept[key] is None:
                 kept[key] = earlier.get(key)
-        _write_json(RunDir(self.run_dir).trained, kept)
+        write_json(RunDir(self.run_dir).trained, kept)
         return kept
 
     # -- the ways a step ends ---------------------------------------------------

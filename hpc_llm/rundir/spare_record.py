@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
+from hpc_llm import world
 from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import write_json
 
 
 def write(
@@ -22,12 +23,9 @@ def write(
 ) -> None:
     """``.hpc_llm/spares.json``: the spares submitted, those left (in the allocation, their agent
     alive), those lost (and why), those given back. A failed write loses only this view."""
-    record = {"submitted": submitted, "left": left, "lost": lost, "given_back": given_back, "at": time.time()}
-    path = RunDir(run_dir).spares
+    record = {"submitted": submitted, "left": left, "lost": lost, "given_back": given_back, "at": world.time()}
     with contextlib.suppress(OSError):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        write_json(RunDir(run_dir).spares, record)
 
 
 def read(run_dir: Path | str) -> dict[str, Any] | None:

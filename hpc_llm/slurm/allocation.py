@@ -47,12 +47,12 @@ class SlurmJob:
         return job
 
 
-def show_job(job_id: str) -> dict[str, str]:
+def show_job(job_id: str, timeout: float = 10) -> dict[str, str]:
     """``scontrol show job`` of this job now; {} when slurmctld did not answer."""
     try:
         # epoch seconds, not local time (an hour off in the DST fall-back hour); a short timeout:
         # a slow slurmctld must not hold the signal path (verified: 22.05's scontrol honours it)
-        out = run(["scontrol", "show", "job", "-o", job_id], timeout=10, env={"SLURM_TIME_FORMAT": "%s"})
+        out = run(["scontrol", "show", "job", "-o", job_id], timeout=timeout, env={"SLURM_TIME_FORMAT": "%s"})
     except SlurmUnreachable:
         return {}
     return parse.show_job(out.stdout)

@@ -28,6 +28,21 @@ BUSY = ("Socket timed out on send/recv operation", "Resource temporarily unavail
 #: tries of a command that found the controller busy, and the first pause between them
 BUSY_TRIES = 3
 BUSY_PAUSE_S = 1.0
+#: the commands that change Slurm's state (the first words of their command line)
+MUTATING = (
+    ("scontrol", "requeue"),
+    ("scontrol", "update"),
+    ("scontrol", "hold"),
+    ("scontrol", "release"),
+    ("scancel",),
+)
+#: what the process is doing, when a change to Slurm has been checked against the run's epoch
+#: (hpc_llm.rundir.epoch: Holder.acting, as_user): kept in hpc_llm.world.local
+ACTING = "epoch.acting"
+
+
+class Unchecked(RuntimeError):
+    """A change to Slurm asked outside the run's epoch check: a bug of hpc_llm, not of Slurm."""
 
 
 class SlurmUnreachable(ConfigError):
@@ -52,6 +67,8 @@ def run(
     :class:`SlurmUnreachable` when it could not be asked: the command is missing, SLURM_CONF
     names no file, it timed out, or slurmctld stayed too busy to answer over ``tries`` tries
     (``timeout`` is for all of them together)."""
+    if mutating(args) and not world.local().get(ACTING):
+        raise Unchecked(f"`{' '.join(args[:3])}` asked without the run's epoch check (hpc_llm.rundir.epoch)")
     if world.which(args[0]) is None:
         raise SlurmUnreachable(f"no Slurm reachable: `{args[0]}` is not on PATH; {HOW_TO_START}")
     gone = no_config()
@@ -76,6 +93,12 @@ def run(
         world.sleep(pause)
         pause *= 2
     raise SlurmUnreachable(f"no Slurm reachable: {args[0]}: {said(out)}; {HOW_TO_START}")
+
+
+def mutating(args: list[str]) -> bool:
+    """Whether ``args`` changes Slurm's state (:data:`MUTATING`)."""
+    name = args[0].rsplit("/", 1)[-1] if args else ""
+    return any((name, *args[1 : len(m)]) == m for m in MUTATING)
 
 
 def said(out: subprocess.CompletedProcess[str]) -> str:

@@ -38,16 +38,20 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hpc_llm.job import heartbeat
-from hpc_llm.rundir import record
+from hpc_llm.job.env import JobEnv
+from hpc_llm.rundir import epoch
+from hpc_llm.rundir.epoch import Epoch, Stale
 
 log = logging.getLogger(__name__)
 
 
-class Fenced(RuntimeError):
-    """This rank's generation is over: it must not write anything that counts."""
+#: this rank's generation is over: it must not write anything that counts (the run's epoch's
+#: refusal, hpc_llm.rundir.epoch: one exception for every process of the job)
+Fenced = Stale
 
 
 #: seconds a rank whose lease ran out waits for the agent to renew it before it gives up: a
@@ -96,15 +100,16 @@ def ended() -> bool:
 
 
 def check(what: str = "write") -> None:
-    """Raise :class:`Fenced` when this rank may not ``what`` (see :func:`state`)."""
-    why = state()
+    """Raise :class:`Fenced` when this rank may not ``what``: the run's epoch check
+    (:func:`hpc_llm.rundir.epoch.check`), of which this rank's part is its generation's lease
+    (:func:`state`). A process the rank spawned (an upload worker) gets its holder from the
+    environment it inherited."""
+    if epoch.held() is None:
+        install()
+    why = epoch.refusal(what)
     if why is not None:
         log.error("hpc_llm: fenced, not doing %s: %s", what, why)
-        raise Fenced(f"{what} refused: {why}")
-
-
-def _record_write() -> None:
-    check("a write of the run's record")
+        raise Fenced(what, why)
 
 
 def guard_checkpoints() -> None:
@@ -128,6 +133,17 @@ def guard_checkpoints() -> None:
 
 
 def install() -> None:
-    """Guard this rank's writes of the run's record (call once, in the rank)."""
-    if heartbeat.board() is not None:
-        record.guard_writes(_record_write)
+    """This rank's epoch (call once, in the rank; every write of the run's record checks it):
+    its generation's, as the supervisor told it, with the lease on its node's board. A rank
+    outside an agent (the local launcher) has neither, and holds nothing."""
+    job = JobEnv.current()
+    mine = Epoch.parse(job.epoch) if job.epoch else None
+    on_board = heartbeat.board() is not None or bool(os.environ.get(heartbeat.BOARD_ENV))
+    if mine is None and not on_board:
+        return
+    run_dir = Path(job.run_dir) if job.run_dir else None
+    epoch.install(
+        epoch.Holder(
+            run_dir, job.job_id if mine else None, mine or Epoch(0, 0), "rank", lease=state if on_board else None
+        )
+    )
