@@ -92,7 +92,7 @@ def violations(sim: Sim) -> list[str]:
         if bad:
             out.append(f"(c) the job excludes healthy node(s) {','.join(bad)}")
     # (d) and (e): the run completed, where it could
-    lost_for_good = {f for f in sim.touched if not sim.net.hosts[f].up}
+    lost_for_good = sim.lost_for_good
     could = len(sim.slurm.nodes) - len(lost_for_good) >= (s.min_nodes or s.nodes)
     if could and status != "completed":
         out.append(

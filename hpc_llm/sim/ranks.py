@@ -206,6 +206,8 @@ def latest_checkpoint(run_dir: Path) -> int:
 def rank_main(proc: Proc, args: list[str]) -> None:
     """One rank of one generation (see the module docstring)."""
     from hpc_llm.job.env import JobEnv
+    from hpc_llm.rundir import epoch
+    from hpc_llm.rundir.epoch import Epoch
     from hpc_llm.rundir.record import RunRecord
 
     sim: Sim = proc.world.sim
@@ -232,10 +234,23 @@ def rank_main(proc: Proc, args: list[str]) -> None:
 
     Thread(world, proc, beat, "beats").start()
 
+    # the rank's epoch, as the real rank holds it (hpc_llm.job.rank.fence.install): its generation's,
+    # with the lease on its node's board; every write of the record checks it
+    mine = Epoch.parse(env.epoch)
+    epoch.install(
+        epoch.Holder(
+            t.run_dir if mine else None,
+            env.job_id if mine else None,
+            mine or Epoch(0, 0),
+            "rank",
+            lease=lambda: fence_state(a.board, a.gen, world),
+        )
+    )
+
     def may_write(what: str) -> None:
-        """The fence on the board, then the run's epoch: a rank of an ended generation writes
-        nothing (it exits, as the real one does when fence.check raises)."""
-        why = fence_state(a.board, a.gen, world)
+        """The run's epoch (its generation's lease on the board first): a rank of an ended
+        generation writes nothing (it exits, as the real one does when fence.check raises)."""
+        why = epoch.refusal(what)
         if why is not None:
             world.trace(proc, f"fenced, not doing {what}: {why}")
             raise SystemExit(1)

@@ -72,6 +72,25 @@ class _ToTrace(logging.Handler):
 _HANDLER = _ToTrace()
 
 
+class _Stderr:
+    """sys.stderr while a seed runs: what a simulated process writes there (srun's error lines,
+    which the supervisor copies into its batch log) goes into the trace."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def write(self, text: str) -> int:
+        task = self.sim.hub.current
+        who = task.proc.label if task is not None else "-"
+        for line in text.splitlines():
+            if line.strip():
+                self.sim.trace.note(self.sim.hub.now, who, line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 @dataclass
 class Mutation:
     t: float
@@ -160,8 +179,9 @@ class Sim:
         self.job: Job | None = None
         #: supervisors that ran, in the order they started: (proc, allocation restart)
         self.supervisors: list[Proc] = []
-        #: nodes a fault touched (the others stayed healthy)
+        #: nodes a fault touched (the others stayed healthy), and those it took for good
         self.touched: set[str] = set()
+        self.lost_for_good: set[str] = set()
         #: no Slurm client inside a container (the scenario may say so)
         self.container_without_slurm = False
         #: when the job ended, and when the last fault was undone (or happened, if for good)
@@ -284,6 +304,8 @@ class Sim:
             self.trace.note(self.hub.now, "FAULT", f"{fault.kind} {fault.role}: no such node now")
             return
         self.touched.add(node)
+        if fault.lasts is None and fault.kind in ("kill_node", "freeze_node", "cut_node", "partition", "oneway"):
+            self.lost_for_good.add(node)
         host = self.net.hosts[node]
         self.trace.note(
             self.hub.now,
@@ -311,6 +333,9 @@ class Sim:
                 self.hub.at(self.hub.now + fault.lasts, self._heal_cut, node)
         elif fault.kind in ("partition", "oneway"):
             others = [h for h in self.net.hosts if h != node and (h != "ctl" or fault.with_ctl)]
+            # a link that fails has two ends: from the nodes on the other side, nothing tells which
+            # end is at fault (with two nodes), so blaming either is no blame of a healthy node
+            self.touched.update(h for h in others if h != "ctl")
             pairs = {(node, o) for o in others}
             if fault.kind == "partition":
                 pairs |= {(o, node) for o in others}
@@ -333,6 +358,7 @@ class Sim:
         self.net.hosts[node].up = True
         self.trace.note(self.hub.now, "FAULT", f"{node} back up (rebooted)")
         self._changed()
+        self.hub.at(self.hub.now + 1.0, self.slurm.booted, node)
 
     def _thaw(self, node: str, procs: list[Proc]) -> None:
         self.slurm.frozen_slurmd.discard(node)
@@ -431,6 +457,7 @@ def run_seed(seed: int, scenario: Scenario | None = None, keep: Path | None = No
         root_logger.addHandler(_HANDLER)
     old_level = root_logger.level
     root_logger.setLevel(logging.INFO)
+    real_stderr, sys.stderr = sys.stderr, _Stderr(sim)  # type: ignore[assignment]
     try:
         sim.slurm.start()
         sim.submit()
@@ -441,6 +468,7 @@ def run_seed(seed: int, scenario: Scenario | None = None, keep: Path | None = No
         violations = check.violations(sim)
     finally:
         _drop_tasks(sim)
+        sys.stderr = real_stderr
         world_module.install(old)
         _HANDLER.sim = None
         root_logger.setLevel(old_level)

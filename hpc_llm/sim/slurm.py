@@ -269,6 +269,25 @@ class Slurm:
         if not job.nodes:
             self._end(job, "NODE_FAIL", requeue=job.requeue, why="no node left")
 
+    def booted(self, name: str) -> None:
+        """A node's slurmd started again after its host rebooted, and registered: a batch script
+        that should run there and does not is purged, its job requeued if it may be
+        (job_mgr.c, _purge_missing_jobs: "Batch JobId=N missing from batch node")."""
+        node = self.nodes[name]
+        if not self.responds(node):
+            return
+        node.last_response = self.hub.now
+        node.not_responding = False
+        node.down = False
+        self.sim.trace.note(self.hub.now, "slurmctld", f"node {name} registered (rebooted)")
+        self._kill_strays(node)
+        for job in self.jobs.values():
+            if job.state == "RUNNING" and job.batch_host == name and (job.batch is None or job.batch.dead):
+                job.rows[-1].update(state="NODE_FAIL", end=self.hub.now)
+                self._end(
+                    job, "FAILED", requeue=job.requeue, why=f"batch script missing from rebooted batch host {name}"
+                )
+
     # -- the scheduler
     def _schedule(self) -> None:
         now = self.hub.now
@@ -319,6 +338,8 @@ class Slurm:
     def _batch_ended(self, job: Job, restart: int, proc: Proc, code: int) -> None:
         if job.restarts != restart or job.state != "RUNNING" or job.batch is not proc or job.batch_host is None:
             return  # not this allocation's batch script any more
+        if proc.vanished:
+            return  # its host died with it: nobody reports it (the host's reboot does: booted())
         if not self.responds(self.nodes[job.batch_host]):
             # slurmd tells slurmctld when it can (the batch host cut off: when it answers again)
             self.hub.at(self.hub.now + self.cfg.ping_s, self._batch_ended, job, restart, proc, code)
@@ -343,6 +364,9 @@ class Slurm:
         for name in list(job.nodes):
             node = self.nodes[name]
             self._kill_on(node, job, restart, signal.SIGTERM, pending=True)
+        if not job.waiting_nodes:
+            self._released(job, None)
+            return
         self.hub.at(self.hub.now + self.cfg.kill_wait_s, self._end_kill, job, restart)
 
     def _end_kill(self, job: Job, restart: int) -> None:
@@ -354,11 +378,12 @@ class Slurm:
             elif node.down:
                 self._released(job, name)
 
-    def _released(self, job: Job, name: str) -> None:
-        node = self.nodes[name]
-        if node.job is job:
-            node.job = None
-        job.waiting_nodes.discard(name)
+    def _released(self, job: Job, name: str | None) -> None:
+        if name is not None:
+            node = self.nodes[name]
+            if node.job is job:
+                node.job = None
+            job.waiting_nodes.discard(name)
         if job.waiting_nodes or job.ending is None:
             return
         final, requeue = job.ending
@@ -413,12 +438,14 @@ class Slurm:
             self._released(job, node.name)
 
     # -- steps (srun)
-    def create_step(self, proc: Proc, nodes_wanted: int, exclude: list[str], no_kill: bool) -> Step | str:
+    def create_step(
+        self, proc: Proc, nodes_wanted: int, exclude: list[str], no_kill: bool, only: list[str] | None = None
+    ) -> Step | str:
         st = proc.step
         job = st.job if st is not None else None
         if job is None or job.state != "RUNNING" or st.restart != job.restarts:
             return "Job/step already completing or completed"
-        nodes = [n for n in job.nodes if n not in exclude and not self.nodes[n].down]
+        nodes = [n for n in job.nodes if n not in exclude and not self.nodes[n].down and (only is None or n in only)]
         if len(nodes) < nodes_wanted:
             return "Requested node configuration is not available"
         step = Step(job, job.restarts, str(job.next_step), nodes[:nodes_wanted], no_kill=no_kill, srun=proc)
@@ -680,7 +707,9 @@ class Slurm:
             job.requeue = fields.pop("Requeue") == "1"
             if not fields:
                 return _done(args, "")
-        if job.state != "PENDING":
+        if job.state != "PENDING" and not (job.ending is not None and job.ending[1]):
+            # a job requeued is pending already while its old allocation completes (seen on the
+            # dev cluster: the new ExcNodeList accepted while the job was still COMPLETING)
             return _done(args, "", "slurm_update error: Job is no longer pending execution", 1)
         if "ExcNodeList" in fields:
             job.exc = expand(fields["ExcNodeList"]) if fields["ExcNodeList"] else []
@@ -784,7 +813,8 @@ def srun_main(proc: Proc, args: list[str]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         proc.handlers[sig] = on_signal
     # ask slurmctld for the step
-    reply = _ask_ctld(proc, lambda: slurm.create_step(proc, n, exclude, "--no-kill" in flags))
+    only = expand(opts.get("--nodelist") or opts.get("-w") or "") or None
+    reply = _ask_ctld(proc, lambda: slurm.create_step(proc, n, exclude, "--no-kill" in flags, only))
     if reply is None:
         if err:
             err.write(
@@ -801,11 +831,13 @@ def srun_main(proc: Proc, args: list[str]) -> None:
     failed = slurm.launch(step, command, dict(proc.env))
     if failed:
         if err:
+            nodes = ",".join(failed)
             err.write(
-                f"srun: error: Task launch for StepId={step} failed on node {','.join(failed)}: Communication connection failure"
+                f"srun: error: Task launch for StepId={step} failed on node {nodes}: Communication connection failure"
             )
-        _ask_ctld(proc, lambda: slurm.kill_step(step, signal.SIGKILL))
-        state["ended_by_abort"] = True
+        # srun aborts the step: the tasks it did launch are killed, and it exits
+        step.done.update(failed)
+        state["abort"] = True
     while not step.ended:
         if state.get("abort") and not state["aborted"]:
             state["aborted"] = True

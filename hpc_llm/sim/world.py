@@ -68,6 +68,8 @@ class Proc:
         self.label = label
         self.frozen = False
         self.dead = False
+        #: it died with its host (no kernel left to report its end)
+        self.vanished = False
         self.code: int | None = None
         self.deferred: list[tuple[Task, Any]] = []
         self.pending_signals: list[int] = []
@@ -143,6 +145,7 @@ class Proc:
         if self.dead:
             return
         self.dead, self.code, self.frozen = True, code, False
+        self.vanished = vanish
         for task in self.tasks:
             task.dropped = True
         for s in list(self.socks):
@@ -494,6 +497,7 @@ class SimWorld:
             task.dropped = True
         me.tasks = []
         me.argv, me.env = list(argv), dict(env)
+        me.label = f"{os.path.basename(argv[0])}@{me.host.name}"
         me.handlers.clear()
         me.wakeups.clear()
         me.local = {}

@@ -38,7 +38,7 @@ from hpc_llm.job.agent import orphan
 from hpc_llm.job.agent.forker import RankProc, describe_status
 from hpc_llm.job.agent.node import board_file, free_port, own_output, rank_env
 from hpc_llm.job.agent.ranks import Forked, RankRuntime
-from hpc_llm.job.env import FORKED_AT, JobEnv
+from hpc_llm.job.env import EPOCH, FORKED_AT, JobEnv
 from hpc_llm.rundir.layout import RunDir
 
 log = logging.getLogger("hpc_llm.agent")
@@ -78,6 +78,9 @@ class Agent:
         self.board: heartbeat.Board | None = None
         self.ranks: dict[int, RankProc] = {}  # pid -> rank
         self.gen: int | None = None  # the generation this node runs (or ran last)
+        #: the run's epoch of that generation, as the supervisor told it (hpc_llm.rundir.epoch); at
+        #: first the one the agent step was started in
+        self.epoch: str | None = job.epoch
         self.live: int | None = None  # the generation whose lease pings renew (None once killed)
         self.killing: dict[int, float] = {}  # generation -> when the kill began
         self.scratch: set[Path] = set()
@@ -182,6 +185,7 @@ class Agent:
                     silent=self.silent,
                     lost_at=self.lost_at,
                     requeue_on_loss=self.requeue_on_loss,
+                    epoch=self.epoch,
                 )
             )
         return 0
@@ -254,6 +258,7 @@ class Agent:
                 self.board.remove()
             self.board = heartbeat.Board(per_node, board_file())
         self.gen = self.live = gen
+        self.epoch = msg.env.get(EPOCH) or self.epoch
         self.stalled = False
         self.board.set_fence(gen, world.monotonic() + self.lease_s)
         base = dict(msg.env)

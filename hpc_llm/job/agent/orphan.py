@@ -20,7 +20,6 @@ judged by Slurm: requeue only once slurmctld finds it not responding too. Stdlib
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 from dataclasses import dataclass
@@ -29,7 +28,9 @@ from pathlib import Path
 from hpc_llm import world
 from hpc_llm.job import wire
 from hpc_llm.job.agent import takeover
+from hpc_llm.rundir import epoch
 from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import write_json
 from hpc_llm.slurm import allocation, requeue
 
 log = logging.getLogger("hpc_llm.agent")
@@ -63,6 +64,8 @@ class Orphan:
     lost_at: float
     #: (nodes the run needs, nodes submitted with, ranks per node)
     requeue_on_loss: tuple[int, int, int]
+    #: the run's epoch of the last generation this agent ran ("r.t.g"; None: it ran none, a spare)
+    epoch: str | None = None
 
 
 def requeue_orphaned(o: Orphan) -> None:
@@ -90,7 +93,7 @@ def requeue_orphaned(o: Orphan) -> None:
     )
     info = job_info(o.job_id)
     lost = takeover.supervisor_node()  # a supervisor that took over runs on another node than BatchHost
-    host = lost or info.get("BatchHost") or "?"
+    host = lost or batch_host(info) or "?"
     how = "refused connections"
     argv = takeover.command()
     # A supervisor that ends leaves its batch script ending the job: only a host Slurm finds gone
@@ -99,27 +102,52 @@ def requeue_orphaned(o: Orphan) -> None:
         verdict = await_verdict(o, host, follow_batch_host=lost is None)
         if verdict is None:
             return
-        info, host = verdict, lost or verdict.get("BatchHost") or host
+        info, host = verdict, lost or batch_host(verdict) or host
         how = "refused connections, and not responding to slurmctld" if refused else "not responding to slurmctld"
     if not allocation.still_this_allocation(info, o.restart):
         log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", o.node, info.get("JobState"))
         return
-    by = takeover.claimed_by(o.run_dir, o.job_id, o.restart, host) if host != "?" else None
-    if by:
-        log.warning("hpc_llm agent on %s: the agent on %s took the supervisor's place: ending", o.node, by)
+    holder = take_command(o)
+    if holder is None:
         return
     needed = o.requeue_on_loss[0]
     why = takeover.why_not(argv, allocation.hostnames(info.get("NodeList")), host, needed) if host != "?" else "?"
     if argv is not None and why is None:
-        by = takeover.claim(o.run_dir, o.job_id, o.restart, host, o.node)
-        if by:
-            log.warning("hpc_llm agent on %s: the agent on %s took the supervisor's place: ending", o.node, by)
-            return
         seen = {"job_id": o.job_id, "restart": o.restart, "node": host, "how": how, "by": o.node}
         takeover.take_over(argv, o.run_dir, o.job_ref, o.restart, o.node, host, {**seen, "detected_at": o.lost_at})
-    elif argv is not None:
+        why = "the supervisor could not be started here"
+    if argv is not None:
         log.warning("hpc_llm agent on %s: cannot take the supervisor's place (%s): requeueing", o.node, why)
-    _requeue(o, info, host, how)
+    _requeue(o, info, host, how, holder, refused=why if argv is not None else None)
+
+
+def take_command(o: Orphan) -> epoch.Holder | None:
+    """Claim the next command of this allocation (:mod:`hpc_llm.rundir.epoch`): this agent acts
+    for the job from now on, and no other process of it (another orphaned agent, the lost
+    supervisor come back) may. None when another process holds the job already (it took over,
+    requeued, or the supervisor resumed command): then this agent ends."""
+    try:
+        now = epoch.current(o.run_dir, o.job_id)
+    except OSError as exc:
+        log.warning("hpc_llm agent on %s: the run's epoch cannot be read (%s): doing nothing", o.node, exc)
+        return None
+    known = epoch.Epoch.parse(o.epoch) or now or epoch.Epoch(o.restart, 0)
+    if now is not None and (now.restart != o.restart or now.command > known.command):
+        by = epoch.claimed_by(o.run_dir, o.job_id, now.restart, now.takeover)
+        log.warning("hpc_llm agent on %s: epoch %s holds the job (claimed by %s): ending", o.node, now, by)
+        return None
+    holder = epoch.claim(
+        o.run_dir, o.job_id, o.restart, known.takeover + 1, by=o.node, generation=(now or known).generation
+    )
+    if holder is None:
+        found = epoch.current(o.run_dir, o.job_id)
+        by = epoch.claimed_by(o.run_dir, o.job_id, found.restart, found.takeover) if found else "?"
+        log.warning("hpc_llm agent on %s: the agent on %s took command of the job first: ending", o.node, by)
+        return None
+    holder.role = "agent"
+    epoch.install(holder)
+    log.warning("hpc_llm agent on %s: took command of the job (epoch %s)", o.node, holder.epoch)
+    return holder
 
 
 def await_verdict(o: Orphan, host: str, follow_batch_host: bool = True) -> dict[str, str] | None:
@@ -132,18 +160,19 @@ def await_verdict(o: Orphan, host: str, follow_batch_host: bool = True) -> dict[
     while host == "?" or not allocation.node_gone(host):
         world.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (o.node_id % 8))
         info = job_info(o.job_id)
-        host = (info.get("BatchHost") if follow_batch_host else None) or host
+        host = (batch_host(info) if follow_batch_host else None) or host
         if world.monotonic() > deadline or (info and not allocation.still_this_allocation(info, o.restart)):
             log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", o.node, host)
             return None
     return job_info(o.job_id)
 
 
-def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
+def _requeue(o: Orphan, info: dict[str, str], host: str, how: str, holder: epoch.Holder, refused: str | None) -> None:
     """Decided and recorded first: the requeue ends this agent's step within seconds. The job
     asks for what the partition can still hold (requeue.fit_partition): with every node of it
     allocated, a job whose batch host died would otherwise pend until an operator returns that
-    host."""
+    host. ``refused``: why no agent could take the supervisor's place, when one was offered (the
+    record says so)."""
     needed, full, per_node = o.requeue_on_loss
     exclude = [n for n in allocation.hostnames(info.get("ExcNodeList")) if n != host]
     exclude += [host] if host != "?" else []
@@ -162,15 +191,25 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
         "requeued_at": world.time(),
         "exclude_error": None if host != "?" else "no BatchHost",
         "shrunk": shrunk[1] if shrunk else None,
+        "takeover_refused": refused,
     }
     lost = RunDir(o.run_dir).supervisor_lost
-    with contextlib.suppress(OSError):
-        lost.write_text(json.dumps(seen))
+    with contextlib.suppress(OSError, epoch.Refused):
+        write_json(lost, seen)
     log.info("hpc_llm agent on %s: job %s is %s: requeueing it", o.node, o.job_ref, info.get("JobState"))
     world.on_signal(signal.SIGTERM, signal.SIG_IGN)
-    done = requeue.requeue(
-        o.job_ref, exclude=exclude if host != "?" else None, resize=shrunk, per_node=per_node, after_dead_node=True
-    )
+    try:
+        with holder.acting("requeueing the job its supervisor was lost from"):
+            done = requeue.requeue(
+                o.job_ref,
+                exclude=exclude if host != "?" else None,
+                resize=shrunk,
+                per_node=per_node,
+                after_dead_node=True,
+            )
+    except epoch.Refused as exc:
+        log.error("hpc_llm agent on %s: not requeueing: %s", o.node, exc.why)
+        return
     if not done.ok:
         with contextlib.suppress(OSError):
             lost.unlink()
@@ -186,6 +225,12 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str) -> None:
         f"; {done.resized}" if done.resized and not err else "",
         f"; could not hold it: {done.hold_error}" if done.hold_error else "",
     )
+
+
+def batch_host(info: dict[str, str]) -> str | None:
+    """The job's BatchHost (None once Slurm took it out of the job: scontrol says ``(null)``)."""
+    host = info.get("BatchHost")
+    return None if host in (None, "", "(null)", "None") else host
 
 
 def job_info(job_id: str) -> dict[str, str]:

@@ -7,28 +7,30 @@ the ``--no-kill`` branch; the agent step, ``srun --no-kill``, lives on there too
 costs what Slurm makes it cost: the job waits until the host is DOWN and cred_expire has passed,
 and its new allocation starts cold (47 s from the cut to training again on the 24.11 dev
 cluster). Instead, the first orphaned agent alive, once slurmctld confirms the supervisor's host
-is gone, becomes the supervisor (:func:`take_over`): it execs the supervisor's own command
-line (the supervisor puts it in the agent step's environment, :data:`wire.TAKEOVER`) on its own
-node, in its own task of the agent step, with:
+is gone, becomes the supervisor (:func:`take_over`): it claims the next command of the
+allocation (the run's epoch, :mod:`hpc_llm.rundir.epoch`: one file created with ``O_EXCL``, so
+one agent wins and every other process of the job, the lost supervisor come back included, is
+refused from then on), and starts the supervisor's own command line (the supervisor puts it in
+the agent step's environment, :data:`wire.TAKEOVER`) on its own node, in a step of its own (this
+process execs ``srun --overlap`` for it: the new supervisor outlives the old agent step), with:
 
 - ``MASTER_ADDR`` its node's address (the new agents' supervisor);
-- :data:`wire.TAKEN_OVER_FROM` the lost node: the new supervisor books the lost attempt (cause
-  ``node_failure``, that node the only suspect, a swap) and starts a new agent step without it
-  (``srun --overlap --exclude=...``: the old step still holds the nodes' CPUs, its own task among
-  them), where a spare takes the lost node's rank;
+- :data:`wire.TAKEN_OVER_FROM` the lost node, and the command it claimed
+  (:data:`hpc_llm.rundir.epoch.CLAIMED_ENV`, which the new supervisor adopts): the new supervisor
+  books the lost attempt (cause ``node_failure``, that node the only suspect, a swap) and starts a
+  new agent step without it (``srun --overlap --exclude=...``: the old step still holds the
+  nodes' CPUs), where a spare takes the lost node's rank;
 - its output in its own log, ``logs/slurm-<job>.<restart>.<node>.out``.
 
 Verified on the 24.11 dev cluster with nodes as hosts (docs/design/verified/slurm.md): a step
 started so from a task of a ``--no-kill`` step ran on the two other nodes while the batch host was
 cut off, and both steps lived on after Slurm took the host out of the job.
 
-One agent takes over: the claim is a file created with ``O_EXCL`` in the run's private directory
-(:meth:`RunDir.takeover_claim`); the others find it and end. The supervisor lost, if it comes back
-(a frozen host thawed), finds it too and stands aside (``SupervisorState.superseded``). A job
-whose batch script is gone ends only by ``scancel``: the new supervisor cancels its own job when
-the run is done or failed (its record says which). Not possible where ``srun`` or the
-supervisor's Python is missing (an agent inside a container): the agent requeues the job as before.
-Stdlib only.
+A job whose batch script is gone ends only by ``scancel``: the new supervisor cancels its own job
+when the run is done or failed (its record says which). Not possible where ``srun`` or the
+supervisor's Python is missing (an agent inside a container): the agent requeues the job
+instead, and the record says why no agent took over (``supervisor_lost.json``'s
+``takeover_refused``). Stdlib only.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ from pathlib import Path
 
 from hpc_llm import world
 from hpc_llm.job import wire
+from hpc_llm.job.env import SRUN_TASK_VARS
+from hpc_llm.rundir import epoch
 from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir.record import write_json
 from hpc_llm.slurm import allocation
 
 log = logging.getLogger("hpc_llm.agent")
@@ -78,51 +83,56 @@ def why_not(argv: list[str] | None, nodes: list[str], lost: str, needed: int) ->
     return None
 
 
-def claim(run_dir: Path, job_id: str, restart: int, lost: str, by: str) -> str | None:
-    """Claim the takeover of ``lost``'s supervisor for this agent: None when it is ours, else the
-    node that claimed it first."""
-    path = RunDir(run_dir).takeover_claim(job_id, restart, lost)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        with contextlib.suppress(OSError):
-            return path.read_text().strip() or "?"
-        return "?"
-    with os.fdopen(fd, "w") as f:
-        f.write(by)
-    return None
-
-
-def claimed_by(run_dir: Path, job_id: str, restart: int, lost: str) -> str | None:
-    """The node that took over from ``lost``'s supervisor in this allocation, if one did."""
-    with contextlib.suppress(OSError):
-        return RunDir(run_dir).takeover_claim(job_id, restart, lost).read_text().strip() or "?"
-    return None
-
-
 def take_over(
     argv: list[str], run_dir: Path, job_ref: str, restart: int, node: str, lost: str, seen: dict[str, object]
 ) -> None:
     """Become the supervisor (see the module's docstring); returns only if ``exec`` failed. ``seen``
-    is what the agent found (how the supervisor was lost, when): the new supervisor books it."""
+    is what the agent found (how the supervisor was lost, when): the new supervisor books it.
+
+    The supervisor runs in a step of its own, not in this agent's task of the old agent step:
+    this process execs ``srun`` for it, on this node (``--overlap``: the old step holds the
+    node's CPUs). Whatever ends the old step later (the lost supervisor's srun on a host that
+    heals, or Slurm killing the step there) kills this srun, and with it its shepherd, in the
+    same process tree: the new step, and the supervisor in it, live on (issue #50: a supervisor
+    exec'd in the old step died with it, and the job stayed RUNNING with nothing alive)."""
     rd = RunDir(run_dir)
-    with contextlib.suppress(OSError):
-        rd.supervisor_lost.write_text(json.dumps({**seen, "taken_over_at": world.time()}))
-    env = dict(world.environ())
+    holder = epoch.held()
+    with contextlib.suppress(OSError, epoch.Refused):
+        write_json(rd.supervisor_lost, {**seen, "taken_over_at": world.time()})
+    env = {k: v for k, v in world.environ().items() if k not in SRUN_TASK_VARS}
     env[wire.TAKEN_OVER_FROM] = lost
+    if holder is not None:
+        env[epoch.CLAIMED_ENV] = f"{holder.epoch.restart}.{holder.epoch.takeover}"
     here = allocation.slurmd_addresses([node]).get(node)
     env["MASTER_ADDR"] = here[0] if here else node
     for name in (wire.SUPERVISOR, wire.TOKEN, wire.SUPERVISOR_NODE, wire.TAKEOVER, wire.SILENT_S):
         env.pop(name, None)
+    out = rd.takeover_log(job_ref, restart, node)
     log.warning(
         "hpc_llm agent on %s: the supervisor on %s is lost: taking its place in this allocation (log: %s)",
         node,
         lost,
-        rd.takeover_log(job_ref, restart, node),
+        out,
     )
-    world.redirect_output(rd.takeover_log(job_ref, restart, node))
+    srun = world.which("srun")
+    if srun is None:
+        log.error("hpc_llm agent on %s: could not start the supervisor: no srun here", node)
+        return
+    step = [
+        srun,
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--no-kill",
+        "--kill-on-bad-exit=0",
+        "--export=ALL",
+        f"--output={out}",
+        "--open-mode=append",
+    ]
+    world.redirect_output(out)
+    exe = argv[0] if os.path.isfile(argv[0]) else (world.which(argv[0]) or argv[0])
     try:
-        exe = argv[0] if os.path.isfile(argv[0]) else (world.which(argv[0]) or argv[0])
-        world.execve(exe, argv, env)
+        world.execve(srun, [*step, exe, *argv[1:]], env)
     except OSError as exc:
         log.error("hpc_llm agent on %s: could not start the supervisor: %s", node, exc)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import signal
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hpc_llm import world
 from hpc_llm.job.supervisor.stop import Decision
+from hpc_llm.rundir import epoch
 from hpc_llm.rundir.outcome import Action, Cause, State
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 from hpc_llm.slurm import allocation, requeue
@@ -26,17 +28,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("hpc_llm.supervisor")
 
 
-def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int | None:
-    """Record the decision, then carry it out: the job's exit code, or None to run the next
-    generation in this allocation. A supervisor that stands down, or whose job Slurm has
-    requeued meanwhile, writes nothing: its record would contradict Slurm's."""
+def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int | str | None:
+    """Record the decision, then carry it out: the job's exit code, None to run the next
+    generation in this allocation, or :data:`RESUME` (decide again: a supervisor that stood down
+    has command back). A supervisor that stands down writes nothing; one that no longer holds the
+    job's epoch is refused its first write (:class:`~hpc_llm.rundir.epoch.Stale`, which the
+    supervisor's loop turns into standing aside)."""
     if d.action == Action.STAND_DOWN:
         return stand_down(sup, d)
-    if d.action != Action.SLURM_REQUEUES and sup.superseded():
-        log.warning("hpc_llm supervisor: the job runs a newer allocation than this one: writing nothing, ending")
-        sup.agents.end()
-        stand_aside(sup, wait_for_claim=False)
-        return 0
     if d.action == Action.DONE:
         if a.alloc_nodes > len(a.nodes) or a.stragglers:
             # rank 0 wrote the completed record; the spares' node-seconds and the straggler
@@ -46,10 +45,9 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
         end_for_good(sup)
         return 0
     if d.action == Action.SLURM_REQUEUES:
-        # the attempt stays "running"; the next start closes it from accounting (lost.close)
-        a.state, a.ended_at = State.RUNNING, None
-        attempts.save()
-        log.warning("hpc_llm supervisor: %s; not recording a failure", d.reason)
+        # Slurm's restart count has moved on: the record is the next allocation's to write. This
+        # attempt stays "running" there, and the next start closes it from accounting (lost.close)
+        log.warning("hpc_llm supervisor: %s; writing nothing", d.reason)
         return 0
     a.state = d.state
     a.ended_at = a.ended_at or world.time()
@@ -58,6 +56,7 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
     if a.state != State.STOPPED or d.action == Action.FAIL:
         a.error = d.reason  # a stop that saved keeps what rank 0 said (usually nothing)
     a.suspects = sorted(set(d.suspects))
+    a.unreachable = list(d.unreachable)
     if d.action == Action.FAIL:
         fail(sup, attempts, a, d.cause, d.reason)
         return 1
@@ -70,43 +69,89 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
     return requeue_job(sup, attempts, a, d)
 
 
-def stand_down(sup: SupervisorState, d: Decision) -> int:
-    """This host is cut off (the policy's reason says why): no record, no requeue (slurmctld does
-    not answer anyway); the agent on this node ends its ranks, and this process ends. Slurm finds
-    the host not responding, requeues the job, and the next start books this attempt from its
-    record; a host that heals later carries no process of the job."""
+#: what :func:`act` returns when a supervisor that stood down has command again: decide the same
+#: stop anew, with what Slurm says now
+RESUME = "resume"
+#: how often a supervisor standing down or aside asks Slurm and the run's epoch how things stand
+VERDICT_POLL_S = 3.0
+
+
+def stand_down(sup: SupervisorState, d: Decision) -> int | str:
+    """This host is cut off (the policy's reason says why). Standing down never ends the job: the
+    batch script is this process, and its end would be the job's end (FAILED, not requeued) while
+    Slurm may still be about to requeue it or an agent to take over. So: write nothing, change
+    nothing in Slurm, end this node's ranks and let go of the agent step (:meth:`Agents.abandon`),
+    and wait for the verdict:
+
+    * an agent claims the job's epoch (it takes this supervisor's place): stand aside;
+    * Slurm moves the job on (it calls this host DOWN: a requeue, or the host taken out of a
+      ``--no-kill`` job) or ends the allocation (SIGTERM): end, writing nothing; the next holder
+      books this attempt;
+    * slurmctld answers again with this allocation still running on this host: claim the next
+      command of it and decide the stop anew (:data:`RESUME`), with what Slurm says now."""
     log.error("hpc_llm supervisor: %s", d.reason)
     sup.agents.abandon()
-    stand_aside(sup)
-    return 1
-
-
-#: how often a supervisor standing aside looks for an agent's takeover claim, and how long beyond
-#: the agents' patience and Slurm's verdict it looks for one before it ends
-ASIDE_POLL_S = 2.0
-ASIDE_SLACK_S = 90.0
-
-
-def stand_aside(sup: SupervisorState, wait_for_claim: bool = True) -> None:
-    """With spares, an agent may take this supervisor's place in the same job
-    (hpc_llm.job.agent.takeover) while this host is cut off or frozen. If this host is back before
-    Slurm took it out of the job, this process is still the batch script, and its end would end
-    the job under the supervisor that took over: so once the claim is there it keeps the batch
-    script alive, writing nothing, until Slurm ends the job (its SIGTERM). Without a claim it
-    waits as long as one may still come (the agents' patience and Slurm's verdict), then ends;
-    not at all unless ``wait_for_claim`` (a supervisor whose job runs a newer allocation)."""
-    if not sup.job.job_id or not sup.agents.takeover_offered():
-        return
-    deadline = world.monotonic() + sup.silent_s + sup.slurmd_timeout_s + ASIDE_SLACK_S
-    said = False
+    holder = sup.holder
+    if holder is None or not sup.job.job_id:
+        return 1  # off Slurm there is nobody else to decide
+    since = world.monotonic()
     while not sup.terminated_at:
-        if sup.taken_over():
-            if not said:
-                log.warning("hpc_llm supervisor: an agent took this supervisor's place: keeping the batch script")
-                said = True
-        elif not wait_for_claim or world.monotonic() > deadline:
-            return
-        world.sleep(ASIDE_POLL_S)
+        why = sup.stale()
+        if why is not None:
+            return stand_aside(sup, why)
+        info = sup.job_info()
+        if info:
+            nodes = allocation.hostnames(info.get("NodeList"))
+            if not allocation.still_this_allocation(info, sup.job.restart) or sup.node not in nodes:
+                log.warning(
+                    "hpc_llm supervisor: Slurm moved the job on (%s, restart %s, nodes %s): ending, writing nothing",
+                    info.get("JobState"),
+                    info.get("Restarts"),
+                    info.get("NodeList"),
+                )
+                return 0
+            mine = holder.epoch
+            took = epoch.claim(
+                sup.run_dir,
+                str(sup.job.job_id),
+                mine.restart,
+                mine.takeover + 1,
+                by=sup.node,
+                generation=mine.generation,
+            )
+            if took is None:
+                return stand_aside(sup, f"{epoch.current(sup.run_dir, str(sup.job.job_id))} holds the job")
+            sup.hold(took)
+            waited = world.monotonic() - since
+            log.warning(
+                "hpc_llm supervisor: slurmctld answers again after %.0f s with this allocation running here: "
+                "resuming command (epoch %s)",
+                waited,
+                took.epoch,
+            )
+            return RESUME
+        world.sleep(VERDICT_POLL_S)
+    return 0
+
+
+def stand_aside(sup: SupervisorState, why: str) -> int:
+    """Another process holds the job (an agent took this supervisor's place, or Slurm moved the job
+    on): write nothing, change nothing in Slurm, let go of the agent step without ending it, and
+    keep this batch script alive as long as it may still be the job's (this host in the job, the
+    same allocation running): its end would end the job under the one that holds it. Ends (0) when
+    Slurm ends this allocation (SIGTERM), requeues the job or takes this host out of it."""
+    log.warning("hpc_llm supervisor: no longer holds the job (%s): writing nothing, standing aside", why)
+    sup.agents.abandon()
+    if not sup.job.job_id:
+        return 0
+    while not sup.terminated_at:
+        info = sup.job_info()
+        if info:
+            nodes = allocation.hostnames(info.get("NodeList"))
+            if not allocation.still_this_allocation(info, sup.job.restart) or sup.node not in nodes:
+                return 0
+        world.sleep(VERDICT_POLL_S)
+    return 0
 
 
 def restart(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> None:
@@ -153,12 +198,18 @@ def fail(sup: SupervisorState, attempts: Attempts, a: Attempt | None, cause: str
 def end_for_good(sup: SupervisorState) -> None:
     """The job ends now and must stay ended: after a preemption Slurm >= 24.05 would requeue
     it once more (hpc_llm.slurm.requeue.ending_for_good)."""
-    err = requeue.ending_for_good(str(sup.job.ref)) if sup.job.ref else None
+    if not sup.job.ref:
+        return
+    try:
+        with epoch.acting("setting Requeue=0 on the job"):
+            err = requeue.ending_for_good(str(sup.job.ref))
+    except epoch.Refused as exc:
+        err = exc.why
     if err:
         log.warning("hpc_llm supervisor: could not set Requeue=0 (%s): Slurm may start the job once more", err)
 
 
-def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int:
+def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int | str:
     """Put the job back in the queue without the nodes whose blame is in force, sized to what its
     partition holds."""
     exclude, warning = exclusions(sup, attempts, d)
@@ -179,16 +230,22 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
     size = requeue.Size(
         sup.agents.asked or full, full, sup.policy.least_nodes, job.partition, tuple(exclude), sup.policy.nodes
     )
-    done = requeue.requeue(
-        str(job.ref),
-        exclude=exclude if change else None,
-        resize=None if by_ending else requeue.fit_partition(size),
-        per_node=sup.policy.tasks_per_node,
-        # a dead node still holds the job COMPLETING: not again before Slurm has let it go and
-        # cleaned up (requeue.REQUEUE_DELAY_SINCE)
-        after_dead_node=d.cause == Cause.NODE_FAILURE,
-        by_ending=by_ending,
-    )
+    resize = None if by_ending else requeue.fit_partition(size)
+    try:
+        with epoch.acting("requeueing the job"):
+            done = requeue.requeue(
+                str(job.ref),
+                exclude=exclude if change else None,
+                resize=resize,
+                per_node=sup.policy.tasks_per_node,
+                # a dead node still holds the job COMPLETING: not again before Slurm has let it go
+                # and cleaned up (requeue.REQUEUE_DELAY_SINCE)
+                after_dead_node=d.cause == Cause.NODE_FAILURE,
+                by_ending=by_ending,
+            )
+    except epoch.Unanswered as exc:
+        # slurmctld cannot be reached from here: as cut off, wait for it (or for Slurm's verdict)
+        return stand_down(sup, replace(d, reason=f"{d.reason}; but the requeue could not be asked ({exc.why})"))
     if not done.ok:
         a.requeued = False
         fail(

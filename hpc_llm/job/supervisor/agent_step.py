@@ -65,7 +65,8 @@ class Step:
     """A running srun step and the srun error lines seen on its stderr so far."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.proc = world.popen(command, env)
+        # srun in a session of its own, with the shepherd it forks: abandon() kills both at once
+        self.proc = world.popen(command, env, new_session=True)
         self.errors: list[str] = []
         self._pump = world.thread(lambda: pump_stderr(self.proc, self.errors), "hpc_llm-srun-stderr")
         self._pump.start()
@@ -76,6 +77,15 @@ class Step:
 
     def kill(self) -> None:
         kill_step(self.proc)
+
+    def abandon(self) -> None:
+        """Let go of the step without ending it: SIGKILL srun and its shepherd together (its process
+        group). srun killed alone leaves its shepherd, which asks slurmctld to kill the step
+        (src/srun/srun_job.c, _shepherd_spawn), and srun's own abort (two SIGINTs) or its SIGTERM
+        handler kill the step on every node: a step the supervisor that took this one's place was
+        exec'd in, on a host cut off and healed (issue #50's first defect)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            world.killpg(self.proc.pid, signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int | None:
         """srun's exit status, once its stderr has reached the batch log (None: still running)."""

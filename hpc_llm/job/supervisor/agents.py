@@ -24,7 +24,7 @@ from hpc_llm.job.supervisor.events import FleetEvent, Heard
 from hpc_llm.job.supervisor.fleet import Fleet
 from hpc_llm.job.supervisor.generation import Generation
 from hpc_llm.job.supervisor.options import Policy
-from hpc_llm.rundir import spare_record
+from hpc_llm.rundir import epoch, spare_record
 from hpc_llm.slurm import allocation, requeue
 from hpc_llm.slurm.allocation import SlurmJob
 
@@ -107,8 +107,11 @@ class Agents:
             return
         if self.step is not None:
             self.end()
+        if self.fleet.view():
+            # the agents of an ended (or abandoned) step: a new fleet hears only the new ones
             self.fleet.close()
             self.fleet = self.new_fleet()
+        self.refresh_nodes()
         self.step = Step(for_nodes(self.command, self.job.nodes, self.left_out, overlap=self.overlap), self.env())
         self.since = world.monotonic()
 
@@ -122,6 +125,10 @@ class Agents:
         env[wire.SUPERVISOR] = f"{host}:{self.fleet.port}"
         env[wire.TOKEN] = self.token
         env[wire.LEASE_S] = f"{self.policy.lease_s:g}"
+        holder = epoch.held()
+        if holder is not None:
+            # the command the agents serve: an orphaned one claims the next, never one it has not seen
+            env[epoch.EPOCH_ENV] = str(holder.epoch)
         if self.silent_s is not None:
             env[wire.SILENT_S] = f"{self.silent_s:g}"
         full = self.full_size()
@@ -129,9 +136,12 @@ class Agents:
             # submitted with spares (even if fewer are left), or to go on with fewer nodes: a
             # --no-kill job outlives its batch host; the agents requeue it then
             env[wire.REQUEUE_ON_LOSS] = f"{self.policy.least_nodes},{full},{self.policy.tasks_per_node}"
+            # where this supervisor runs: once Slurm has taken a lost batch host out of the job,
+            # scontrol's BatchHost says (null)
+            env[wire.SUPERVISOR_NODE] = str(self.here)
             if self.takeover_offered():
                 # ... or the first of them takes this supervisor's place (hpc_llm.job.agent.takeover)
-                env[wire.TAKEOVER], env[wire.SUPERVISOR_NODE] = json.dumps(self.relaunch), str(self.here)
+                env[wire.TAKEOVER] = json.dumps(self.relaunch)
         env["HPC_LLM_HEARTBEAT_S"] = f"{self.policy.heartbeat_s:g}"
         return env
 
@@ -156,32 +166,60 @@ class Agents:
         held = len([n for n in self.job.nodes if n not in self.left_out])
         return max(min(self.policy.nodes, held), self.policy.least_nodes)
 
+    def usable(self) -> int:
+        """The nodes of this allocation the run may still use (held, not left out)."""
+        return len([n for n in self.job.nodes if n not in self.left_out])
+
+    def refresh_nodes(self) -> None:
+        """The allocation's nodes as slurmctld has them now (a --no-kill job loses a node Slurm
+        calls DOWN; nobody tells the supervisor but srun, and only for the steps it ran): asked
+        before every new agent step, whose size they decide. Unchanged when slurmctld does not
+        answer."""
+        if not self.job.job_id:
+            return
+        info = allocation.show_job(self.job.job_id)
+        nodes = allocation.hostnames(info.get("NodeList")) if info else []
+        if nodes and nodes != self.job.nodes:
+            gone = [n for n in self.job.nodes if n not in nodes]
+            if gone:
+                log.warning("hpc_llm supervisor: Slurm took %s out of the job", ",".join(gone))
+            self.job.nodes = [n for n in self.job.nodes if n in nodes] + [n for n in nodes if n not in self.job.nodes]
+
     def full_size(self) -> int:
         """The nodes the run was submitted with, spares included (its allocation may be fewer)."""
         return rendered_nodes(self.command) or len(self.job.nodes)
 
     def end(self) -> None:
         """The allocation is done: tell the agents (they clean their scratch and exit), then end
-        the agent step, by srun's own abort if it has not ended by then."""
+        the agent step, by srun's own abort if it has not ended by then. The abort changes Slurm
+        (slurmctld kills the step on every node): only the job's holder may, and a supervisor that
+        no longer holds it abandons the step instead (:meth:`abandon`)."""
         for node, a in self.fleet.view().items():
             if a.alive:
                 self.fleet.send(node, messages.End())
         step, self.step = self.step, None
         if step is not None and step.running and step.wait(timeout=END_WAIT_S) is None:
-            step.kill()
+            try:
+                with epoch.acting("aborting the agent step"):
+                    step.kill()
+            except epoch.Refused as exc:
+                log.warning("hpc_llm supervisor: not aborting the agent step (%s): abandoning it", exc.why)
+                step.abandon()
 
     def abandon(self) -> None:
-        """This host is cut off: end the agents that still hear us (this node's own) and SIGKILL
-        srun, not srun's abort. An abort asks slurmctld to cancel the step, and an srun still
-        asking when the host heals would cancel the step of the same id in the job's next
-        allocation (a requeued job keeps its id)."""
+        """This supervisor no longer acts for the job (cut off, or another holds it): end the agents
+        that still hear it (its node's own) and let go of the step without a word to Slurm
+        (:meth:`Step.abandon`): the step, and whatever runs in it on other nodes (the supervisor that
+        took this one's place, exec'd in it), lives on."""
         for node, a in self.fleet.view().items():
             if a.alive:
                 self.fleet.send(node, messages.End())
         step, self.step = self.step, None
         if step is not None and step.running:
             step.wait(timeout=END_WAIT_S / 3)
-            step.proc.kill()
+            step.abandon()
+        # its tasks may live on, holding their nodes' CPUs: a new agent step shares them
+        self.overlap = True
 
     def close(self) -> None:
         self.end()
@@ -219,7 +257,11 @@ class Agents:
         if not out:
             return []
         keep = [n for n in nodes if n not in out]
-        err = requeue.give_back(self.job.ref, keep)
+        try:
+            with epoch.acting(f"giving {','.join(out)} back to Slurm"):
+                err = requeue.give_back(self.job.ref, keep)
+        except epoch.Unanswered as exc:
+            err = exc.why
         if err:
             log.warning("hpc_llm supervisor: could not give %s back to Slurm: %s", ",".join(out), err)
             return []
@@ -286,8 +328,17 @@ class Agents:
         master = self.layout[0]
         port = self._find_port(master, number)
         gen = Generation(number, {n: i for i, n in enumerate(self.layout)}, self.policy.tasks_per_node)
+        # the generation is this holder's from now on: a rank of an earlier one writes nothing more
+        holder = epoch.held()
+        if holder is not None:
+            holder.advance(number)
         env = JobEnv.current().for_generation(
-            number, self.layout, self.job.start, self.policy.heartbeat_s if self.policy.recover else None
+            number,
+            self.layout,
+            self.job.start,
+            self.policy.heartbeat_s if self.policy.recover else None,
+            epoch=str(holder.epoch) if holder is not None else None,
+            run_dir=str(self.policy.run_dir),
         )
         ours = {k: v for k, v in env.items() if k.startswith("HPC_LLM_")}
         for node_rank, node in enumerate(self.layout):

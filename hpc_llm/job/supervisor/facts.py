@@ -46,16 +46,20 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         # host. Not a cancellation, and not ours to requeue again.
         requeueing = allocation.requeued_by_slurm(sup.job.job_id, sup.job.restart)
     remote, heard = heard_remote(sup)
-    answers = gone = None
-    if sup.job.job_id and remote and not heard:
-        # every other node's agent lost: dead nodes, or this host cut off? slurmctld tells
-        info = info or sup.job_info()
+    silent = sorted(n for n in end.dead_nodes if n not in sup.agents.left_out)
+    vouched = vouched_for(sup, set(end.dead_nodes))
+    answers: bool | None = None
+    gone: tuple[str, ...] | None = None
+    waited = 0.0
+    if sup.job.job_id and ((remote and not heard) or (silent and not vouched)):
+        # every other node's agent lost, or nodes silent with no other agent heard: dead nodes,
+        # or this host cut off? slurmctld tells (asked twice: one slow answer is no cut)
+        info = info or ask_job(sup)
         answers = bool(info)
-        if answers and len(remote) >= 2:
-            # and whether it finds them gone too, or only this host lost them (a partition; with
-            # one other node the policy cannot tell, and a 2-node job's stop asks nothing more)
-            found = allocation.nodes_gone(remote)
-            gone = None if found is None else len(found)
+        if answers and silent and not vouched:
+            # nothing vouches for this host's own link: wait for Slurm's verdict on them
+            gone, waited = await_verdict(sup, silent)
+            answers = gone is not None
     tag = f"{sup.job.job_id or 'local'}.{sup.job.restart}.{sup.gen}"
     # srun's error lines pile up over the agent step's life: a node swapped out earlier is no
     # cause of this stop (it would have blamed a node already gone, and requeued for it)
@@ -72,9 +76,13 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         storage_stall=end.storage_stall,
         self_stall=self_stall(sup),
         startup=end.startup,
+        too_few=end.too_few,
+        ctld_lost=end.ctld_lost,
+        ctld_answered=end.ctld_answered,
         failures=tuple(failures.read(sup.run_dir, tag)),
         rank_exits=tuple(end.rank_exits),
         failed_nodes=tuple(failed_nodes),
+        launch_failed=tuple(sorted(set(failures.launch_failed(end.srun_errors)) - sup.agents.left_out)),
         dead_nodes=tuple(sorted(end.dead_nodes.items())),
         agents_died=tuple(sorted(end.agents_died.items())),
         agent_errors=tuple(sorted(end.agent_errors.items())),
@@ -82,7 +90,8 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         remote_nodes=len(remote),
         remote_heard=len(heard),
         slurmctld_answers=answers,
-        remote_gone=gone,
+        slurm_gone=gone,
+        verdict_waited_s=round(waited, 3),
         on_slurm=sup.job.ref is not None,
         spares=sup.agents.spares(),
         draining=end.draining if end.stop_cause == Cause.DRAIN else (),
@@ -117,6 +126,58 @@ def self_stall(sup: SupervisorState) -> str | None:
     why = f"the supervisor's own loop stalled for {gap:.1f} s (its host frozen?), longer than its agents wait"
     log.error("hpc_llm supervisor: %s", why)
     return why
+
+
+def ask_job(sup: SupervisorState, tries: int = 2) -> dict[str, str]:
+    """``scontrol show job``, asked ``tries`` times ({} when slurmctld never answered)."""
+    for i in range(tries):
+        info = sup.job_info()
+        if info:
+            return info
+        if i + 1 < tries:
+            world.sleep(2.0)
+    return {}
+
+
+def vouched_for(sup: SupervisorState, silent: set[str]) -> bool:
+    """Some other node's agent (one of the generation's, or a spare's) is heard now: this host's
+    link to the fabric works, and the silent nodes' silence is theirs."""
+    view = sup.agents.fleet.view()
+    return any(
+        n != sup.node and n not in silent and n not in sup.agents.left_out and a.alive and a.state != "suspect"
+        for n, a in view.items()
+    )
+
+
+#: seconds between questions to slurmctld while the supervisor waits for its verdict
+VERDICT_POLL_S = 2.0
+
+
+def await_verdict(sup: SupervisorState, silent: list[str]) -> tuple[tuple[str, ...] | None, float]:
+    """Slurm's verdict on nodes that went silent when nothing vouched for this host's link: those
+    of them slurmctld finds DOWN or NOT_RESPONDING, asked until it finds one or SlurmdTimeout, a
+    ping interval (a third of it) and MessageTimeout have passed since their silence began
+    (slurmctld marks a node it cannot ping NOT_RESPONDING within a ping interval and
+    MessageTimeout, and DOWN at SlurmdTimeout). Returns them (empty: every one still responds to
+    slurmctld) and the seconds waited; None when slurmctld never answered."""
+    view = sup.agents.fleet.view()
+    heard = [view[n].last_heard for n in silent if n in view]
+    since = min(heard) if heard else world.monotonic()
+    t = sup.slurmd_timeout_s
+    deadline = since + t + t / 3 + sup.message_timeout_s
+    start = world.monotonic()
+    found: list[str] | None = None
+    while True:
+        found = allocation.nodes_gone(silent)
+        if found:
+            break
+        if world.monotonic() >= deadline or sup.terminated_at:
+            break
+        world.sleep(VERDICT_POLL_S)
+    waited = world.monotonic() - start
+    if found:
+        log.warning("hpc_llm supervisor: slurmctld finds %s not responding too (%.0f s)", ",".join(found), waited)
+    return (None if found is None else tuple(found)), waited
 
 
 def heard_remote(sup: SupervisorState) -> tuple[list[str], list[str]]:

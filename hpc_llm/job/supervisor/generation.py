@@ -39,6 +39,12 @@ class GenerationEnd:
     terminated: bool = False
     #: the start-up phase that outlived fault.startup_timeout_s
     startup: str | None = None
+    #: the allocation holds fewer usable nodes than the run needs (why), so no generation can start
+    too_few: str | None = None
+    #: slurmctld has not answered the supervisor for longer than it may go on (why)
+    ctld_lost: str | None = None
+    #: ... and answered again since (the supervisor stood down and has command back)
+    ctld_answered: bool = False
     #: nodes whose agent was confirmed dead (silent, then its probe unanswered): node -> why
     dead_nodes: dict[str, str] = field(default_factory=dict)
     #: nodes of the generation Slurm showed draining, for which the supervisor stopped it (stop_cause "drain")

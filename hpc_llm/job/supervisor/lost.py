@@ -60,6 +60,11 @@ def close(run_dir: Path, job: SlurmJob, attempts: Attempts) -> None:
             f"the batch host {seen['node']} died ({seen['how']}); the agent on {seen['by']} "
             f"requeued the job{'' if not seen.get('exclude_error') else ' but could not exclude the host'}"
             + (f"; {seen['shrunk']}" if seen.get("shrunk") else "")
+            + (
+                f"; no agent could take the supervisor's place: {seen['takeover_refused']}"
+                if seen.get("takeover_refused")
+                else ""
+            )
         )
     attempts.save()
     log.warning("hpc_llm supervisor: previous attempt %s", a.error)

@@ -29,18 +29,22 @@ training stack on the batch host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
 from typing import Any
 
 from hpc_llm import world
-from hpc_llm.job import failures, heartbeat
+from hpc_llm.job import failures, heartbeat, wire
+from hpc_llm.job.env import JobEnv
 from hpc_llm.job.supervisor import act, facts, lost, policy
 from hpc_llm.job.supervisor.generation import GenerationEnd
 from hpc_llm.job.supervisor.options import parse_args
 from hpc_llm.job.supervisor.state import SupervisorState
 from hpc_llm.job.supervisor.watch import GenerationRun
+from hpc_llm.rundir import epoch
+from hpc_llm.rundir.layout import RunDir
 from hpc_llm.rundir.record import Attempt, Attempts, update_results
 from hpc_llm.slurm import allocation, query
 from hpc_llm.slurm.commands import SlurmUnreachable
@@ -56,6 +60,18 @@ class Supervisor(SupervisorState):
     # -- the loop: watch a generation, decide, act ------------------------------------------
     def run(self) -> int:
         self._install_handlers()
+        why = self.take_command()
+        if why is not None:
+            return act.stand_aside(self, why)
+        try:
+            return self._run()
+        except epoch.Stale as exc:
+            # a write or a change to Slurm was refused: another process holds the job now
+            return act.stand_aside(self, exc.why)
+        finally:
+            self.agents.end()
+
+    def _run(self) -> int:
         attempts = Attempts.load(self.run_dir)
         lost.close(self.run_dir, self.job, attempts)
         if self.taken_over_from:
@@ -70,19 +86,25 @@ class Supervisor(SupervisorState):
         self.timing.lead_s = self._lead(attempts)
         self._missed_preemption()
         heartbeat.clear(self.run_dir)
-        try:
-            while True:
-                decision = self.decide(GenerationRun(self).run())
-                if decision is not None:
-                    return decision
-                self.gen += 1
-        finally:
-            self.agents.end()
+        while True:
+            decision = self.decide(GenerationRun(self).run())
+            if decision is not None:
+                return decision
+            self.gen += 1
 
     def decide(self, end: GenerationEnd) -> int | None:
         """Record what happened and act: an exit code, or None to run the next generation. The
         decision is the fault policy's (:func:`hpc_llm.job.supervisor.policy.decide`); this
-        gathers its facts and carries it out."""
+        gathers its facts and carries it out. A supervisor that stood down and has command back
+        decides the same stop again, with what Slurm says now."""
+        while True:
+            done = self._decide(end)
+            if done != act.RESUME:
+                return done if isinstance(done, int) or done is None else None
+            # slurmctld answers again: what the stand-down was decided on is the past
+            end.ctld_answered = True
+
+    def _decide(self, end: GenerationEnd) -> int | str | None:
         attempts = Attempts.load(self.run_dir)
         if end.returncode == 0 and not self.policy.recover and not attempts.items:
             # a Hydra app other than hpc_llm's task keeps no attempts: its ranks' exit code is all
@@ -169,6 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     policy, command = parse_args(args)
     if not command:
         raise SystemExit("hpc_llm.job.supervisor: nothing to run after --")
+    if world.environ().get(wire.TAKEN_OVER_FROM):
+        # this supervisor runs in a step of its own (hpc_llm.job.agent.takeover), whose srun may
+        # die before it: its output goes to its own file, not through srun
+        job = JobEnv.current()
+        world.redirect_output(RunDir(policy.run_dir).takeover_log(str(job.ref), job.restart, heartbeat.node_name()))
     sup = None
     try:
         sup = Supervisor(policy, command, relaunch=[sys.executable, "-u", "-m", "hpc_llm.job.supervisor", *args])
@@ -176,24 +203,26 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
         log.exception("hpc_llm supervisor failed")
         error = f"hpc_llm supervisor: {type(exc).__name__}: {exc}"
-        update_results(policy.run_dir, Attempts.load(policy.run_dir), "failed", {"error": error})
+        with contextlib.suppress(epoch.Stale):
+            update_results(policy.run_dir, Attempts.load(policy.run_dir), "failed", {"error": error})
         code = 1
     if sup is not None and sup.taken_over_from:
         end_taken_over(sup)
     raise SystemExit(code)
 
 
-def end_taken_over(sup: Supervisor, patience_s: float = 180.0) -> None:
+def end_taken_over(sup: Supervisor) -> None:
     """A supervisor that took over has no batch script whose end ends the job: Slurm would keep
     it RUNNING to its time limit. Unless the job moved on (requeued, or ended), cancel it: the
-    record says how the run ended. Not when another agent took this one's place in turn.
+    record says how the run ended. Not when another process holds the job now (an agent took
+    this one's place in turn).
 
-    slurmctld is asked again until it answers (for ``patience_s``): a ``scontrol show job`` that
-    timed out on a busy controller once left the job RUNNING to its time limit (CI, 2-core
-    machine), with nothing left that would ever end it."""
-    if sup.taken_over() or not sup.job.job_id:
+    slurmctld is asked again until it answers, however long that takes: a ``scontrol show job``
+    that timed out on a busy controller once left the job RUNNING to its time limit (CI, 2-core
+    machine), with nothing left that would ever end it. This process is the job's owner: it is
+    the one that must end it."""
+    if sup.stale() is not None or not sup.job.job_id:
         return
-    deadline = world.monotonic() + patience_s
     while True:
         info = sup.job_info()
         if info and not allocation.still_this_allocation(info, sup.job.restart):
@@ -207,14 +236,16 @@ def end_taken_over(sup: Supervisor, patience_s: float = 180.0) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             try:
-                query.cancel([str(sup.job.ref)])
+                with epoch.acting("cancelling the job (its batch script is gone)"):
+                    query.cancel([str(sup.job.ref)])
                 return
             except SlurmUnreachable as exc:
                 why = f"scancel: {exc}"
+            except epoch.Refused as exc:
+                if sup.stale() is not None:
+                    return  # another process holds the job now: it ends it
+                why = exc.why
         else:
             why = "slurmctld did not answer scontrol show job"
-        if world.monotonic() > deadline:
-            log.error("hpc_llm supervisor: could not end job %s (%s): scancel it by hand", sup.job.ref, why)
-            return
         log.warning("hpc_llm supervisor: %s; asking again", why)
         world.sleep(3)

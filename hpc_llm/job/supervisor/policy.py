@@ -69,6 +69,14 @@ from hpc_llm.rundir.record import Attempt
 #: the first wait before retrying a transient storage error in place, doubled each time in a row
 TRANSIENT_BACKOFF_S = 30.0
 TRANSIENT_BACKOFF_MAX_S = 900.0
+#: the same for a link between the batch host and a node (Slurm finds the node responding)
+NETWORK_BACKOFF_S = 10.0
+NETWORK_BACKOFF_MAX_S = 300.0
+#: the causes retried in place after a backoff: (first wait, longest wait), seconds
+BACKOFF_S = {
+    Cause.TRANSIENT: (TRANSIENT_BACKOFF_S, TRANSIENT_BACKOFF_MAX_S),
+    Cause.NETWORK: (NETWORK_BACKOFF_S, NETWORK_BACKOFF_MAX_S),
+}
 
 
 # -- the decision ----------------------------------------------------------------------
@@ -92,6 +100,15 @@ def decide(
         return Decision(
             Action.DONE, Cause.COMPLETED, "training and the post-train stage finished", State.COMPLETED, notes=notes
         )
+    if stop.ctld_lost is not None and current.state != State.STOPPED and not stop.ctld_answered:
+        host = stop.batch_host or "the batch host"
+        reason = (
+            f"{stop.ctld_lost}: {host} may be cut off from it, and Slurm about to call it DOWN and requeue the "
+            "job elsewhere; the ranks here stopped, and the supervisor stands down until Slurm decides"
+        )
+        return Decision(
+            Action.STAND_DOWN, Cause.LOST, reason, State.RUNNING, suspects=(host,) if stop.batch_host else ()
+        )
     if stop.remote_nodes and not stop.remote_heard and stop.slurmctld_answers is False:
         return _cut_off(stop)
     if not s.recover:
@@ -106,25 +123,36 @@ def decide(
     stopped = _imposed_stop(current, stop, s)
     if stopped is not None:
         return _requeue_stop(history, current, stop, s, *stopped)
+    if stop.too_few is not None:
+        # the nodes were blamed when they were lost; this allocation cannot run the job any more
+        reason = f"{stop.too_few}: requeueing for a new allocation"
+        exclude = excluded_by_history([*history, current], stop.now, s.forgive_after_s)
+        return Decision(Action.REQUEUE, Cause.LOST, reason, _ended(current), exclude=tuple(sorted(exclude)))
     if current.state == State.FAILED and current.cause in (Cause.USER_ERROR, Cause.PREFLIGHT_FAILED):
         return Decision(Action.FAIL, Cause(current.cause), current.error or "the run failed", State.FAILED)
     cause, reason, nodes = what_failed(stop, current, earlier_failures)
     if cause == Cause.NODE_FAILURE and partitioned(stop):
         return _partitioned(history, current, stop, s)
+    if cause == Cause.NETWORK:
+        nodes = _unreachable_again(history, current, stop)
+        if nodes:
+            reason = f"{reason}; the batch host could not reach {', '.join(nodes)} at the stop before either: blamed"
+        d = _failed(history, current, stop, s, cause, reason, nodes)
+        return replace(d, unreachable=unreachable(stop))
     return _failed(history, current, stop, s, cause, reason, nodes)
 
 
 def partitioned(stop: Stop) -> bool:
     """The supervisor lost the agents of every other node at once (two or more), while slurmctld
-    answers it and finds none of those nodes gone: what they share is the batch host's own link
-    to them, not a fault each. With one other node nothing points at either side (and slurmctld
-    may not have missed a dead node's ping yet): that node is blamed, as before."""
+    answers it and, after SlurmdTimeout and a ping of their silence, finds none of those nodes
+    gone: what they share is the batch host's own link to them, not a fault each. With one other
+    node nothing points at either side: nobody is blamed (:func:`what_failed`, ``network``)."""
     return bool(
         stop.batch_host
         and stop.remote_nodes >= 2
         and not stop.remote_heard
         and stop.slurmctld_answers
-        and stop.remote_gone == 0
+        and stop.slurm_gone == ()
     )
 
 
@@ -201,7 +229,21 @@ def what_failed(
     if stop.dead_nodes:
         # whatever the other ranks reported after it went, they lost a peer: the node is the cause
         dead = ", ".join(f"{n} ({why})" for n, why in stop.dead_nodes)
-        return Cause.NODE_FAILURE, f"node(s) stopped answering: {dead}", tuple(n for n, _ in stop.dead_nodes)
+        silent = tuple(n for n, _ in stop.dead_nodes)
+        if stop.slurm_gone is None:
+            # another agent answers the batch host all along: its own link is sound
+            return Cause.NODE_FAILURE, f"node(s) stopped answering: {dead}", silent
+        # nothing vouched for the batch host's link: Slurm's verdict decides who is blamed
+        gone = tuple(n for n in silent if n in stop.slurm_gone)
+        waited = f"after {stop.verdict_waited_s:.0f} s"
+        if gone:
+            found = f"slurmctld finds {', '.join(gone)} not responding too ({waited})"
+            return Cause.NODE_FAILURE, f"node(s) stopped answering: {dead}; {found}", gone
+        why = (
+            f"node(s) stopped answering: {dead}; slurmctld finds them responding {waited} (SlurmdTimeout and "
+            "a ping): a link between them and the batch host failed, not a node; nobody blamed, new agents"
+        )
+        return Cause.NETWORK, why, ()
     if stop.agents_died:
         # the host answered the probe: the agent is gone, the node lives. A new agent there; the
         # node a suspect (one point), left out only if it happens again (where it repeats decides)
@@ -211,8 +253,16 @@ def what_failed(
             f"agent(s) gone on live node(s): {gone}; new agents",
             tuple(n for n, _ in stop.agents_died),
         )
+    if stop.ctld_lost is not None:
+        why = f"{stop.ctld_lost}, and it answers again with this allocation running: nobody blamed, new ranks here"
+        return Cause.NETWORK, why, ()
     if stop.agent_errors:
         what = "; ".join(f"on {n}: {why}" for n, why in stop.agent_errors)
+        if stop.launch_failed:
+            # srun reached no slurmd there: a link from the batch host, not the agent's bug
+            nodes = ", ".join(stop.launch_failed)
+            why = f"{what}; srun could not start the agent on {nodes} (its slurmd did not answer the batch host)"
+            return Cause.NETWORK, f"{why}: nobody blamed", ()
         return Cause.FAILURE, f"hpc_llm's agent ended with an error ({what}); restarting it", ()
     if stop.storage_stall is not None:
         return Cause.TRANSIENT, f"{stop.storage_stall}; retrying", ()
@@ -231,6 +281,25 @@ def what_failed(
     if joined_and_failed(stop, current, cause, blamed_node(stop)):
         return _spare_failed(stop, cause, reason)
     return cause, reason, (node,) if node else ()
+
+
+def unreachable(stop: Stop) -> tuple[str, ...]:
+    """The nodes a ``network`` stop could not reach from the batch host: silent ones Slurm finds
+    responding, or ones srun could not start an agent on."""
+    return tuple(sorted({n for n, _ in stop.dead_nodes} | set(stop.launch_failed)))
+
+
+def _unreachable_again(history: Sequence[Attempt], current: Attempt, stop: Stop) -> tuple[str, ...]:
+    """A link from the batch host to a node that fails once blames nobody: from one end, nothing
+    tells which end it is (and it may heal: a backoff, a restart). The same node unreachable at
+    the stop before this one too, with no progress between, is blamed (a point each time, so it
+    is left out at its second, and the run goes on without it)."""
+    now = set(unreachable(stop))
+    before = since_reset(history)
+    last = before[-1] if before else None
+    if not now or last is None or last.cause != Cause.NETWORK:
+        return ()
+    return tuple(sorted(now & set(last.unreachable)))
 
 
 def joined_and_failed(stop: Stop, current: Attempt, cause: Cause, node: str | None) -> bool:
@@ -266,14 +335,17 @@ def _failed(
     without them, within the budgets."""
     if cause == Cause.USER_ERROR:
         return Decision(Action.FAIL, Cause.USER_ERROR, reason, State.FAILED)
-    if cause == Cause.TRANSIENT:
-        d = _budgeted(history, current, stop, s, Cause.TRANSIENT, reason, suspects=(), exclude=None, restart=True)
+    if cause in BACKOFF_S and not nodes:
+        # retried in place, blaming nobody, after a wait that doubles each time in a row: a store's
+        # hiccup or a link that heals in minutes must not spend the failure budget in seconds
+        d = _budgeted(history, current, stop, s, cause, reason, suspects=(), exclude=None, restart=True)
         in_a_row = 0
         for a in reversed(since_reset(history)):
-            if a.cause != Cause.TRANSIENT:
+            if a.cause != cause:
                 break
             in_a_row += 1
-        return replace(d, delay_s=min(TRANSIENT_BACKOFF_MAX_S, TRANSIENT_BACKOFF_S * 2**in_a_row))
+        first, most = BACKOFF_S[cause]
+        return replace(d, delay_s=min(most, first * 2**in_a_row))
     suspects = tuple(sorted(set(nodes)))
     exclude = excluded_by_history([*history, _with(current, cause, suspects, stop.now)], stop.now, s.forgive_after_s)
     out = tuple(sorted(set(suspects) & exclude))

@@ -17,9 +17,9 @@ from hpc_llm.job.supervisor.agents import Agents
 from hpc_llm.job.supervisor.options import Policy
 from hpc_llm.job.supervisor.stop import Settings
 from hpc_llm.job.supervisor.timing import StopTiming
-from hpc_llm.rundir.layout import RunDir
+from hpc_llm.rundir import epoch
 from hpc_llm.rundir.record import read_results
-from hpc_llm.slurm import allocation
+from hpc_llm.slurm import allocation, parse
 from hpc_llm.slurm.allocation import SlurmJob
 
 #: a SIGTERM this close to the end time is Slurm's time limit, not a cancellation
@@ -53,9 +53,15 @@ class SupervisorState:
         )
         #: how long an agent waits for this supervisor before giving it up (bounded by Slurm's
         #: SlurmdTimeout, asked once: hpc_llm.job.wire.supervisor_silent_s)
-        slurmd = allocation.slurmd_timeout_s(allocation.slurm_config()) if self.job.job_id else None
+        conf = allocation.slurm_config() if self.job.job_id else {}
+        slurmd = allocation.slurmd_timeout_s(conf) if self.job.job_id else None
         self.slurmd_timeout_s = float(slurmd or 300)
+        self.message_timeout_s = float(parse.seconds_setting(conf, "MessageTimeout", 10))
         self.silent_s = wire.supervisor_silent_s(policy.heartbeat_s, policy.lease_s, slurmd)
+        #: what this supervisor holds of the job (hpc_llm.rundir.epoch; None off Slurm)
+        self.holder: epoch.Holder | None = None
+        #: when slurmctld last answered this supervisor (monotonic)
+        self.ctld_seen = world.monotonic()
         self.agents = Agents(policy, command, self.job, self.silent_s, relaunch=relaunch, here=self.node)
         if self.taken_over_from:
             # the lost node gets no agent; the old agent step holds the others' CPUs (our own task)
@@ -68,27 +74,58 @@ class SupervisorState:
         shared = {f.name: getattr(self.policy, f.name) for f in fields(Settings) if hasattr(self.policy, f.name)}
         return Settings(**shared, term_at_end_s=TERM_AT_END_S)
 
-    def job_info(self) -> dict[str, str]:
-        """``scontrol show job`` of this allocation now ({} off Slurm, or unanswered)."""
-        return allocation.show_job(self.job.job_id) if self.job.job_id else {}
+    def job_info(self, timeout: float = 10) -> dict[str, str]:
+        """``scontrol show job`` of this allocation now ({} off Slurm, or unanswered). An answer
+        renews :attr:`ctld_seen`."""
+        if not self.job.job_id:
+            return {}
+        info = allocation.show_job(self.job.job_id, timeout=timeout)
+        if info:
+            self.ctld_seen = world.monotonic()
+        return info
 
-    def superseded(self) -> bool:
-        """The job runs a newer allocation than this one: Slurm requeued it and started it again
-        while this supervisor could not see it (its host cut off, or frozen, and back). Such a
-        supervisor writes nothing: the next one writes. Not when the requeued job only waits in
-        the queue (Slurm's own requeue at a preemption's end, say: this supervisor is still the
-        last to know its attempt), nor when slurmctld does not answer. Also when an agent took its
-        place in this allocation (:meth:`taken_over`)."""
-        if self.taken_over():
-            return True  # its host was lost, and is back
-        info = self.job_info()
-        newer = int(info.get("Restarts", "0") or 0) > self.job.restart
-        return bool(info) and newer and info.get("JobState") in ("RUNNING", "CONFIGURING")
+    @property
+    def ctld_poll_s(self) -> float:
+        """How often a generation asks slurmctld about the job, to know that it still can."""
+        return max(1.0, self.slurmd_timeout_s / 6)
 
-    def taken_over(self) -> bool:
-        """An agent took this supervisor's place in this allocation (hpc_llm.job.agent.takeover):
-        its claim names this node."""
-        return RunDir(self.run_dir).takeover_claim(str(self.job.job_id), self.job.restart, self.node).exists()
+    @property
+    def ctld_patience_s(self) -> float:
+        """How long this supervisor goes on without an answer from slurmctld before it takes
+        itself for cut off from it. slurmctld calls a node it cannot ping DOWN SlurmdTimeout after
+        its last answer, which may be a ping interval (a third of it) before this supervisor's
+        last: by half of SlurmdTimeout, and the lease, every rank here has stopped writing, before
+        Slurm can have requeued the job elsewhere."""
+        return max(self.slurmd_timeout_s / 2 - self.policy.lease_s, 3 * self.ctld_poll_s)
+
+    def take_command(self) -> str | None:
+        """Hold the job's epoch: claim command of this allocation (restart, 0), or adopt the claim
+        the agent that started this supervisor made for it (a takeover: :data:`epoch.CLAIMED_ENV`).
+        None when it holds it (or there is no job: a run off Slurm), else why not."""
+        if not self.job.job_id:
+            return None
+        claimed = world.environ().get(epoch.CLAIMED_ENV)
+        if claimed:
+            holder = epoch.adopt(self.run_dir, self.job.job_id, claimed)
+        else:
+            holder = epoch.claim(self.run_dir, self.job.job_id, self.job.restart, 0, by=self.node)
+        if holder is None:
+            try:
+                now = epoch.current(self.run_dir, self.job.job_id)
+            except OSError as exc:
+                return f"the run's epoch cannot be read ({exc})"
+            return f"epoch {now} holds the job"
+        self.hold(holder)
+        return None
+
+    def hold(self, holder: epoch.Holder) -> None:
+        self.holder = holder
+        epoch.install(holder)
+
+    def stale(self) -> str | None:
+        """Why this supervisor no longer holds the job (None: it does, or there is no job), from the
+        run's epoch alone (no question to Slurm)."""
+        return self.holder.refusal("command") if self.holder is not None else None
 
     def status(self) -> str | None:
         """The run's status in results.json (None before there is one)."""

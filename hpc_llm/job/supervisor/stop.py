@@ -80,16 +80,29 @@ class Stop:
     remote_heard: int = 0
     #: whether slurmctld answered the supervisor at this stop (None: not asked, or off Slurm)
     slurmctld_answers: bool | None = None
-    #: every remote agent lost while slurmctld answers: how many of those nodes slurmctld itself
-    #: finds gone (DOWN or NOT_RESPONDING); None: not asked, or scontrol could not tell
-    remote_gone: int | None = None
+    #: Slurm's verdict on the silent nodes (:attr:`dead_nodes`) when nothing else vouched for the
+    #: batch host's own link (no other agent heard): those slurmctld found DOWN or NOT_RESPONDING
+    #: within SlurmdTimeout and a ping of their silence; None: not asked (another agent was heard,
+    #: slurmctld did not answer, or off Slurm)
+    slurm_gone: tuple[str, ...] | None = None
+    #: how long the supervisor waited for that verdict (seconds)
+    verdict_waited_s: float = 0.0
     #: the start-up phase (imports, container, rendezvous, data) that outlived fault.startup_timeout_s
     startup: str | None = None
+    #: the allocation holds fewer usable nodes than the run needs (why): a new allocation is needed
+    too_few: str | None = None
+    #: slurmctld stopped answering the supervisor for longer than it may train on (why): Slurm may
+    #: be calling this host DOWN and requeueing the job elsewhere
+    ctld_lost: str | None = None
+    #: ... and it answered again, with this allocation still running here
+    ctld_answered: bool = False
     failures: tuple[RankFailure, ...] = ()
     #: the ranks that did not exit 0, first to end first (those the supervisor killed are marked)
     rank_exits: tuple[RankExit, ...] = ()
     #: nodes the agent step's srun reported failed (Slurm's NODE_FAIL)
     failed_nodes: tuple[str, ...] = ()
+    #: nodes the agent step's srun could not start its task on (no answer from their slurmd)
+    launch_failed: tuple[str, ...] = ()
     on_slurm: bool = True
     #: warm agents of this allocation outside the generation's layout (resources.spare_nodes):
     #: the nodes a swap may put in the place of the nodes it leaves out
@@ -125,3 +138,5 @@ class Decision:
     #: on a swap: the nodes of this generation left out, each replaced by a spare (sorted); on a
     #: shrink: the nodes left out, spares in the places they can fill
     swap_out: tuple[str, ...] = ()
+    #: on a ``network`` stop: the nodes the batch host could not reach (blamed only if again)
+    unreachable: tuple[str, ...] = ()

@@ -24,6 +24,7 @@ from hpc_llm.job.supervisor.events import Cleared, Dead, FleetEvent, Heard, Susp
 from hpc_llm.job.supervisor.generation import Generation, GenerationEnd
 from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.stragglers import StragglerWatch, Verdict
+from hpc_llm.rundir import epoch
 from hpc_llm.rundir.outcome import Cause
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class GenerationRun:
         self.killed_at: float | None = None
         self.drain_polled = world.monotonic()
         self.spares_checked = world.monotonic()
+        self.ctld_polled = world.monotonic()
         self.watch = HangWatch(
             floor_s=p.hang_floor_s,
             factor=p.hang_factor,
@@ -132,6 +134,13 @@ class GenerationRun:
 
     # -- each turn -----------------------------------------------------------------------------
     def turn(self, now: float) -> None:
+        if self.gen is None and self.sup.terminated_at:
+            # Slurm ends the allocation before a generation started (a requeue after a node
+            # failure, a cancel): its agents go with it; that is the stop, not their errors
+            self.end.terminated = True
+            self.end.detected_at = self.end.detected_at or world.time()
+            self.over = True
+            return
         if self.gen is None:
             if self.start_when_ready(now):
                 return
@@ -148,6 +157,7 @@ class GenerationRun:
             self.end.terminated = True
             self.end.detected_at = self.end.detected_at or world.time()
         if self.gen is not None:
+            self.watch_slurmctld(self.gen, now)
             self.watch_heartbeats(self.gen, now)
             self.watch_stragglers(self.gen)
             self.check_spares(now)
@@ -172,7 +182,13 @@ class GenerationRun:
         self.leave_out_never_started(now)
         step = self.agents.step
         assert step is not None
-        if end.lost:
+        usable = self.agents.usable()
+        if usable < p.least_nodes:
+            # Slurm took nodes out of the job (a node failure, --no-kill) and no spare is left: no
+            # generation can start here, however long it waits
+            end.too_few = f"the allocation holds {usable} usable node(s) and the run needs {p.least_nodes}"
+            self.over = True
+        elif end.lost:
             self.over = True
         elif len(self.agents.warm_nodes()) >= self.agents.size and not self.waiting_for_here(now):
             self.gen = self.agents.start(self.sup.gen)
@@ -284,6 +300,30 @@ class GenerationRun:
         left = f"; {self.timing.end - world.time():.0f} s before the end time" if self.timing.end else ""
         log.warning("hpc_llm supervisor: forwarding %s to the ranks (%s%s)", pending.signal, pending.cause, left)
         self.agents.signal(gen, pending.signal)
+
+    def watch_slurmctld(self, gen: Generation, now: float) -> None:
+        """Every :attr:`SupervisorState.ctld_poll_s`, ask slurmctld about the job: a generation
+        trains only while this supervisor knows it still holds the allocation. Slurm requeued the
+        job meanwhile (its restart count higher: this host was called DOWN behind a partition):
+        another allocation will train, this one writes nothing more (:class:`epoch.Stale`). No
+        answer for :attr:`SupervisorState.ctld_patience_s`: this host may be cut off from
+        slurmctld, which would call it DOWN at SlurmdTimeout and requeue the job elsewhere, where
+        a second copy of the run would write beside this one: the generation ends first."""
+        sup = self.sup
+        if not sup.job.job_id or gen.killing or now - self.ctld_polled < sup.ctld_poll_s:
+            return
+        self.ctld_polled = now
+        info = sup.job_info(timeout=min(10.0, sup.ctld_patience_s / 3))
+        if info:
+            why = epoch.slurm_refusal_of(info, sup.job.restart)
+            if why is not None:
+                raise epoch.Stale("training on", why)
+            return
+        silent = now - sup.ctld_seen
+        if silent > sup.ctld_patience_s and self.end.ctld_lost is None:
+            self.end.ctld_lost = f"slurmctld has not answered for {silent:.0f} s"
+            log.error("hpc_llm supervisor: %s: ending generation %d", self.end.ctld_lost, gen.gen)
+            self.kill(now)
 
     def watch_heartbeats(self, gen: Generation, now: float) -> None:
         """A hang (a silent rank, a stuck collective, a storage stall) or a start-up stuck in a
