@@ -20,6 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
+@pytest.fixture(autouse=True)
+def _signal_dispositions():
+    """Each test leaves the signal dispositions as it found them. The control plane's own code
+    ignores SIGTERM when it requeues (it must outlive the requeue's signal); run in-process by a
+    test, that leaked into every later child: a shell started with SIGTERM ignored can never trap
+    it (bash(1)), and tests/test_batch_script.py hung on it."""
+    import signal
+
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)}
+    yield
+    for s, handler in kept.items():
+        if handler is not None:
+            signal.signal(s, handler)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(pytestconfig: pytest.Config) -> Path:
     """hpc_llm's cache (the tiny corpus' tokenizer and shards), built once for all workers:

@@ -298,7 +298,7 @@ def on_a_board():
     """This process as local rank 1 of generation 5 on a board, with the record's writes guarded
     (what the agent and the rank's entry set up); undone afterwards."""
     from hpc_llm.job.rank import fence
-    from hpc_llm.rundir import record
+    from hpc_llm.rundir import epoch
 
     board = heartbeat.Board(2)
     heartbeat.attach(board, 1, 5)
@@ -307,7 +307,7 @@ def on_a_board():
         yield board
     finally:
         heartbeat._board = None
-        record._BEFORE_WRITE.clear()
+        epoch.install(None)
 
 
 def test_the_fence_refuses_a_rank_of_an_ended_generation_and_waits_out_a_late_ping(on_a_board, tmp_path):

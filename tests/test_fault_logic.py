@@ -735,50 +735,65 @@ def test_an_agent_gives_its_supervisor_up_before_slurm_can_call_a_silent_node_do
     assert wire.supervisor_silent_s(1.0, 4.5, slurmd_timeout_s=5) == 6.5  # a lease and two pings
 
 
-def test_a_supervisor_whose_job_runs_a_newer_allocation_or_that_stands_down_writes_nothing(tmp_path, monkeypatch):
-    """The fenced writer, for the supervisor: one back after Slurm requeued and restarted its job
-    (a host cut off or frozen, then healed) finds a newer Restarts running and writes nothing;
-    one that stands down (its host cut off) writes nothing either. Only a requeue waiting in the
-    queue (Slurm's own, at a preemption's end) leaves it the last to know its attempt."""
+def test_a_supervisor_whose_epoch_is_gone_or_that_stands_down_writes_nothing(tmp_path, monkeypatch):
+    """The run's epoch, for the supervisor: once another process holds the job (the next
+    allocation's supervisor claimed it, or an agent took over), its first write is refused and
+    nothing is written. One that stands down (its host cut off) writes nothing and waits for
+    Slurm's verdict: the job moved on, and it ends. A requeue Slurm made meanwhile, with nobody
+    holding the next allocation yet, leaves it the last to know its attempt (recorded), but the
+    requeue itself is refused: the job is Slurm's to start again."""
     from hpc_llm.job.supervisor import act
     from hpc_llm.job.supervisor.stop import Decision
+    from hpc_llm.rundir import epoch
     from hpc_llm.rundir.outcome import Action, Cause, State
     from hpc_llm.rundir.record import read_results
 
     sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
     try:
         sup.job.job_id, sup.job.ref, sup.job.restart = "7", "7", 0
+        assert sup.take_command() is None and sup.holder is not None
         attempts = Attempts.load(sup.run_dir)
         a = sup.this_attempt(attempts)
         attempts.save()
         before = (sup.run_dir / ".hpc_llm" / "attempts.json").read_text()
         requeue = Decision(Action.REQUEUE, Cause.NODE_FAILURE, "node(s) stopped answering: n2", State.FAILED, ("n2",))
-        monkeypatch.setattr(sup, "job_info", lambda: {"JobState": "RUNNING", "Restarts": "1"})
-        assert act.act(sup, attempts, a, requeue) == 0
-        stand_down = Decision(Action.STAND_DOWN, Cause.LOST, "cut off", State.RUNNING, ("n1",))
-        assert act.act(sup, attempts, a, stand_down) == 1
+        # the requeued job's next allocation started, and its supervisor holds the job
+        assert epoch.claim(sup.run_dir, "7", 1, 0, by="n3") is not None
+        with pytest.raises(epoch.Stale, match="epoch 1.0.0 holds the job"):
+            act.act(sup, attempts, a, requeue)
         assert (sup.run_dir / ".hpc_llm" / "attempts.json").read_text() == before
         assert read_results(sup.run_dir) is None
-        # the same requeue while the requeued job only waits in the queue: recorded as before
-        monkeypatch.setattr(sup, "job_info", lambda: {"JobState": "PENDING", "Restarts": "1"})
-        monkeypatch.setattr(act.requeue, "requeue", lambda *a, **k: act.requeue.Requeued())
+        (sup.run_dir / ".hpc_llm" / "epoch" / "7.1.0").unlink()
+        # cut off: nothing written, and Slurm's verdict (the job requeued) ends the wait
+        monkeypatch.setattr(act, "VERDICT_POLL_S", 0.05)
+        monkeypatch.setattr(sup, "job_info", lambda **k: {"JobState": "PENDING", "Restarts": "1"})
+        stand_down = Decision(Action.STAND_DOWN, Cause.LOST, "cut off", State.RUNNING, ("n1",))
+        assert act.act(sup, attempts, a, stand_down) == 0
+        assert (sup.run_dir / ".hpc_llm" / "attempts.json").read_text() == before
+        # Slurm requeued the job while nobody holds its next allocation: recorded, not requeued again
+        monkeypatch.setattr(act.requeue, "requeue", lambda *a, **k: pytest.fail("requeued twice"))
         monkeypatch.setattr(act.requeue, "requeued_by_ending", lambda *a, **k: False)
         monkeypatch.setattr(act.allocation, "nodes_up", lambda partition: [])
-        assert act.act(sup, attempts, a, requeue) == 0
+        monkeypatch.setattr(epoch, "slurm_refusal", lambda job_id, restart: "Slurm requeued the job (restart 1)")
+        with pytest.raises(epoch.Stale, match="Slurm requeued the job"):
+            act.act(sup, attempts, a, requeue)
         assert read_results(sup.run_dir)["status"] == "requeued"
     finally:
         sup.agents.close()
 
 
-def test_one_orphaned_agent_claims_the_takeover_and_only_where_it_can_start_a_supervisor(tmp_path, monkeypatch):
-    """The takeover (hpc_llm.job.agent.takeover): the supervisor's command line comes from the
-    agent step's environment; one claim per lost supervisor (O_EXCL), the others see who holds
-    it; no takeover without srun, without the supervisor's Python, or with too few nodes left."""
+def test_one_orphaned_agent_takes_command_and_only_where_it_can_start_a_supervisor(tmp_path, monkeypatch):
+    """The takeover (hpc_llm.job.agent.takeover, orphan.take_command): the supervisor's command
+    line comes from the agent step's environment; command of the allocation is claimed once
+    (O_EXCL: the next epoch), the others find it taken; an agent that has seen only an older
+    command than the current one does nothing; no takeover without srun, without the
+    supervisor's Python, or with too few nodes left."""
     import json
     import shutil
 
     from hpc_llm.job import wire
-    from hpc_llm.job.agent import takeover
+    from hpc_llm.job.agent import orphan, takeover
+    from hpc_llm.rundir import epoch
 
     run_dir = tmp_path / "run"
     (run_dir / ".hpc_llm").mkdir(parents=True)
@@ -787,12 +802,20 @@ def test_one_orphaned_agent_claims_the_takeover_and_only_where_it_can_start_a_su
     assert argv is not None and argv[0] == "/usr/bin/python3"
     monkeypatch.setenv(wire.TAKEOVER, "not json")
     assert takeover.command() is None
-    assert takeover.claimed_by(run_dir, "7", 0, "n1") is None
-    assert takeover.claim(run_dir, "7", 0, "n1", "n2") is None  # ours
-    assert takeover.claim(run_dir, "7", 0, "n1", "n3") == "n2"  # too late: n2 holds it
-    assert takeover.claimed_by(run_dir, "7", 0, "n1") == "n2"
-    assert takeover.claimed_by(run_dir, "7", 1, "n1") is None  # the next allocation's is its own
-    assert takeover.claim(run_dir, "7", 0, "n2", "n3") is None  # the supervisor that took over, lost too
+    assert epoch.claim(run_dir, "7", 0, 0, by="n1") is not None  # the first supervisor's
+
+    def orphaned(node: str, knew: str | None) -> orphan.Orphan:
+        return orphan.Orphan(node, 1, "7", "7", 0, run_dir, "n1:1", False, 0.0, (2, 3, 1), epoch=knew)
+
+    mine = orphan.take_command(orphaned("n2", "0.0.3"))
+    assert mine is not None and mine.epoch.command == (0, 1)  # ours
+    assert orphan.take_command(orphaned("n3", "0.0.3")) is None  # too late: n2 holds it
+    assert epoch.claimed_by(run_dir, "7", 0, 1) == "n2"
+    assert orphan.take_command(orphaned("n4", None)) is None  # a spare that never ran: it knew 0.1 then
+    assert epoch.claim(run_dir, "7", 0, 1, by="n3") is None
+    # the supervisor n2 started, lost in turn: the next agent takes the next command
+    assert orphan.take_command(orphaned("n3", "0.1.4")).epoch.command == (0, 2)
+    epoch.install(None)
     real = shutil.which
     monkeypatch.setattr(world, "which", lambda name: f"/usr/bin/{name}" if name in ("srun", "scontrol") else real(name))
     py = shutil.which("python3") or "/usr/bin/python3"
@@ -807,21 +830,24 @@ def test_one_orphaned_agent_claims_the_takeover_and_only_where_it_can_start_a_su
 def test_a_supervisor_that_took_over_books_the_lost_generation_as_a_swap_and_the_lost_one_stands_aside(
     tmp_path, monkeypatch
 ):
-    """The new supervisor (started by an agent, TAKEN_OVER_FROM=n1) books its predecessor's last
-    generation: lost, node_failure on n1 alone, a swap with n1 left out, with when the agents found
-    it gone and when one took over; it runs the next generation number, and leaves n1 out of its
-    agent step (--overlap). The lost supervisor, back (a frozen host thawed), finds the claim and
-    writes nothing. Each supervisor's log has its place in the attempt's order."""
+    """The new supervisor (started by an agent, TAKEN_OVER_FROM=n1, with the command it claimed)
+    books its predecessor's last generation: lost, node_failure on n1 alone, a swap with n1 left
+    out, with when the agents found it gone and when one took over; it runs the next generation
+    number, and leaves n1 out of its agent step (--overlap). The lost supervisor, back (a frozen
+    host thawed), finds the newer epoch and writes nothing. Each supervisor's log has its place
+    in the attempt's order."""
     import json
 
     from hpc_llm.job import wire
     from hpc_llm.job.supervisor import lost
+    from hpc_llm.rundir import epoch
     from hpc_llm.rundir.layout import RunDir
     from hpc_llm.rundir.outcome import Action, Cause, State
 
     sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
     try:
         sup.job.job_id, sup.job.ref, sup.job.restart = "7", "7", 0
+        assert sup.take_command() is None
         attempts = Attempts.load(sup.run_dir)
         a = sup.this_attempt(attempts)
         a.generation, a.nodes = 2, ["n1", "n2"]
@@ -836,20 +862,27 @@ def test_a_supervisor_that_took_over_books_the_lost_generation_as_a_swap_and_the
         assert (booked.detected_at, booked.decided_at) == (100.0, 103.0)
         assert "the agent on n2 took its place in the same job" in booked.error
         assert not rd.supervisor_lost.exists()
-        # the lost supervisor, thawed: it was taken over, so it writes nothing
-        monkeypatch.setattr(sup, "job_info", lambda: {"JobState": "RUNNING", "Restarts": "0"})
-        assert not sup.superseded()
-        rd.takeover_claim("7", 0, sup.node).write_text("n2")
-        assert sup.superseded()
+        # the lost supervisor, thawed: an agent took command, so it writes nothing
+        assert sup.stale() is None
+        epoch.install(None)
+        assert epoch.claim(sup.run_dir, "7", 0, 1, by="n2") is not None
+        epoch.install(sup.holder)
+        assert "epoch 0.1.0 holds the job" in (sup.stale() or "")
+        with pytest.raises(epoch.Stale):
+            Attempts.load(sup.run_dir).save()
     finally:
+        epoch.install(None)
         sup.agents.close()
     (tmp_path / "again").mkdir()
-    sup = in_process(
-        tmp_path / "again", monkeypatch, env={wire.TAKEN_OVER_FROM: "n1"}, stop_signal="USR2", signal_lead_s=60
-    )
+    env = {wire.TAKEN_OVER_FROM: "n1", epoch.CLAIMED_ENV: "0.1", "SLURM_JOB_ID": "7"}
+    sup = in_process(tmp_path / "again", monkeypatch, env=env, stop_signal="USR2", signal_lead_s=60)
     try:
         assert sup.taken_over_from == "n1" and "n1" in sup.agents.left_out and sup.agents.overlap
+        epoch.install(None)
+        assert epoch.claim(sup.run_dir, "7", 0, 1, by="n2") is not None
+        assert sup.take_command() is None and sup.holder.epoch.command == (0, 1)  # adopted, not claimed
     finally:
+        epoch.install(None)
         sup.agents.close()
     for name in ("slurm-7.1.out", "slurm-7.0.n2.out", "slurm-7.0.out", "slurm-7.10.out"):
         (rd.logs / name).write_text("x")
@@ -926,28 +959,27 @@ def test_a_spare_whose_agent_dies_or_never_starts_is_given_up_and_back_and_the_a
 def test_a_supervisor_taken_over_keeps_its_batch_script_alive_until_slurm_ends_the_job(tmp_path, monkeypatch):
     """Back before Slurm took its host out of the job (a short cut, a thaw), a supervisor whose
     place an agent took is still the batch script: its end would end the job under the new
-    supervisor. So it stands aside: with the claim there it waits for Slurm's SIGTERM; without one
-    it waits as long as one may come, and not at all when its job runs a newer allocation."""
+    supervisor. So it stands aside while the job runs this allocation with its host in it: until
+    Slurm's SIGTERM, or until Slurm takes its host out or requeues the job."""
     import threading
 
     from hpc_llm.job.supervisor import act
-    from hpc_llm.rundir.layout import RunDir
 
     sup = in_process(tmp_path, monkeypatch, stop_signal="USR2", signal_lead_s=60)
     try:
         sup.job.job_id, sup.job.ref, sup.job.restart = "7", "7", 0
-        monkeypatch.setattr(act, "ASIDE_POLL_S", 0.05)
-        monkeypatch.setattr(sup.agents, "takeover_offered", lambda: True)
+        monkeypatch.setattr(act, "VERDICT_POLL_S", 0.05)
+        here = {"JobState": "RUNNING", "Restarts": "0", "NodeList": sup.node}
+        monkeypatch.setattr(sup, "job_info", lambda **k: {**here, "NodeList": "n9"})
         t0 = time.monotonic()
-        act.stand_aside(sup, wait_for_claim=False)  # no claim, a newer allocation: at once
-        sup.silent_s, sup.slurmd_timeout_s = 0.2, 0.2
-        monkeypatch.setattr(act, "ASIDE_SLACK_S", 0.2)
-        act.stand_aside(sup)  # no claim came within the agents' patience and Slurm's verdict
+        assert act.stand_aside(sup, "an agent took over") == 0  # this host out of the job: at once
+        monkeypatch.setattr(sup, "job_info", lambda **k: {**here, "Restarts": "1"})
+        assert act.stand_aside(sup, "an agent took over") == 0  # requeued: at once
         assert time.monotonic() - t0 < 5
-        RunDir(sup.run_dir).takeover_claim("7", 0, sup.node).write_text("n2")
+        monkeypatch.setattr(sup, "job_info", lambda **k: here)
         threading.Timer(1.5, lambda: setattr(sup, "terminated_at", time.time())).start()
         t1 = time.monotonic()
-        act.stand_aside(sup)  # the claim: past the deadline, until Slurm's SIGTERM
+        assert act.stand_aside(sup, "an agent took over") == 0  # the job runs here: until SIGTERM
         assert time.monotonic() - t1 >= 1.4
     finally:
         sup.agents.close()

@@ -82,7 +82,7 @@ def test_builtins_are_registered_through_the_same_manager():
     assert set(plugins.names("data")) >= {"tiny_corpus", "mds", "remote_mds"}
     assert plugins.names("checkpoint") == ["folder", "uri"]
     assert plugins.names("evaluator") == ["heldout", "hf_convert", "inference"]
-    assert plugins.names("container") == ["apptainer", "none"]
+    assert plugins.names("container") == ["apptainer", "none", "pyxis"]
     assert plugins.names("health_check") == ["allreduce", "container", "gpu"]
     assert {e.package for e in plugins.entries()} == {"hpc-llm (built-in)"}
 

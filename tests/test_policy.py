@@ -60,6 +60,12 @@ def cur(history, **kw):
     return a
 
 
+def unreachable(a: Attempt, *nodes: str) -> Attempt:
+    """``a``, a ``network`` stop whose batch host could not reach ``nodes``."""
+    a.unreachable = list(nodes)
+    return a
+
+
 def slow(a: Attempt, node: str, action: str, at: float) -> Attempt:
     """``a`` with a straggler verdict on ``node`` (hpc_llm.job.supervisor.stragglers), ``action`` taken."""
     a.stragglers.append({"node": node, "ratio": 3.0, "busy_s": {node: 0.3, "n1": 0.1}, "action": action, "at": at})
@@ -516,7 +522,8 @@ ROWS = [
         state="running",
     ),
     row(
-        "every other agent lost but slurmctld answers: the observer is not cut off, the nodes are dead",
+        "every other agent lost, slurmctld answers and (waited for) finds that node not responding too: "
+        "the observer is not cut off, the node is dead",
         [],
         {},
         {
@@ -526,7 +533,7 @@ ROWS = [
             "remote_nodes": 1,
             "remote_heard": 0,
             "slurmctld_answers": True,
-            "remote_gone": 0,
+            "slurm_gone": ("n2",),
         },
         S,
         "requeue",
@@ -536,7 +543,102 @@ ROWS = [
         state="failed",
     ),
     row(
-        "every other agent lost at once, slurmctld answers and finds them all responding: a partition; "
+        "the one other node silent, slurmctld finds it responding after SlurmdTimeout and a ping: a link "
+        "between them (either end); nobody blamed, new agents here after a backoff",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "silent for 3.1 s; no answer from the host"),),
+            "batch_host": "n1",
+            "remote_nodes": 1,
+            "remote_heard": 0,
+            "slurmctld_answers": True,
+            "slurm_gone": (),
+        },
+        S,
+        "restart",
+        "network",
+        state="failed",
+        delay=10.0,
+    ),
+    row(
+        "the same node unreachable again at the next stop, without progress between: blamed now",
+        [unreachable(att(0, cause="network"), "n2")],
+        {},
+        {
+            "returncode": 137,
+            "dead_nodes": (("n2", "silent for 3.1 s; no answer from the host"),),
+            "batch_host": "n1",
+            "remote_nodes": 1,
+            "remote_heard": 0,
+            "slurmctld_answers": True,
+            "slurm_gone": (),
+        },
+        S,
+        "restart",
+        "network",
+        suspects=("n2",),
+        state="failed",
+    ),
+    row(
+        "srun could not start the agent on a node (its slurmd did not answer the batch host): a link, "
+        "nobody blamed, a backoff",
+        [],
+        {},
+        {
+            "returncode": 1,
+            "agent_errors": (("*", "the agent step ended before every agent was up (srun exited 137)"),),
+            "launch_failed": ("n2",),
+        },
+        S,
+        "restart",
+        "network",
+        state="failed",
+        delay=10.0,
+    ),
+    row(
+        "slurmctld silent past the supervisor's patience: the ranks stopped before Slurm could requeue "
+        "the job elsewhere; the supervisor stands down",
+        [],
+        {},
+        {"returncode": 137, "ctld_lost": "slurmctld has not answered for 6 s", "batch_host": "n1"},
+        S,
+        "stand_down",
+        "lost",
+        suspects=("n1",),
+        state="running",
+    ),
+    row(
+        "... and it answered again with this allocation running: nobody blamed, new ranks here",
+        [],
+        {},
+        {
+            "returncode": 137,
+            "ctld_lost": "slurmctld has not answered for 6 s",
+            "ctld_answered": True,
+            "batch_host": "n1",
+        },
+        S,
+        "restart",
+        "network",
+        state="failed",
+        delay=10.0,
+    ),
+    row(
+        "Slurm took nodes out of the job and no spare is left: fewer usable nodes than the run needs; "
+        "a new allocation",
+        [],
+        {},
+        {"returncode": 0, "too_few": "the allocation holds 1 usable node(s) and the run needs 2"},
+        S,
+        "requeue",
+        "lost",
+        state="failed",
+    ),
+    row(
+        "every other agent lost at once, slurmctld answers and, after SlurmdTimeout and a ping, finds them all "
+        "responding: a partition; "
         "the batch host blames itself and requeues without it (not a swap: it reaches no agent)",
         [],
         {},
@@ -547,7 +649,7 @@ ROWS = [
             "remote_nodes": 2,
             "remote_heard": 0,
             "slurmctld_answers": True,
-            "remote_gone": 0,
+            "slurm_gone": (),
             "spares": ("n4",),
         },
         S,
@@ -558,7 +660,8 @@ ROWS = [
         state="failed",
     ),
     row(
-        "every other agent lost at once, slurmctld answers and finds one of them gone: the dead nodes, as ever",
+        "every other agent lost at once, slurmctld answers and finds one of them gone: that node, not the one "
+        "it still finds responding",
         [],
         {},
         {
@@ -568,13 +671,13 @@ ROWS = [
             "remote_nodes": 2,
             "remote_heard": 0,
             "slurmctld_answers": True,
-            "remote_gone": 1,
+            "slurm_gone": ("n2",),
         },
         S,
         "requeue",
         "node_failure",
-        suspects=("n2", "n3"),
-        exclude=("n2", "n3"),
+        suspects=("n2",),
+        exclude=("n2",),
         state="failed",
     ),
     row(

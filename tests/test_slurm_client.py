@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_llm.rundir import epoch
 from hpc_llm.slurm import commands
 from hpc_llm.slurm.commands import SlurmUnreachable
 
@@ -57,10 +58,24 @@ def test_a_controller_busy_every_time_is_one_error_naming_what_it_said(slurm_bin
 
 def test_a_refusal_is_an_answer_not_retried(slurm_bin):
     calls = fake(slurm_bin, "scontrol", [(1, "", "slurm_update error: Access/permission denied")])
-    out = commands.run(["scontrol", "update", "JobId=7", "ExcNodeList=n2"], timeout=10)
+    with epoch.as_user("a test's update"):
+        out = commands.run(["scontrol", "update", "JobId=7", "ExcNodeList=n2"], timeout=10)
     assert out.returncode == 1 and commands.said(out) == "slurm_update error: Access/permission denied"
     assert len(calls.read_text().splitlines()) == 1
     assert commands.asked(["scontrol", "show", "job", "7"], unknown_job="permission denied") is None
+
+
+def test_a_change_to_slurm_outside_the_epoch_check_is_refused_before_it_runs(slurm_bin):
+    """hpc_llm's own code never changes Slurm without the run's epoch check (or the login side's
+    as_user): a mutating command asked otherwise is a bug, refused before any scontrol runs."""
+    calls = fake(slurm_bin, "scontrol", [(0, "", "")])
+    fake(slurm_bin, "scancel", [(0, "", "")])
+    for args in (["scontrol", "requeue", "7"], ["scontrol", "update", "JobId=7", "NodeList=n1"], ["scancel", "7"]):
+        with pytest.raises(commands.Unchecked, match="without the run's epoch check"):
+            commands.run(args, timeout=10)
+    assert not calls.exists()
+    assert commands.run(["scontrol", "show", "job", "7"], timeout=10).returncode == 0  # a question is no change
+    assert len(calls.read_text().splitlines()) == 1
 
 
 def test_no_client_and_no_config_are_one_line_each(slurm_bin, tmp_path, monkeypatch):

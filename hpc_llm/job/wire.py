@@ -45,6 +45,10 @@ SUPERVISOR_NODE = "HPC_LLM_SUPERVISOR_NODE"
 TAKEOVER = "HPC_LLM_TAKEOVER"
 #: told to a supervisor started by an agent that took over: the node whose supervisor was lost
 TAKEN_OVER_FROM = "HPC_LLM_TAKEN_OVER_FROM"
+#: told by the batch script (sbatch_templates/default.sh.j2): how many times it started the
+#: supervisor again after one died of a signal, and the last one's exit status
+SUPERVISOR_RESTARTS = "HPC_LLM_SUPERVISOR_RESTARTS"
+SUPERVISOR_DIED = "HPC_LLM_SUPERVISOR_DIED"
 
 
 def requeue_on_loss(value: str | None) -> tuple[int, int, int] | None:

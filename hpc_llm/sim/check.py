@@ -93,7 +93,13 @@ def violations(sim: Sim) -> list[str]:
             out.append(f"(c) the job excludes healthy node(s) {','.join(bad)}")
     # (d) and (e): the run completed, where it could
     lost_for_good = sim.lost_for_good
-    could = len(sim.slurm.nodes) - len(lost_for_good) >= (s.min_nodes or s.nodes)
+    left = len(sim.slurm.nodes) - len(lost_for_good)
+    could = left >= (s.min_nodes or s.nodes)
+    if job is not None and job.state == "PENDING" and job.num_nodes > left:
+        # Slurm requeued the job itself (a node failure, a rebooted batch host) at the size it was
+        # submitted with, which the nodes left cannot hold: it waits for resources, as Slurm says
+        # (Reason=Resources); no process of hpc_llm is left to resize it (docs/design/simulation.md)
+        could = False
     if could and status != "completed":
         out.append(
             f"(d) the run did not complete (results.json: {status}, Slurm: {final}) with {len(sim.slurm.nodes) - len(lost_for_good)} node(s) left"

@@ -172,6 +172,7 @@ class Sim:
         self.ranks = SimRanks(self, self.training)
         w = self.world
         w.program("hpc_llm.job.supervisor", _supervisor)
+        w.program("batch-script", _batch_script)
         w.program("hpc_llm.job.agent", _agent)
         w.program("srun", srun_main)
         w.program("srun-shepherd", shepherd_main)
@@ -230,7 +231,7 @@ class Sim:
             "HPC_LLM_STOP_SIGNAL": "USR2",
             "HOME": str(self.root),
         }
-        return [*sup, "--", *srun, *agent], env
+        return ["batch-script", *sup, "--", *srun, *agent], env
 
     # -- the ground truth the checker judges by
     def stale(self, proc: Proc, job: Job | None) -> str | None:
@@ -416,6 +417,45 @@ def _supervisor_of(sim: Sim, proc: Proc) -> Proc | None:
             return p
         p = p.parent
     return None
+
+
+def _batch_script(proc: Proc, args: list[str]) -> None:
+    """The batch script's last part (sbatch_templates/default.sh.j2, tests/test_batch_script.py):
+    the supervisor as its child, the stop signal and SIGTERM passed on, a supervisor that dies
+    of a signal started again (up to SUPERVISOR_RESTARTS times) unless Slurm's SIGTERM came."""
+    from hpc_llm.launch.sbatch.render import SUPERVISOR_RESTARTS
+
+    world = proc.world
+    hub = world.hub
+    state: dict[str, Any] = {"terminated": False, "child": None}
+
+    def forward(sig: int, frame: Any) -> None:
+        if sig == signal.SIGTERM:
+            state["terminated"] = True
+        child = state["child"]
+        if child is not None and not child.dead:
+            child.signal(sig)
+
+    proc.handlers[signal.SIGUSR2] = signal.SIG_IGN  # until the supervisor runs (trap '')
+    proc.handlers[signal.SIGTERM] = forward
+    restarts, died = 0, None
+    while True:
+        env = {**proc.env, "HPC_LLM_SUPERVISOR_RESTARTS": str(restarts)}
+        if died is not None:
+            env["HPC_LLM_SUPERVISOR_DIED"] = str(died)
+        child = world.spawn(args, env, proc.host, proc, f"supervisor@{proc.host.name}")
+        state["child"] = child
+        proc.handlers[signal.SIGUSR2] = forward
+        w = hub.waiter()
+        child.on_exit.append(lambda code, w=w: hub.fire(w, True))
+        hub.suspend(w, None)
+        proc.handlers[signal.SIGUSR2] = signal.SIG_IGN
+        code = child.code if child.code is not None else 1
+        status = code if code >= 0 else 128 - code
+        if state["terminated"] or status <= 128 or restarts >= SUPERVISOR_RESTARTS:
+            raise SystemExit(status)
+        restarts, died = restarts + 1, status
+        world.trace(proc, f"the supervisor died (exit status {status}): starting it again")
 
 
 def _supervisor(proc: Proc, args: list[str]) -> None:

@@ -274,7 +274,11 @@ class Slurm:
         that should run there and does not is purged, its job requeued if it may be
         (job_mgr.c, _purge_missing_jobs: "Batch JobId=N missing from batch node")."""
         node = self.nodes[name]
+        if not node.host.up:
+            return
         if not self.responds(node):
+            # slurmd tries to register until slurmctld hears it
+            self.hub.at(self.hub.now + 1.0, self.booted, name)
             return
         node.last_response = self.hub.now
         node.not_responding = False
@@ -330,7 +334,7 @@ class Slurm:
         }
         step = Step(job, job.restarts, "batch", [job.batch_host])
         job.steps.append(step)
-        job.batch = self.sim.world.spawn(argv, env, host, None, f"supervisor@{job.batch_host}", step=step)
+        job.batch = self.sim.world.spawn(argv, env, host, None, f"batch@{job.batch_host}", step=step)
         step.tasks[job.batch_host] = job.batch
         proc, restart = job.batch, job.restarts
         proc.on_exit.append(lambda code: self._batch_ended(job, restart, proc, code))

@@ -73,17 +73,16 @@ def requeue_orphaned(o: Orphan) -> None:
     # a process being killed closes its sockets one by one: asked 1 ms after our connection
     # dropped, its listener still accepted, and the agent took the supervisor for alive
     world.sleep(ORPHAN_SETTLE_S)
-    try:
-        wire.connect(o.supervisor, timeout_s=2.0).close()
-        refused = False
-    except ConnectionRefusedError:
-        refused = True  # the host is up, the supervisor's process is not
-    except OSError:
-        refused = False  # no answer at all
-    else:
-        if not o.silent:
-            log.warning("hpc_llm agent on %s: the supervisor dropped this agent: not requeueing", o.node)
+    answer = ask_supervisor(o)
+    if answer == "accepted" and not o.silent:
+        # it dropped this agent (it took this node for dead: it could not reach it a while) and
+        # lives on; it may still die before it starts new agents, leaving the job with nobody:
+        # this agent keeps an eye on it from here until then
+        log.warning("hpc_llm agent on %s: the supervisor dropped this agent: watching it from here", o.node)
+        answer = linger(o)
+        if answer is None:
             return
+    refused = answer == "refused"
     # the batch host (whose death orphans us) is the allocation's first node: the next asks at once
     world.sleep(ORPHAN_STAGGER_S * max(0, o.node_id - 1))
     log.info(
@@ -121,6 +120,45 @@ def requeue_orphaned(o: Orphan) -> None:
     _requeue(o, info, host, how, holder, refused=why if argv is not None else None)
 
 
+#: how often a dropped agent asks whether its supervisor still lives, and slurmctld about the job
+LINGER_POLL_S = 5.0
+LINGER_ASK_SLURM_S = 60.0
+
+
+def ask_supervisor(o: Orphan) -> str:
+    """"accepted", "refused" (its host is up, the process is not) or "silent" (no answer at all)."""
+    try:
+        wire.connect(o.supervisor, timeout_s=2.0).close()
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "silent"
+    return "accepted"
+
+
+def linger(o: Orphan) -> str | None:
+    """A dropped agent watches its supervisor: the supervisor's answer once it stops accepting
+    (then the orphan's path goes on), or None when there is nothing left to watch for: another
+    process took command of the job (the supervisor resumed it, an agent took over), or Slurm
+    moved the job on or ended it (it kills this agent with it anyway)."""
+    known = epoch.Epoch.parse(o.epoch) or epoch.Epoch(o.restart, 0)
+    asked = world.monotonic()
+    while True:
+        world.sleep(LINGER_POLL_S)
+        with contextlib.suppress(OSError):
+            now = epoch.current(o.run_dir, o.job_id)
+            if now is not None and (now.restart != o.restart or now.command > known.command):
+                return None
+        answer = ask_supervisor(o)
+        if answer != "accepted":
+            return answer
+        if world.monotonic() - asked > LINGER_ASK_SLURM_S:
+            asked = world.monotonic()
+            info = allocation.show_job(o.job_id)
+            if info and not allocation.still_this_allocation(info, o.restart):
+                return None
+
+
 def take_command(o: Orphan) -> epoch.Holder | None:
     """Claim the next command of this allocation (:mod:`hpc_llm.rundir.epoch`): this agent acts
     for the job from now on, and no other process of it (another orphaned agent, the lost
@@ -131,7 +169,9 @@ def take_command(o: Orphan) -> epoch.Holder | None:
     except OSError as exc:
         log.warning("hpc_llm agent on %s: the run's epoch cannot be read (%s): doing nothing", o.node, exc)
         return None
-    known = epoch.Epoch.parse(o.epoch) or now or epoch.Epoch(o.restart, 0)
+    # the command this agent served; one that was never told (started by an older hpc_llm) served
+    # the batch script's, the allocation's first
+    known = epoch.Epoch.parse(o.epoch) or epoch.Epoch(o.restart, 0)
     if now is not None and (now.restart != o.restart or now.command > known.command):
         by = epoch.claimed_by(o.run_dir, o.job_id, now.restart, now.takeover)
         log.warning("hpc_llm agent on %s: epoch %s holds the job (claimed by %s): ending", o.node, now, by)

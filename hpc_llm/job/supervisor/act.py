@@ -211,7 +211,10 @@ def end_for_good(sup: SupervisorState) -> None:
 
 def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> int | str:
     """Put the job back in the queue without the nodes whose blame is in force, sized to what its
-    partition holds."""
+    partition holds. Off Slurm nothing can: the run fails."""
+    if not sup.job.ref:
+        fail(sup, attempts, a, d.cause, f"{d.reason}; no Slurm job to requeue (a run off Slurm)")
+        return 1
     exclude, warning = exclusions(sup, attempts, d)
     a.action, a.requeued = Action.REQUEUE, True
     a.decided_at = a.decided_at or world.time()

@@ -46,8 +46,10 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         # host. Not a cancellation, and not ours to requeue again.
         requeueing = allocation.requeued_by_slurm(sup.job.job_id, sup.job.restart)
     remote, heard = heard_remote(sup)
-    silent = sorted(n for n in end.dead_nodes if n not in sup.agents.left_out)
-    vouched = vouched_for(sup, set(end.dead_nodes))
+    launch_failed = sorted(set(failures.launch_failed(end.srun_errors)) - sup.agents.left_out)
+    # silent: their agent fell silent and their host did not answer, or srun reached no slurmd there
+    silent = sorted({n for n in end.dead_nodes if n not in sup.agents.left_out} | set(launch_failed))
+    vouched = vouched_for(sup, set(silent))
     answers: bool | None = None
     gone: tuple[str, ...] | None = None
     waited = 0.0
@@ -82,7 +84,8 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         failures=tuple(failures.read(sup.run_dir, tag)),
         rank_exits=tuple(end.rank_exits),
         failed_nodes=tuple(failed_nodes),
-        launch_failed=tuple(sorted(set(failures.launch_failed(end.srun_errors)) - sup.agents.left_out)),
+        launch_failed=tuple(launch_failed),
+        vouched=vouched,
         dead_nodes=tuple(sorted(end.dead_nodes.items())),
         agents_died=tuple(sorted(end.agents_died.items())),
         agent_errors=tuple(sorted(end.agent_errors.items())),
@@ -143,8 +146,14 @@ def vouched_for(sup: SupervisorState, silent: set[str]) -> bool:
     """Some other node's agent (one of the generation's, or a spare's) is heard now: this host's
     link to the fabric works, and the silent nodes' silence is theirs."""
     view = sup.agents.fleet.view()
+    now = world.monotonic()
+    recent = sup.policy.node_timeout_s
     return any(
-        n != sup.node and n not in silent and n not in sup.agents.left_out and a.alive and a.state != "suspect"
+        n != sup.node
+        and n not in silent
+        and n not in sup.agents.left_out
+        and a.state == "warm"
+        and now - a.last_heard <= recent
         for n, a in view.items()
     )
 

@@ -96,6 +96,29 @@ def taken_over(run_dir: Path, job: SlurmJob, attempts: Attempts, host: str) -> i
     return a.generation + 1
 
 
+def supervisor_died(job: SlurmJob, attempts: Attempts, status: str | None) -> int:
+    """This supervisor was started again by the batch script (sbatch_templates/default.sh.j2)
+    after the one before it died of a signal (exit ``status``): book that one's last attempt of
+    this allocation (lost, the supervisor's failure: nobody blamed, a restart here) and return the
+    generation to run next."""
+    mine = [a for a in attempts.items if (a.job_id, a.restart) == (job.job_id, job.restart)]
+    if not mine:
+        return 0
+    a = mine[-1]
+    if a.state == State.RUNNING:
+        now = world.time()
+        a.state, a.cause, a.action = State.LOST, Cause.FAILURE, Action.RESTART
+        a.detected_at = a.detected_at or now
+        a.ended_at = a.ended_at or now
+        a.decided_at = now
+        a.error = (
+            f"the supervisor died (exit status {status or '?'}); the batch script started it again in this allocation"
+        )
+        attempts.save()
+        log.warning("hpc_llm supervisor: previous generation: %s", a.error)
+    return a.generation + 1
+
+
 def seen_by_agents(run_dir: Path, a: Attempt) -> dict[str, Any] | None:
     """What an agent recorded when it requeued attempt ``a``'s job (agent.loop), then removed."""
     path = RunDir(run_dir).supervisor_lost

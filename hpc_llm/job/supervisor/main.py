@@ -76,6 +76,8 @@ class Supervisor(SupervisorState):
         lost.close(self.run_dir, self.job, attempts)
         if self.taken_over_from:
             self.gen = lost.taken_over(self.run_dir, self.job, attempts, self.taken_over_from)
+        elif self.restarted:
+            self.gen = lost.supervisor_died(self.job, attempts, self.died_status)
         if self.status() == "completed":
             # a run that already completed has nothing to do. Budgets are the policy's, counted
             # per stop (failures in a row without progress), so a resubmitted failed run goes on

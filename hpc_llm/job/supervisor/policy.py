@@ -131,7 +131,7 @@ def decide(
     if current.state == State.FAILED and current.cause in (Cause.USER_ERROR, Cause.PREFLIGHT_FAILED):
         return Decision(Action.FAIL, Cause(current.cause), current.error or "the run failed", State.FAILED)
     cause, reason, nodes = what_failed(stop, current, earlier_failures)
-    if cause == Cause.NODE_FAILURE and partitioned(stop):
+    if cause in (Cause.NODE_FAILURE, Cause.NETWORK) and partitioned(stop):
         return _partitioned(history, current, stop, s)
     if cause == Cause.NETWORK:
         nodes = _unreachable_again(history, current, stop)
@@ -143,14 +143,16 @@ def decide(
 
 
 def partitioned(stop: Stop) -> bool:
-    """The supervisor lost the agents of every other node at once (two or more), while slurmctld
-    answers it and, after SlurmdTimeout and a ping of their silence, finds none of those nodes
-    gone: what they share is the batch host's own link to them, not a fault each. With one other
-    node nothing points at either side: nobody is blamed (:func:`what_failed`, ``network``)."""
+    """The batch host reaches none of two or more other nodes at once (their agents silent, or srun
+    could start no agent there), nothing else vouches for its link, and slurmctld answers it and,
+    after SlurmdTimeout and a ping of their silence, finds none of them gone: what they share is
+    the batch host's own link to them, not a fault each. With one other node nothing points at
+    either side: nobody is blamed (:func:`what_failed`, ``network``)."""
+    lost = unreachable(stop)
+    every = stop.remote_nodes >= 2 and not stop.remote_heard
     return bool(
         stop.batch_host
-        and stop.remote_nodes >= 2
-        and not stop.remote_heard
+        and (every or (len(lost) >= 2 and stop.vouched is False))
         and stop.slurmctld_answers
         and stop.slurm_gone == ()
     )
@@ -162,10 +164,11 @@ def _partitioned(history: Sequence[Attempt], current: Attempt, stop: Stop, s: Se
     the job requeued without it. Not a swap or a shrink: the supervisor reaches no agent to start
     them, and Slurm, which still finds every node responding, would requeue nothing itself."""
     host = str(stop.batch_host)
+    others = len(unreachable(stop)) or stop.remote_nodes
     reason = (
-        f"the supervisor on {host} lost the agents of all {stop.remote_nodes} other nodes at once while slurmctld "
-        f"answers it and finds every one of them responding: {host} is cut off from them (a partition); it blames "
-        "its own host and requeues without it"
+        f"the supervisor on {host} reaches none of {others} other nodes at once while slurmctld answers it and "
+        f"finds every one of them responding: {host} is cut off from them (a partition); it blames its own host "
+        "and requeues without it"
     )
     suspects = (host,)
     exclude = excluded_by_history(
@@ -259,9 +262,13 @@ def what_failed(
     if stop.agent_errors:
         what = "; ".join(f"on {n}: {why}" for n, why in stop.agent_errors)
         if stop.launch_failed:
-            # srun reached no slurmd there: a link from the batch host, not the agent's bug
+            # srun reached no slurmd there: a link from the batch host, not the agent's bug; or the
+            # node is dead, if Slurm finds it so
             nodes = ", ".join(stop.launch_failed)
             why = f"{what}; srun could not start the agent on {nodes} (its slurmd did not answer the batch host)"
+            gone = tuple(n for n in stop.launch_failed if n in (stop.slurm_gone or ()))
+            if gone:
+                return Cause.NODE_FAILURE, f"{why}; slurmctld finds {', '.join(gone)} not responding too", gone
             return Cause.NETWORK, f"{why}: nobody blamed", ()
         return Cause.FAILURE, f"hpc_llm's agent ended with an error ({what}); restarting it", ()
     if stop.storage_stall is not None:

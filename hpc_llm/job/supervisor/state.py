@@ -37,6 +37,9 @@ class SupervisorState:
         self.node = heartbeat.node_name()
         #: the node whose supervisor this one replaced in this allocation (None: the batch script's)
         self.taken_over_from = world.environ().get(wire.TAKEN_OVER_FROM) or None
+        #: the batch script started this supervisor again after the one before died (its status)
+        self.restarted = int(world.environ().get(wire.SUPERVISOR_RESTARTS) or 0) > 0 and not self.taken_over_from
+        self.died_status = world.environ().get(wire.SUPERVISOR_DIED)
         #: the generation of ranks running or next (0 at the allocation's start)
         self.gen = 0
         #: Slurm's stop signals as the handler queued them: (signal, when)
@@ -66,6 +69,9 @@ class SupervisorState:
         if self.taken_over_from:
             # the lost node gets no agent; the old agent step holds the others' CPUs (our own task)
             self.agents.left_out.add(self.taken_over_from)
+            self.agents.overlap = True
+        if self.restarted:
+            # the dead supervisor's agent step may live on a while: the new one shares the CPUs
             self.agents.overlap = True
 
     @property
@@ -107,6 +113,14 @@ class SupervisorState:
         claimed = world.environ().get(epoch.CLAIMED_ENV)
         if claimed:
             holder = epoch.adopt(self.run_dir, self.job.job_id, claimed)
+        elif self.restarted:
+            # the batch script started this supervisor again: the dead one's command passes on
+            try:
+                now = epoch.current(self.run_dir, self.job.job_id)
+            except OSError as exc:
+                return f"the run's epoch cannot be read ({exc})"
+            takeover = now.takeover + 1 if now is not None and now.restart == self.job.restart else 0
+            holder = epoch.claim(self.run_dir, self.job.job_id, self.job.restart, takeover, by=self.node)
         else:
             holder = epoch.claim(self.run_dir, self.job.job_id, self.job.restart, 0, by=self.node)
         if holder is None:

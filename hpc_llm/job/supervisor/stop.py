@@ -103,6 +103,9 @@ class Stop:
     failed_nodes: tuple[str, ...] = ()
     #: nodes the agent step's srun could not start its task on (no answer from their slurmd)
     launch_failed: tuple[str, ...] = ()
+    #: another node's agent was heard at this stop: the batch host's own link works (None: not
+    #: known, a stop gathered by hand)
+    vouched: bool | None = None
     on_slurm: bool = True
     #: warm agents of this allocation outside the generation's layout (resources.spare_nodes):
     #: the nodes a swap may put in the place of the nodes it leaves out

@@ -183,7 +183,7 @@ class GenerationRun:
         step = self.agents.step
         assert step is not None
         usable = self.agents.usable()
-        if usable < p.least_nodes:
+        if self.agents.job.nodes and usable < p.least_nodes:
             # Slurm took nodes out of the job (a node failure, --no-kill) and no spare is left: no
             # generation can start here, however long it waits
             end.too_few = f"the allocation holds {usable} usable node(s) and the run needs {p.least_nodes}"

@@ -38,8 +38,10 @@ class SbatchSpec:
     setup: Sequence[str] = ()
     #: lines from the container runtime (staging, per-node check), already shell
     container_lines: Sequence[str] = ()
-    #: the command the batch script execs to run srun (hpc_llm.job.supervisor)
+    #: the command the batch script runs to run srun (hpc_llm.job.supervisor)
     supervisor: Sequence[str] = ()
+    #: the stop signal Slurm sends the batch shell (B:), which it passes on to the supervisor
+    stop_signal: str | None = None
     #: put first on PYTHONPATH: the code copied at submit time (hydra.launcher.snapshot)
     code_dir: str | None = None
 
@@ -78,6 +80,8 @@ def _flags(flags: Mapping[str, Any]) -> list[str]:
 
 
 ARRAY_TEMPLATE = "array.sh.j2"
+#: times the batch script starts a supervisor that died of a signal again, in one allocation
+SUPERVISOR_RESTARTS = 3
 
 
 def render_array(flags: Mapping[str, Any], run_dirs: Sequence[str]) -> str:
@@ -103,6 +107,8 @@ def render(spec: SbatchSpec) -> str:
         srun_args=[shlex.quote(a) for a in spec.srun_args],
         command=[shlex.quote(a) for a in spec.command],
         supervisor=[shlex.quote(a) for a in spec.supervisor],
+        stop_signal=spec.stop_signal,
+        supervisor_restarts=SUPERVISOR_RESTARTS,
         code_dir=shlex.quote(spec.code_dir) if spec.code_dir else None,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,

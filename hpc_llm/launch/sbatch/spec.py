@@ -360,5 +360,6 @@ def build_spec(cfg: DictConfig, opts: DictConfig, run_dir: str, code_dir: str | 
         setup=[*(cluster.get("setup") or []), *(opts.setup or [])],
         container_lines=container_lines,
         supervisor=supervisor_command(cfg, opts, run_dir, res, sig),
+        stop_signal=sig,
         code_dir=code_dir,
     )
