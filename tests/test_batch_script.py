@@ -29,7 +29,8 @@ STANDIN = textwrap.dedent(
     starts = open(out).read().split() if os.path.exists(out) else []
     n = len(starts)
     with open(out, "a") as f:
-        f.write(f"start{os.environ.get('HPC_LLM_SUPERVISOR_RESTARTS')}:{os.environ.get('HPC_LLM_SUPERVISOR_DIED', '-')}\\n")
+        restarts = os.environ.get('HPC_LLM_SUPERVISOR_RESTARTS')
+        f.write(f"start{restarts}:{os.environ.get('HPC_LLM_SUPERVISOR_DIED', '-')}\\n")
     plan = os.environ["STANDIN_PLAN"].split(",")
     what = plan[min(n, len(plan) - 1)]
     got = []

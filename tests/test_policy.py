@@ -626,8 +626,7 @@ ROWS = [
         delay=10.0,
     ),
     row(
-        "Slurm took nodes out of the job and no spare is left: fewer usable nodes than the run needs; "
-        "a new allocation",
+        "Slurm took nodes out of the job and no spare is left: fewer usable nodes than the run needs; a new allocation",
         [],
         {},
         {"returncode": 0, "too_few": "the allocation holds 1 usable node(s) and the run needs 2"},

@@ -237,7 +237,7 @@ def slurm_refusal_of(info: dict[str, str], restart: int) -> str | None:
 
 def _write(run_dir: Path, job_id: str, epoch: Epoch, by: str | None) -> None:
     path = _dir(run_dir) / f"{job_id}.{epoch.restart}.{epoch.takeover}"
-    data = {"generation": epoch.generation, "at": world.time(), "pid": world.pid()}
+    data: dict[str, object] = {"generation": epoch.generation, "at": world.time(), "pid": world.pid()}
     if by is not None:
         data["by"] = by
     tmp = path.with_name(f".{path.name}.tmp-{world.pid()}")

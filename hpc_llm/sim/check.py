@@ -74,9 +74,8 @@ def violations(sim: Sim) -> list[str]:
     for i, (t, st, who) in enumerate(h.statuses):
         later = [x for x in h.statuses[i + 1 :] if x[1] not in ("failed",)]
         if st == "failed" and later:
-            out.append(
-                f"(b) results.json said failed at {t:.1f}s ({who}) and the run went on ({later[0][1]} at {later[0][0]:.1f}s)"
-            )
+            went_on = f"{later[0][1]} at {later[0][0]:.1f}s"
+            out.append(f"(b) results.json said failed at {t:.1f}s ({who}) and the run went on ({went_on})")
             break
     # (c) no healthy node blamed or left out
     healthy = {n for n in sim.slurm.nodes if n not in sim.touched}
@@ -84,9 +83,8 @@ def violations(sim: Sim) -> list[str]:
         for key in ("suspects", "left_out", "given_back"):
             bad = sorted(set(a.get(key) or []) & healthy)
             if bad:
-                out.append(
-                    f"(c) attempt {a.get('restart')}.{a.get('generation')} {key} healthy node(s) {','.join(bad)}: {a.get('error')}"
-                )
+                which = f"attempt {a.get('restart')}.{a.get('generation')}"
+                out.append(f"(c) {which} {key} healthy node(s) {','.join(bad)}: {a.get('error')}")
     if job is not None:
         bad = sorted(set(job.exc) & healthy)
         if bad:
@@ -101,9 +99,7 @@ def violations(sim: Sim) -> list[str]:
         # (Reason=Resources); no process of hpc_llm is left to resize it (docs/design/simulation.md)
         could = False
     if could and status != "completed":
-        out.append(
-            f"(d) the run did not complete (results.json: {status}, Slurm: {final}) with {len(sim.slurm.nodes) - len(lost_for_good)} node(s) left"
-        )
+        out.append(f"(d) the run did not complete (results.json: {status}, Slurm: {final}) with {left} node(s) left")
     if could and final in ("FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT") and status != "completed":
         out.append(f"(e) Slurm ended the job {final} where it could have gone on")
     # (f) a RUNNING job always has an owner

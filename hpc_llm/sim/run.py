@@ -447,7 +447,11 @@ def _batch_script(proc: Proc, args: list[str]) -> None:
         state["child"] = child
         proc.handlers[signal.SIGUSR2] = forward
         w = hub.waiter()
-        child.on_exit.append(lambda code, w=w: hub.fire(w, True))
+
+        def ended(_code: int, w: Any = w) -> None:
+            hub.fire(w, True)
+
+        child.on_exit.append(ended)
         hub.suspend(w, None)
         proc.handlers[signal.SIGUSR2] = signal.SIG_IGN
         code = child.code if child.code is not None else 1
@@ -497,7 +501,7 @@ def run_seed(seed: int, scenario: Scenario | None = None, keep: Path | None = No
         root_logger.addHandler(_HANDLER)
     old_level = root_logger.level
     root_logger.setLevel(logging.INFO)
-    real_stderr, sys.stderr = sys.stderr, _Stderr(sim)  # type: ignore[assignment]
+    real_stderr, sys.stderr = sys.stderr, _Stderr(sim)
     try:
         sim.slurm.start()
         sim.submit()

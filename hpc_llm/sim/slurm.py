@@ -435,8 +435,8 @@ class Slurm:
             ):
                 self.sim.trace.note(self.hub.now, f"slurmd@{node.name}", f"kills stray {p} of {st}")
                 p.signal(signal.SIGKILL)
-        if node.job is not None and node.job.ending is not None and node.name in node.job.waiting_nodes:
-            job = node.job
+        job = node.job
+        if job is not None and job.ending is not None and node.name in job.waiting_nodes:
             restart = job.restarts - 1 if job.ending[1] else job.restarts
             self._kill_on(node, job, restart, signal.SIGKILL, pending=False)
             self._released(job, node.name)
@@ -590,8 +590,8 @@ class Slurm:
             if words[:1] == ["update"]:
                 return self._update(proc, args, words[1:])
         if name == "scancel":
-            for ident in words:
-                job = self.jobs.get(ident)
+            for word in words:
+                job = self.jobs.get(word)
                 if job is not None and job.state in ("RUNNING", "PENDING"):
                     self._mutation(proc, job, "scancel")
                     if job.state == "PENDING":
@@ -602,10 +602,7 @@ class Slurm:
                         self._end(job, "CANCELLED", requeue=False, why="scancel")
             return _done(args, "")
         if name == "sinfo":
-            if "-n" in words:
-                wanted = expand(words[words.index("-n") + 1])
-            else:
-                wanted = list(self.nodes)
+            wanted = expand(words[words.index("-n") + 1]) if "-n" in words else list(self.nodes)
             lines = [f"{n} {self.nodes[n].short()}" for n in wanted if n in self.nodes]
             return _done(args, "\n".join(lines) + "\n")
         if name == "sacct":
@@ -821,9 +818,8 @@ def srun_main(proc: Proc, args: list[str]) -> None:
     reply = _ask_ctld(proc, lambda: slurm.create_step(proc, n, exclude, "--no-kill" in flags, only))
     if reply is None:
         if err:
-            err.write(
-                f"srun: error: Unable to create step for job {proc.step.job.id if proc.step else '?'}: Unable to contact slurm controller"
-            )
+            job_id = proc.step.job.id if proc.step else "?"
+            err.write(f"srun: error: Unable to create step for job {job_id}: Unable to contact slurm controller")
         raise SystemExit(1)
     if isinstance(reply, str):
         if err:

@@ -64,7 +64,7 @@ class Proc:
         self.argv = argv
         self.env = env
         self.parent = parent
-        self.pgid = pgid if pgid is not None else (parent.pgid if parent else pid)
+        self.pgid: int = pgid if pgid is not None else (parent.pgid if parent else pid)
         self.label = label
         self.frozen = False
         self.dead = False
@@ -395,7 +395,7 @@ class SimWorld:
         if task is not None:
             if task.dropped:
                 raise Killed()
-            return task.proc  # type: ignore[no-any-return]
+            return task.proc
         if self._acting is not None:
             return self._acting
         raise RuntimeError("the world was asked outside any simulated process")

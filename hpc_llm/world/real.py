@@ -124,7 +124,7 @@ class Real:
 
     def reap(self) -> list[tuple[int, int]]:
         """Children that ended since the last call: (pid, exit code as os.waitstatus_to_exitcode)."""
-        out = []
+        out: list[tuple[int, int]] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

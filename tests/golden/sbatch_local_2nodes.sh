@@ -41,6 +41,32 @@ export SUBMITIT_EXECUTOR=slurm
 # supervisor's layout, each node's ranks in node-local scratch). The supervisor passes Slurm's
 # stop signal on to the ranks, watches the agents and the ranks' heartbeats, and restarts in
 # place, requeues or fails the run by the cause of a stop (docs/design/decision-table.md).
-exec /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 2 --tasks-per-node 2 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 1 --node-timeout-s 3 --probe-timeout-s 1.5 --hang-factor 10 --hang-floor-s 60 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 --straggler-factor 2 --straggler-patience 2 --straggler-action warn -- \
-  srun --unbuffered --export=ALL --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --output=/shared/runs/golden/0/logs/agent%t.log --open-mode=append \
-  /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.agent /shared/runs/golden/0/.hpc_llm/job.pkl
+# It runs as this script's child, not in its place: this shell passes it the stop signal
+# (Slurm's --signal=B:... reaches only this shell) and SIGTERM, and a supervisor that dies of a
+# signal (the OOM killer, a crash of the interpreter) is started again in this allocation, up
+# to 3 times; it takes command of the run from the dead one (its
+# epoch: docs/design/control-plane.md, "The batch script"). Its own exit status is the job's.
+set +e
+restarts=0
+while :; do
+  HPC_LLM_SUPERVISOR_RESTARTS=$restarts /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.supervisor --run-dir /shared/runs/golden/0 --nodes 2 --tasks-per-node 2 --signal USR2 --signal-lead-s 120 --max-preemptions 100 --max-failures 5 --max-attempts-without-progress 10 --forgive-after-s 86400 --heartbeat-s 1 --node-timeout-s 3 --probe-timeout-s 1.5 --hang-factor 10 --hang-floor-s 60 --hang-timeout-s 1800 --startup-timeout-s 3600 --max-failures-per-day 24 --straggler-factor 2 --straggler-patience 2 --straggler-action warn -- \
+    srun --unbuffered --export=ALL --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --output=/shared/runs/golden/0/logs/agent%t.log --open-mode=append \
+    /opt/hpc_llm/venv/bin/python -u -m hpc_llm.job.agent /shared/runs/golden/0/.hpc_llm/job.pkl &
+  supervisor=$!
+  trap 'kill -USR2 "$supervisor" 2>/dev/null' USR2
+  trap 'terminated=1; kill -TERM "$supervisor" 2>/dev/null' TERM
+  # a trapped signal interrupts wait (its status then > 128 while the supervisor lives on)
+  while :; do
+    wait "$supervisor"; status=$?
+    if [ "$status" -le 128 ] || ! kill -0 "$supervisor" 2>/dev/null; then break; fi
+  done
+  wait "$supervisor" 2>/dev/null; again=$?
+  [ "$again" -ne 127 ] && status=$again
+  trap '' USR2
+  if [ -n "${terminated:-}" ] || [ "$status" -le 128 ] || [ "$restarts" -ge 3 ]; then
+    exit "$status"
+  fi
+  restarts=$((restarts + 1))
+  echo "hpc_llm: the supervisor died (exit status $status): starting it again ($restarts of 3)" >&2
+  export HPC_LLM_SUPERVISOR_DIED=$status
+done

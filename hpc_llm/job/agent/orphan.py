@@ -79,9 +79,10 @@ def requeue_orphaned(o: Orphan) -> None:
         # lives on; it may still die before it starts new agents, leaving the job with nobody:
         # this agent keeps an eye on it from here until then
         log.warning("hpc_llm agent on %s: the supervisor dropped this agent: watching it from here", o.node)
-        answer = linger(o)
-        if answer is None:
+        lingered = linger(o)
+        if lingered is None:
             return
+        answer = lingered
     refused = answer == "refused"
     # the batch host (whose death orphans us) is the allocation's first node: the next asks at once
     world.sleep(ORPHAN_STAGGER_S * max(0, o.node_id - 1))
@@ -126,7 +127,7 @@ LINGER_ASK_SLURM_S = 60.0
 
 
 def ask_supervisor(o: Orphan) -> str:
-    """"accepted", "refused" (its host is up, the process is not) or "silent" (no answer at all)."""
+    """ "accepted", "refused" (its host is up, the process is not) or "silent" (no answer at all)."""
     try:
         wire.connect(o.supervisor, timeout_s=2.0).close()
     except ConnectionRefusedError:

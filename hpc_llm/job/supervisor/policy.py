@@ -250,10 +250,10 @@ def what_failed(
     if stop.agents_died:
         # the host answered the probe: the agent is gone, the node lives. A new agent there; the
         # node a suspect (one point), left out only if it happens again (where it repeats decides)
-        gone = ", ".join(f"{n} ({why})" for n, why in stop.agents_died)
+        died = ", ".join(f"{n} ({why})" for n, why in stop.agents_died)
         return (
             Cause.FAILURE,
-            f"agent(s) gone on live node(s): {gone}; new agents",
+            f"agent(s) gone on live node(s): {died}; new agents",
             tuple(n for n, _ in stop.agents_died),
         )
     if stop.ctld_lost is not None:
