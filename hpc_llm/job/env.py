@@ -20,7 +20,6 @@ supervisor on the batch host.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,7 +70,8 @@ SRUN_TASK_VARS = (
 def container_image() -> str | None:
     """The Apptainer (or Singularity) image this process runs in, as its runtime sets it; None
     outside one."""
-    return os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER") or None
+    env = world.environ()
+    return env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER") or None
 
 
 def _int(value: str | None, default: int = 0) -> int:

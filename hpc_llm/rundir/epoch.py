@@ -149,13 +149,16 @@ class Holder:
     epoch: Epoch
     #: who: "supervisor", "agent" or "rank" (a rank's epoch is its generation's, not a command)
     role: str
-    #: a rank's lease on its node's board (why it may not write, or None): hpc_llm.job.rank.fence
+    #: why it may not write now, or None: a rank's lease on its node's board
+    #: (hpc_llm.job.rank.fence); a supervisor's, slurmctld's word on its allocation (its state's
+    #: ctld_lease)
     lease: Callable[[], str | None] | None = field(default=None, repr=False)
 
-    def refusal(self, what: str, slurm: bool = False) -> str | None:
+    def refusal(self, what: str, slurm: bool = False, lease: bool = True) -> str | None:
         """Why this process may not do ``what`` now (None: it may). ``slurm``: it changes Slurm
-        (also ask Slurm whether this allocation is still the job's)."""
-        if self.lease is not None:
+        (also ask Slurm whether this allocation is still the job's). ``lease``: the holder's lease
+        counts too (False: the epoch alone, whoever holds it)."""
+        if lease and self.lease is not None:
             why = self.lease()
             if why is not None:
                 return why

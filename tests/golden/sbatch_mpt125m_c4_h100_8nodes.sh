@@ -52,7 +52,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # (Slurm's --signal=B:... reaches only this shell) and SIGTERM, and a supervisor that dies of a
 # signal (the OOM killer, a crash of the interpreter) is started again in this allocation, up
 # to 3 times; it takes command of the run from the dead one (its
-# epoch: docs/design/control-plane.md, "The batch script"). Its own exit status is the job's.
+# epoch: docs/design/epoch.md, "The batch script"). Its own exit status is the job's.
 set +e
 restarts=0
 while :; do

@@ -196,7 +196,8 @@ class Agent:
             self.heard = world.monotonic()
             for msg in self.conn.receive():
                 self._command(msg)
-            if self.conn.closed:
+            # a command may have ended this agent's connection (an `end`: self.conn is None then)
+            if self.conn is not None and self.conn.closed:
                 self._supervisor_lost()
         elif what == "listener":
             with contextlib.suppress(BlockingIOError, OSError):

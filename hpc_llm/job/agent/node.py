@@ -4,7 +4,6 @@ environment of the ranks it forks. Stdlib only."""
 from __future__ import annotations
 
 import random
-import socket
 import tempfile
 from pathlib import Path
 
@@ -60,9 +59,11 @@ def free_port() -> int:
             continue
         if world.bindable(port):
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every one taken: any free port
-        s.bind(("", 0))
+    s = world.listener("", 1)  # every one taken: any free port
+    try:
         return int(s.getsockname()[1])
+    finally:
+        s.close()
 
 
 def own_output(payload_path: Path) -> None:

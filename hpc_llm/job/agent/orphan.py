@@ -197,15 +197,26 @@ def await_verdict(o: Orphan, host: str, follow_batch_host: bool = True) -> dict[
     ``follow_batch_host``: ``host`` is the job's BatchHost, as slurmctld names it."""
     deadline = world.monotonic() + allocation.slurmd_timeout_s(allocation.slurm_config()) + VERDICT_SLACK_S
     log.warning("hpc_llm agent on %s: waiting for Slurm's verdict on the batch host %s", o.node, host)
+    info: dict[str, str] = {}
     # staggered like the first ask: at scale, not every agent polls slurmctld at once
-    while host == "?" or not allocation.node_gone(host):
+    while host == "?" or not (taken_out(info, host) or allocation.node_gone(host)):
         world.sleep(VERDICT_POLL_S + ORPHAN_STAGGER_S * (o.node_id % 8))
         info = job_info(o.job_id)
         host = (batch_host(info) if follow_batch_host else None) or host
-        if world.monotonic() > deadline or (info and not allocation.still_this_allocation(info, o.restart)):
+        if info and not allocation.still_this_allocation(info, o.restart):
+            log.warning("hpc_llm agent on %s: the job is %s already: not requeueing", o.node, info.get("JobState"))
+            return None
+        if world.monotonic() > deadline and not taken_out(info, host):
             log.warning("hpc_llm agent on %s: Slurm still finds %s alive: not requeueing", o.node, host)
             return None
     return job_info(o.job_id)
+
+
+def taken_out(info: dict[str, str], host: str) -> bool:
+    """Slurm took the supervisor's host out of this ``--no-kill`` job (it called it DOWN once):
+    the verdict, even when the host is back up by now (rebooted, registered again: then
+    ``node_gone`` is false for good, and the job would be left RUNNING with nobody in it)."""
+    return bool(info.get("NodeList")) and host not in allocation.hostnames(info.get("NodeList"))
 
 
 def _requeue(o: Orphan, info: dict[str, str], host: str, how: str, holder: epoch.Holder, refused: str | None) -> None:

@@ -39,9 +39,12 @@ def act(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decision) -> in
     if d.action == Action.DONE:
         if a.alloc_nodes > len(a.nodes) or a.stragglers:
             # rank 0 wrote the completed record; the spares' node-seconds and the straggler
-            # verdicts go in beside it
-            attempts.save()
-            update_results(sup.run_dir, attempts, sup.status() or "completed", {})
+            # verdicts go in beside it, while this allocation is still the job's
+            try:
+                attempts.save()
+                update_results(sup.run_dir, attempts, sup.status() or "completed", {})
+            except epoch.Unanswered as exc:
+                log.warning("hpc_llm supervisor: not adding the spares' account to the record: %s", exc.why)
         end_for_good(sup)
         return 0
     if d.action == Action.SLURM_REQUEUES:
@@ -77,8 +80,8 @@ VERDICT_POLL_S = 3.0
 
 
 def stand_down(sup: SupervisorState, d: Decision) -> int | str:
-    """This host is cut off (the policy's reason says why). Standing down never ends the job: the
-    batch script is this process, and its end would be the job's end (FAILED, not requeued) while
+    """This host is cut off (the policy's reason says why). Standing down never ends the job: this
+    process's exit is the batch script's, and so the job's end (FAILED, not requeued) while
     Slurm may still be about to requeue it or an agent to take over. So: write nothing, change
     nothing in Slurm, end this node's ranks and let go of the agent step (:meth:`Agents.abandon`),
     and wait for the verdict:
@@ -90,6 +93,18 @@ def stand_down(sup: SupervisorState, d: Decision) -> int | str:
     * slurmctld answers again with this allocation still running on this host: claim the next
       command of it and decide the stop anew (:data:`RESUME`), with what Slurm says now."""
     log.error("hpc_llm supervisor: %s", d.reason)
+    return await_verdict(sup)
+
+
+def unanswered(sup: SupervisorState, why: str) -> int | str:
+    """A write of the record refused because slurmctld stopped answering this supervisor
+    (:meth:`SupervisorState.ctld_lease`): cut off from it, like a stand-down; the same wait."""
+    log.error("hpc_llm supervisor: %s: standing down until Slurm says whose the job is", why)
+    return await_verdict(sup)
+
+
+def await_verdict(sup: SupervisorState) -> int | str:
+    """:func:`stand_down`'s wait (its docstring)."""
     sup.agents.abandon()
     holder = sup.holder
     if holder is None or not sup.job.job_id:

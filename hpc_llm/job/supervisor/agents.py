@@ -252,6 +252,11 @@ class Agents:
         if not self.job.job_id or not self.job.ref or not self.left_out:
             return []
         info = allocation.show_job(self.job.job_id)
+        if not info:
+            # not now: each try below would wait on slurmctld again, holding up the generation's
+            # loop (seed 583: 46 s); the nodes stay left out and go back at the next give-back
+            log.warning("hpc_llm supervisor: slurmctld did not answer: giving %s back later", ",".join(self.left_out))
+            return []
         nodes = allocation.hostnames(info.get("NodeList")) or self.job.nodes
         out = [n for n in nodes if n in self.left_out and n not in (self.here, info.get("BatchHost"))]
         if not out:
@@ -290,7 +295,12 @@ class Agents:
         """The spares' account in the run dir, for ``hpc-llm status`` (runs without spares: none)."""
         submitted = self.full_size() - self.policy.nodes
         if submitted > 0:
-            spare_record.write(self.policy.run_dir, submitted, self.spares_held(), self.lost_spares, self.given_back)
+            try:
+                spare_record.write(self.policy.run_dir, submitted, self.spares_held(), self.lost_spares, self.given_back)
+            except epoch.Unanswered as exc:
+                # slurmctld no longer vouches for this allocation: the account waits for the next
+                # write (the generation's own check of slurmctld ends it if the silence lasts)
+                log.warning("hpc_llm supervisor: the spares' account not written: %s", exc.why)
 
     def draining_to_swap(self, gen: Generation) -> tuple[str, ...]:
         """Nodes of ``gen`` an operator drains, when warm spares can take all their places (the

@@ -100,7 +100,11 @@ class Supervisor(SupervisorState):
         gathers its facts and carries it out. A supervisor that stood down and has command back
         decides the same stop again, with what Slurm says now."""
         while True:
-            done = self._decide(end)
+            try:
+                done = self._decide(end)
+            except epoch.Unanswered as exc:
+                # a write refused: slurmctld no longer vouches for this allocation
+                done = act.unanswered(self, exc.why)
             if done != act.RESUME:
                 return done if isinstance(done, int) or done is None else None
             # slurmctld answers again: what the stand-down was decided on is the past
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug here must still leave a record, not a run stuck "interrupted"
         log.exception("hpc_llm supervisor failed")
         error = f"hpc_llm supervisor: {type(exc).__name__}: {exc}"
-        with contextlib.suppress(epoch.Stale):
+        with contextlib.suppress(epoch.Refused):
             update_results(policy.run_dir, Attempts.load(policy.run_dir), "failed", {"error": error})
         code = 1
     if sup is not None and sup.taken_over_from:

@@ -133,13 +133,29 @@ class SupervisorState:
         return None
 
     def hold(self, holder: epoch.Holder) -> None:
+        holder.lease = self.ctld_lease
         self.holder = holder
         epoch.install(holder)
+
+    def ctld_lease(self) -> str | None:
+        """A supervisor writes the run's record only while slurmctld vouches for its allocation:
+        one not heard from for :attr:`ctld_patience_s` is asked once more, and no answer is a
+        refusal (:class:`epoch.Unanswered`). Why: a host cut off from slurmctld is called DOWN at
+        SlurmdTimeout and the job requeued elsewhere, where the next allocation writes the same
+        record; the simulator's seed 583 had a supervisor, its loop held up in a give-back,
+        write ``results.json`` 40 s after Slurm had requeued its job."""
+        silent = world.monotonic() - self.ctld_seen
+        if not self.job.job_id or silent <= self.ctld_patience_s:
+            return None
+        info = self.job_info(timeout=min(10.0, self.ctld_patience_s / 3))
+        if not info:
+            return f"{epoch.UNANSWERED} for {silent:.0f} s: Slurm may have requeued the job elsewhere"
+        return epoch.slurm_refusal_of(info, self.job.restart)
 
     def stale(self) -> str | None:
         """Why this supervisor no longer holds the job (None: it does, or there is no job), from the
         run's epoch alone (no question to Slurm)."""
-        return self.holder.refusal("command") if self.holder is not None else None
+        return self.holder.refusal("command", lease=False) if self.holder is not None else None
 
     def status(self) -> str | None:
         """The run's status in results.json (None before there is one)."""

@@ -167,7 +167,10 @@ def submit_all(points: list[Point], *, sweep_dir: str, parallelism: int, python:
 
 def cancel(job_ids: list[str]) -> None:
     """``scancel`` the jobs (or arrays) this toolkit submitted: the inverse of :func:`submit_all`."""
+    from hpc_llm.rundir import epoch
     from hpc_llm.slurm import commands, query
 
-    with contextlib.suppress(commands.SlurmUnreachable):  # nothing more to do for a Slurm that is gone
+    # the person at the login node asked for it (`hpc-llm cancel`, a sweep refused mid-way): no
+    # job's epoch is involved, and hpc_llm.slurm.commands refuses a change asked outside one
+    with contextlib.suppress(commands.SlurmUnreachable), epoch.as_user(f"scancel {' '.join(job_ids)}"):
         query.cancel(job_ids)
