@@ -340,8 +340,8 @@ def test_an_agent_that_says_hello_and_goes_at_once_is_probed_and_the_fleet_serve
 def test_a_probe_tells_an_agent_gone_on_a_live_host_from_a_host_that_does_not_answer():
     """The probe's answer says what failed. Two agents go silent: one's probe port refuses (its
     host's kernel answers that nothing listens: the agent died, the node lives); the other's
-    accepts the connection and never answers (a frozen host, or one cut off: no answer from the
-    host). Only the second is a dead node."""
+    accepts the connection and never answers (a frozen host: its kernel answers for it, so the
+    link to it works and the fault is the node's, ``reached``). Only the second is a dead node."""
     fleet = Fleet("tok", beat_s=0.2, node_timeout_s=0.6, probe_timeout_s=0.6, lease_s=1.2, host="127.0.0.1")
     fleet.start()
     closed = socket.socket()
@@ -361,7 +361,9 @@ def test_a_probe_tells_an_agent_gone_on_a_live_host_from_a_host_that_does_not_an
             dead.update({e.node: e for e in fleet.events(timeout=0.1) if isinstance(e, Dead)})
         assert set(dead) == {"alive-host", "no-answer"}, dead
         assert dead["alive-host"].host_answers and "ECONNREFUSED" in dead["alive-host"].why
-        assert not dead["no-answer"].host_answers and "unanswered" in dead["no-answer"].why
+        assert dead["alive-host"].reached is False
+        assert not dead["no-answer"].host_answers and dead["no-answer"].reached
+        assert "accepted the probe's connection and nothing answered it" in dead["no-answer"].why
     finally:
         for s in conns:
             s.close()

@@ -119,6 +119,7 @@ def test_a_seed_replays_exactly():
     """Determinism: the same seed twice, the same trace (events, times, who did what)."""
     a, b = run_seed(425), run_seed(425)
     assert a.events == b.events and a.sim_s == b.sim_s
+
     def text(out) -> str:  # each run's temporary directory has its own name
         return re.sub(r"hpc_llm-sim-425-\w+", "ROOT", out.trace.render())
 

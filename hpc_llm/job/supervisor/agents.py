@@ -206,13 +206,16 @@ class Agents:
                 log.warning("hpc_llm supervisor: not aborting the agent step (%s): abandoning it", exc.why)
                 step.abandon()
 
-    def abandon(self) -> None:
+    def abandon(self, others: bool = True) -> None:
         """This supervisor no longer acts for the job (cut off, or another holds it): end the agents
-        that still hear it (its node's own) and let go of the step without a word to Slurm
-        (:meth:`Step.abandon`): the step, and whatever runs in it on other nodes (the supervisor that
-        took this one's place, exec'd in it), lives on."""
+        that still hear it and let go of the step without a word to Slurm (:meth:`Step.abandon`):
+        the step, and whatever runs in it on other nodes (the supervisor that took this one's
+        place, exec'd in it), lives on. ``others`` False: end only this node's agent; the others
+        stay, to take this supervisor's place should its host be lost (a supervisor that stands
+        down while slurmctld is silent to all, then loses its host, left the job RUNNING with
+        nobody in it when it had ended every agent: the simulator's seed 762)."""
         for node, a in self.fleet.view().items():
-            if a.alive:
+            if a.alive and (others or node == self.here):
                 self.fleet.send(node, messages.End())
         step, self.step = self.step, None
         if step is not None and step.running:
@@ -296,7 +299,8 @@ class Agents:
         submitted = self.full_size() - self.policy.nodes
         if submitted > 0:
             try:
-                spare_record.write(self.policy.run_dir, submitted, self.spares_held(), self.lost_spares, self.given_back)
+                held = self.spares_held()
+                spare_record.write(self.policy.run_dir, submitted, held, self.lost_spares, self.given_back)
             except epoch.Unanswered as exc:
                 # slurmctld no longer vouches for this allocation: the account waits for the next
                 # write (the generation's own check of slurmctld ends it if the silence lasts)

@@ -54,6 +54,9 @@ class Dead:
     why: str
     lease_left_s: float
     host_answers: bool = False
+    #: the probe's connection was accepted (the host's kernel answered), and then nothing: the
+    #: link to the node works and its processes do not (a frozen node), so the fault is the node's
+    reached: bool = False
 
 
 FleetEvent = Joined | Heard | Suspect | Cleared | Dead

@@ -49,7 +49,8 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
     launch_failed = sorted(set(failures.launch_failed(end.srun_errors)) - sup.agents.left_out)
     # silent: their agent fell silent and their host did not answer, or srun reached no slurmd there
     silent = sorted({n for n in end.dead_nodes if n not in sup.agents.left_out} | set(launch_failed))
-    vouched = vouched_for(sup, set(silent))
+    # a frozen node's kernel accepted the probe: the link to it is fine, the fault is the node's
+    vouched = vouched_for(sup, set(silent)) or bool(silent and set(silent) <= end.frozen)
     answers: bool | None = None
     gone: tuple[str, ...] | None = None
     waited = 0.0

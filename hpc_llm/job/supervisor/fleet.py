@@ -348,7 +348,7 @@ class Fleet:
                 self._suspect(a, f"silent for {now - a.last_heard:.1f} s", now)
         for fd, p in list(self._probes.items()):
             if now > p.deadline:
-                self._probe_done(fd, None)
+                self._probe_done(fd, None, reached=p.sent)
 
     def _suspect(self, a: AgentView, why: str, now: float) -> None:
         if a.state == SUSPECT:
@@ -393,11 +393,12 @@ class Fleet:
         elif not chunk:
             self._probe_done(fd, "its probe connection closed unanswered", host_answers=True)
 
-    def _probe_done(self, fd: int, outcome: str | None, host_answers: bool = False) -> None:
+    def _probe_done(self, fd: int, outcome: str | None, host_answers: bool = False, reached: bool = False) -> None:
         """The probe of a suspect agent ended: ``outcome`` None is no answer in time (the host
         gone, frozen or cut off, or this observer cut off); ``host_answers``: the host's kernel
         answered (a refused connection, or one accepted and closed, or the agent answered but
-        its connection to us is gone): the agent is gone, the node lives."""
+        its connection to us is gone): the agent is gone, the node lives. ``reached``: the probe's
+        connection was accepted and nothing came back (a frozen node: its kernel answers for it)."""
         p = self._probes.pop(fd, None)
         if p is None:
             return
@@ -411,23 +412,25 @@ class Fleet:
             self._cleared(a)
             return
         what = outcome or f"its probe went unanswered for {self.probe_timeout_s:g} s"
+        if outcome is None and reached:
+            what = f"its host accepted the probe's connection and nothing answered it for {self.probe_timeout_s:g} s"
         if outcome == "answered":
             what = "its probe was answered, but its connection to the supervisor is gone"
-        self._dead(a, f"{a.why}; {what}", host_answers=host_answers)
+        self._dead(a, f"{a.why}; {what}", host_answers=host_answers, reached=reached and outcome is None)
 
     def _cleared(self, a: AgentView) -> None:
         a.state, a.why, a.suspect_since = WARM, None, None
         a.last_heard = world.monotonic()
         self._events.put(Cleared(a.node))
 
-    def _dead(self, a: AgentView, why: str, host_answers: bool = False) -> None:
+    def _dead(self, a: AgentView, why: str, host_answers: bool = False, reached: bool = False) -> None:
         a.state, a.why = DEAD, why
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(a.conn)
         a.conn.close()
         # no ping has gone to it since it became suspect: its lease ends lease_s after the last one
         lease_ends = a.last_ping + self.lease_s
-        self._events.put(Dead(a.node, why, max(0.0, lease_ends - world.monotonic()), host_answers))
+        self._events.put(Dead(a.node, why, max(0.0, lease_ends - world.monotonic()), host_answers, reached))
 
 
 #: a probe's connect errors that are the host's own answer (its kernel sent a reset)

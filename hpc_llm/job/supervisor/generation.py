@@ -47,6 +47,8 @@ class GenerationEnd:
     ctld_answered: bool = False
     #: nodes whose agent was confirmed dead (silent, then its probe unanswered): node -> why
     dead_nodes: dict[str, str] = field(default_factory=dict)
+    #: of those, the ones whose host accepted the probe's connection: frozen, the link to them fine
+    frozen: set[str] = field(default_factory=set)
     #: nodes of the generation Slurm showed draining, for which the supervisor stopped it (stop_cause "drain")
     draining: tuple[str, ...] = ()
     #: straggler verdicts while it ran (hpc_llm.job.supervisor.stragglers), as recorded
@@ -72,6 +74,7 @@ class GenerationEnd:
 
     def forget_lost(self) -> None:
         self.dead_nodes.clear()
+        self.frozen.clear()
         self.agents_died.clear()
         self.agent_errors.clear()
 

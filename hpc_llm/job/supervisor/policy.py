@@ -134,6 +134,8 @@ def decide(
     if cause in (Cause.NODE_FAILURE, Cause.NETWORK) and partitioned(stop):
         return _partitioned(history, current, stop, s)
     if cause == Cause.NETWORK:
+        if _batch_host_common(history, stop):
+            return _partitioned(history, current, stop, s)
         nodes = _unreachable_again(history, current, stop)
         if nodes:
             reason = f"{reason}; the batch host could not reach {', '.join(nodes)} at the stop before either: blamed"
@@ -309,6 +311,20 @@ def _unreachable_again(history: Sequence[Attempt], current: Attempt, stop: Stop)
     return tuple(sorted(now & set(last.unreachable)))
 
 
+def _batch_host_common(history: Sequence[Attempt], stop: Stop) -> bool:
+    """The batch host could not reach one node at the stop before and another one now, with no
+    progress between (the job requeued without the first, or a spare in its place): what the two
+    stops share is the batch host's own link, so it is the one cut off (seed 304 of the simulator:
+    a batch host partitioned from the rest for good, a job of two nodes, each other node in turn
+    blamed and excluded until the run failed)."""
+    now = set(unreachable(stop))
+    before = since_reset(history)
+    last = before[-1] if before else None
+    if not now or last is None or last.cause != Cause.NETWORK or not last.unreachable or not stop.batch_host:
+        return False
+    return stop.batch_host in last.nodes and not (now & set(last.unreachable)) and stop.batch_host not in now
+
+
 def joined_and_failed(stop: Stop, current: Attempt, cause: Cause, node: str | None) -> bool:
     """A generation a spare took a place in ended before its first batch: the same code and data
     trained on the other nodes in the last generation, so its first collectives (the rendezvous,
@@ -316,6 +332,10 @@ def joined_and_failed(stop: Stop, current: Attempt, cause: Cause, node: str | No
     storage error; a user error only where it was raised on the spare (``node``: where the
     generation failed first)."""
     if not stop.joined or current.first_batch_at is not None or cause == Cause.TRANSIENT:
+        return False
+    if any(e.by_signal and not e.killed and e.node not in stop.joined for e in stop.rank_exits):
+        # a rank killed by a signal on a node that trained before (the OOM killer, a crash): that
+        # node's own fault, not the spare's all-reduce (the simulator's seeds 1643, 1841, 3396...)
         return False
     return cause != Cause.USER_ERROR or node in stop.joined
 

@@ -65,7 +65,14 @@ class SupervisorState:
         self.holder: epoch.Holder | None = None
         #: when slurmctld last answered this supervisor (monotonic)
         self.ctld_seen = world.monotonic()
+        #: what slurmctld last said of the job (``scontrol show job``)
+        self.ctld_info: dict[str, str] = {}
         self.agents = Agents(policy, command, self.job, self.silent_s, relaunch=relaunch, here=self.node)
+        # a requeue asks for the size the job was allocated with, not the one it shrank to
+        # (docs/design/verified/slurm.md, "A running job gives nodes back"): the batch script's
+        # SLURM_JOB_NODELIST, which a supervisor started again after a give-back still has (the
+        # simulator's seed 485: sized for 2, the requeued job asked for 3 and pended for good)
+        self.agents.asked = max(self.agents.asked, len(allocation.hostnames(env.nodelist)))
         if self.taken_over_from:
             # the lost node gets no agent; the old agent step holds the others' CPUs (our own task)
             self.agents.left_out.add(self.taken_over_from)
@@ -88,6 +95,7 @@ class SupervisorState:
         info = allocation.show_job(self.job.job_id, timeout=timeout)
         if info:
             self.ctld_seen = world.monotonic()
+            self.ctld_info = info
         return info
 
     @property
@@ -143,9 +151,18 @@ class SupervisorState:
         refusal (:class:`epoch.Unanswered`). Why: a host cut off from slurmctld is called DOWN at
         SlurmdTimeout and the job requeued elsewhere, where the next allocation writes the same
         record; the simulator's seed 583 had a supervisor, its loop held up in a give-back,
-        write ``results.json`` 40 s after Slurm had requeued its job."""
+        write ``results.json`` 40 s after Slurm had requeued its job. An answer that says the
+        job was requeued refuses at once (:class:`epoch.Stale`)."""
         silent = world.monotonic() - self.ctld_seen
-        if not self.job.job_id or silent <= self.ctld_patience_s:
+        if not self.job.job_id:
+            return None
+        if silent <= self.ctld_patience_s:
+            # its last answer may already say the job was requeued (seed 836: a supervisor healed
+            # from a partition asked, heard restart 1, and still recorded its own decision). Only
+            # the restart count: a job at its time limit shows TIMEOUT while its attempt is booked
+            restarts = int(self.ctld_info.get("Restarts", "0") or 0)
+            if restarts > self.job.restart:
+                return f"Slurm requeued the job (restart {restarts}; this allocation is restart {self.job.restart})"
             return None
         info = self.job_info(timeout=min(10.0, self.ctld_patience_s / 3))
         if not info:

@@ -94,6 +94,11 @@ class GenerationRun:
                 end.dead_nodes[node] = f"{why}; its slurmd does not answer either: the node is dead"
                 end.detected_at = end.detected_at or world.time()
                 log.error("hpc_llm supervisor: node %s is dead: %s", node, end.dead_nodes[node])
+            case Dead(node=node, why=why, reached=True):
+                end.dead_nodes[node] = f"{why}: the node is frozen"
+                end.frozen.add(node)
+                end.detected_at = end.detected_at or world.time()
+                log.error("hpc_llm supervisor: node %s is frozen: %s", node, why)
             case Dead(node=node, why=why):
                 end.dead_nodes[node] = why
                 end.detected_at = end.detected_at or world.time()
