@@ -107,6 +107,19 @@ COVERED: dict[str, Run | By | Skip] = {
     "hpc-llm config +experiment=llama3_tiny": By(
         "tests/test_torchtitan.py::test_config_prints_the_torchtitan_keys_the_run_gets", ('"config"',)
     ),
+    # the control plane under simulation (docs/design/simulation.md)
+    "python benchmarks/simulate.py --seeds 10000": By(
+        "tests/test_simulation.py::test_the_replay_command_and_the_benchmark_print_what_the_docs_say",
+        ('simulate.main(["--seeds"',),
+    ),
+    "python -m hpc_llm.sim --seed 425": By(
+        "tests/test_simulation.py::test_the_replay_command_and_the_benchmark_print_what_the_docs_say",
+        ('replay(["--seed", "425"])',),
+    ),
+    "python -m hpc_llm.sim --seed 425 --quiet": By(
+        "tests/test_simulation.py::test_the_replay_command_and_the_benchmark_print_what_the_docs_say",
+        ('"--quiet"',),
+    ),
     # -- first lines ---------------------------------------------------------------
     "python3 -m venv .venv && .venv/bin/pip install -e .[train] -c constraints/llmfoundry.txt && .venv/bin/python -m hpc_llm +experiment=mpt_tiny": By(  # noqa: E501
         "tests/test_train_local.py::test_ddp_two_ranks", ('"+experiment=mpt_tiny"',)

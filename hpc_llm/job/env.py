@@ -68,10 +68,16 @@ SRUN_TASK_VARS = (
 
 
 def container_image() -> str | None:
-    """The Apptainer (or Singularity) image this process runs in, as its runtime sets it; None
-    outside one."""
+    """The image this process runs in; None outside one. Apptainer (or Singularity) says so in
+    its own variables. enroot sets none inside the container, so under pyxis it is the step's
+    ``PYXIS_CONTAINER_IMAGE`` (the batch script exports it, and pyxis, loaded by slurmstepd, runs
+    every srun step of the job in that image: ``hpc_llm/builtin/container_runtimes.py``); the
+    batch step itself runs on the host, so it counts only in a process of an srun step."""
     env = world.environ()
-    return env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER") or None
+    found = env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER")
+    if not found and env.get("SLURM_STEP_ID", "batch") not in ("batch", "extern", ""):
+        found = env.get("PYXIS_CONTAINER_IMAGE")
+    return found or None
 
 
 def _int(value: str | None, default: int = 0) -> int:
