@@ -81,6 +81,8 @@ FOUND = {
     836: "a supervisor healed from a partition heard the job was requeued and still wrote its decision",
     873: "a supervisor started while slurmctld was silent never learnt its partition and excluded every node of it",
     1643: "a rank killed on a node that trained before was taken for the new spare's failed all-reduce",
+    635: "a spare killed while its agent imported: the supervisor waited an hour for it to warm up",
+    1140: "a spare cut off from the batch host while its agent imported: the same wait",
 }
 
 #: the range CI runs, in parallel (benchmarks/simulate.py runs any other)
@@ -91,24 +93,17 @@ CI_FIRST, CI_SEEDS = 0, int(os.environ.get("HPC_LLM_SIM_SEEDS", "5000"))
 #: any seed not listed, and on a listed seed that passes (take it off the list: a fixed seed goes
 #: to FOUND above with what was wrong)
 KNOWN_OPEN = {
-    635: "(d) (results.json: restarting, Slurm: RUNNING)",
-    789: "(d) (results.json: requeued, Slurm: RUNNING)",
     1046: "(c) attempt 0.0 suspects healthy node(s) n1: the supervisor on n1 reaches ",
-    1140: "(d) (results.json: restarting, Slurm: RUNNING)",
-    1215: "(d) (results.json: None, Slurm: RUNNING)",
     1253: "(d) (results.json: restarting, Slurm: PENDING)",
     1262: "(d) (results.json: requeued, Slurm: PENDING)",
     1308: "(d) (results.json: requeued, Slurm: PENDING)",
     1461: "(a) supervisor@n1 did 'write attempts.json' with no right to: its allocation (restart 0) ",
     1502: "(d) (results.json: requeued, Slurm: PENDING)",
     1572: "(d) (results.json: restarting, Slurm: PENDING)",
-    1733: "(d) (results.json: None, Slurm: RUNNING)",
     1873: "(a) supervisor@n1 did 'write attempts.json' with no right to: its allocation (restart 0) ",
-    1890: "(d) (results.json: None, Slurm: RUNNING)",
-    2285: "(d) (results.json: None, Slurm: RUNNING)",
     2400: "(b) results.json says completed while Slurm still holds the job (PENDING)",
     2712: "(d) (results.json: restarting, Slurm: PENDING)",
-    3030: "(d) (results.json: None, Slurm: RUNNING)",
+    3030: "(d) (results.json: failed, Slurm: FAILED)",
     3201: "(a) supervisor@n1 did 'write attempts.json' with no right to: the supervisor supervisor@n",
     3277: "(c) attempt 0.1 suspects healthy node(s) n3: no batch trained for more tha",
     3507: "(d) (results.json: requeued, Slurm: PENDING)",

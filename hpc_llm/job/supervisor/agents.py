@@ -102,9 +102,15 @@ class Agents:
     def ensure(self) -> None:
         """The agent step runs, and every agent in it is alive; else a new agent step (a cold
         start: an agent gone of its own error, or the first generation)."""
-        alive = [a for a in self.fleet.view().values() if a.alive]
-        if self.step is not None and self.step.running and len(alive) >= self.size:
-            return
+        if self.step is not None and self.step.running:
+            # only agents of nodes still in the job count: one whose node Slurm took out of it
+            # (killed while it imported: nothing judges an agent's silence before it is warm)
+            # would hold the generation waiting for it to warm up until the start-up limit (the
+            # simulator's seed 635: an hour)
+            self.refresh_nodes()
+            alive = [a for n, a in self.fleet.view().items() if a.alive and self.serves(n)]
+            if len(alive) >= self.size:
+                return
         if self.step is not None:
             self.end()
         if self.fleet.view():
@@ -165,6 +171,10 @@ class Agents:
         ``resources.min_nodes`` (the generation waits for them)."""
         held = len([n for n in self.job.nodes if n not in self.left_out])
         return max(min(self.policy.nodes, held), self.policy.least_nodes)
+
+    def serves(self, node: str) -> bool:
+        """``node`` is still the job's (off Slurm there is no list: every node is) and not left out."""
+        return (not self.job.nodes or node in self.job.nodes) and node not in self.left_out
 
     def usable(self) -> int:
         """The nodes of this allocation the run may still use (held, not left out)."""
@@ -232,7 +242,7 @@ class Agents:
     def warm_nodes(self) -> list[str]:
         """The warm agents' nodes this allocation may train on, in the allocation's node order."""
         view = self.fleet.view()
-        warm = (n for n, a in view.items() if a.state == "warm" and n not in self.left_out)
+        warm = (n for n, a in view.items() if a.state == "warm" and self.serves(n))
         return sorted(warm, key=lambda n: view[n].node_id)
 
     def spares(self) -> tuple[str, ...]:

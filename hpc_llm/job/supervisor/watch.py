@@ -185,6 +185,7 @@ class GenerationRun:
             end.detected_at = detected
         self.leave_out_failed_checks()
         self.leave_out_never_started(now)
+        self.never_warmed(now)
         step = self.agents.step
         assert step is not None
         usable = self.agents.usable()
@@ -243,6 +244,26 @@ class GenerationRun:
         if gone and len(agents.job.nodes) - len(agents.left_out) - len(gone) >= least:
             for node in gone:
                 agents.lose_spare(node, "its agent never started")
+
+    def never_warmed(self, now: float) -> None:
+        """An agent that said hello and then never warmed up, overdue as a spare's start would be
+        (:func:`spares.start_patience_s`, once another agent has warmed): nothing judges an agent's
+        silence while it imports, so a node lost then (dead, or cut off from this host) would hold
+        the generation until the start-up limit (the simulator's seed 1140: an hour). It is lost
+        as a node that stopped answering is, and the stop is decided on it."""
+        agents, end = self.agents, self.end
+        if agents.since is None:
+            return
+        view = agents.fleet.view()
+        starts = [a.import_s for a in view.values() if a.import_s is not None]
+        patience = spares.start_patience_s(starts)
+        if not starts or now - agents.since <= patience:
+            return
+        for node, a in view.items():
+            if a.state == "importing" and agents.serves(node) and node not in end.lost:
+                end.dead_nodes[node] = f"its agent said hello and did not warm up in {patience:.0f} s"
+                end.detected_at = end.detected_at or world.time()
+                log.error("hpc_llm supervisor: node %s: %s", node, end.dead_nodes[node])
 
     def leave_out_failed_checks(self) -> None:
         """Nodes whose own checks failed, or whose compute figure is far under the others', are
