@@ -19,7 +19,6 @@ import pytest
 from tests import test_accounting, test_faults, test_sweeps
 from tests.conftest import explain, results_of, run_app, run_cli
 from tests.jobs import ALONE, in_queue, wait_for
-from tests.test_faults import own_cluster_24 as own_cluster_24  # noqa: F401 - the fixture, shared with test_faults
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slurm24]
 
@@ -80,20 +79,6 @@ def test_a_preempted_run_resumes_exactly_in_one_preempted_attempt(slurm24_env, t
     assert [state for state, _nodes in test_faults.slurm_attempts(job_id, slurm24_env)] == ["PREEMPTED", "COMPLETED"]
     shown = run_cli(["status", job_id], slurm24_env)
     assert "PREEMPTED" in shown.stdout and "COMPLETED" in shown.stdout and "preemption" in shown.stdout, explain(shown)
-
-
-def test_a_dead_node_is_found_by_the_job_and_left_out(  # noqa: F811 - own_cluster_24, the fixture
-    slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
-):
-    """The job finds the dead node itself and requeues without it, as on 22.05 (on a 24.11
-    cluster of its own: it kills a node)."""
-    test_faults.test_a_dead_node_is_found_by_the_job_left_out_and_the_run_finishes_on_the_others(
-        slurm24_env, app_env, own_cluster_24, test_site, tmp_path, pytestconfig
-    )
-
-
-def test_a_killed_rank_is_restarted_in_place(slurm24_env, test_site, tmp_path, pytestconfig):
-    test_faults.test_a_killed_rank_restarts_in_place_with_the_same_loss(slurm24_env, test_site, tmp_path, pytestconfig)
 
 
 def test_status_reads_a_cancelled_and_a_failed_job_from_sacct(slurm24_env, runs_dir, tmp_path):

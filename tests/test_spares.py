@@ -26,7 +26,7 @@ from hpc_llm.rundir import spare_record
 from hpc_llm.rundir.layout import RunDir
 from tests import test_sweeps
 from tests.conftest import explain, run_app, run_cli, with_site
-from tests.jobs import ALONE, attempts, beat, finished, in_queue, job_nodes, submit, wait_for
+from tests.jobs import ALONE, attempts, finished, in_queue, job_nodes, paced, submit, wait_for
 from tests.test_faults import (
     PACE,
     SHORT,
@@ -127,34 +127,6 @@ def test_a_killed_node_is_swapped_for_the_spare_in_the_same_job(
     assert first["detected_at"] - killed_at < 8, (killed_at, first)
     swapped(r, job_id, victim, env)
     one_job_record(job_id, env)
-
-
-def test_a_frozen_node_is_swapped_for_the_spare_in_the_same_job(  # noqa: F811 - slow_cluster, the fixture
-    slow_cluster, app_env, test_site, tmp_path, pytestconfig
-):
-    """SIGSTOP of a node (Slurm calls it down only after SlurmdTimeout=300): the job finds it
-    dead in seconds and trains on with the spare; when it comes back its old ranks end."""
-    from hpc_llm.devcluster import cluster as devcluster
-
-    env = with_site(dict(app_env, **slow_cluster.env(), HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
-    ref = reference(SHORT, dict(app_env, **slow_cluster.env()), pytestconfig)
-    job_id, run_dir = submit(SPARE, env, tmp_path)
-    victim = rank_at(run_dir, 1, 8)
-    frozen = devcluster.freeze_node(slow_cluster, victim["node"])
-    frozen_at = time.time()
-    try:
-        first = decided(run_dir)
-        assert (first["cause"], first["action"], first["left_out"]) == ("node_failure", "swap", [victim["node"]])
-        assert first["detected_at"] - frozen_at < 8, (frozen_at, first)
-        # training again on the spare while the node is still frozen (and "up" for Slurm)
-        wait_for(lambda: beat(run_dir, 1).get("node") not in (None, victim["node"]), 90, "rank 1 on the spare")
-        assert "down" not in node_state(victim["node"], env)
-    finally:
-        devcluster.thaw_node(frozen)
-    wait_for(lambda: not Path(f"/proc/{victim['pid']}").exists(), 60, "the old rank on the thawed node to end")
-    r = finished(run_dir, 420)
-    same_loss(r, ref)
-    swapped(r, job_id, victim["node"], env)
 
 
 def test_a_node_whose_gpu_fails_every_generation_is_swapped_for_the_spare(
@@ -312,8 +284,10 @@ def test_a_spare_that_fails_its_compute_check_is_given_back_and_never_trains(
     victim = own_cluster_24.node_names[-1]
     devcluster.throttle_node(own_cluster_24, victim, 0.2)
     try:
-        # long enough for the throttled agent to import its stack (~5 x the others' start)
-        job_id, run_dir = submit([*SPARE, "train.max_duration=600ba"], env, tmp_path)
+        # paced: the run must outlast the throttled agent's import (~5 x the others' start, far
+        # more on a loaded machine). Unpaced, a CI run trained its 600 batches in 81 s and
+        # completed before the spare had warmed up, so the spare was never judged (issue #50)
+        job_id, run_dir = submit([*SPARE, "train.max_duration=600ba", *paced(0.3)], env, tmp_path)
         held = wait_for(
             lambda: (h := spare_record.read(run_dir)) and victim in h.get("lost", {}) and h, 300, "the spare lost"
         )
