@@ -241,6 +241,10 @@ def slurm_refusal_of(info: dict[str, str], restart: int) -> str | None:
 def _write(run_dir: Path, job_id: str, epoch: Epoch, by: str | None) -> None:
     path = _dir(run_dir) / f"{job_id}.{epoch.restart}.{epoch.takeover}"
     data: dict[str, object] = {"generation": epoch.generation, "at": world.time(), "pid": world.pid()}
+    if by is None:
+        # a new generation under the same command: still its claimant's
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            by = json.loads(path.read_text()).get("by")
     if by is not None:
         data["by"] = by
     tmp = path.with_name(f".{path.name}.tmp-{world.pid()}")

@@ -253,6 +253,9 @@ class Sim:
             and mine is not None
             and p.pid != mine.pid
             and self.supervisors.index(p) > self.supervisors.index(mine)
+            # a later supervisor that never acted (it found another holder and stood aside, as a
+            # supervisor the batch script restarts does after an agent took its place) took nothing
+            and any(m.pid == p.pid for m in self.history.mutations)
         ]
         if mine is not None and later:
             return f"the supervisor {later[-1]} took over after {mine}"

@@ -64,7 +64,16 @@ class Supervisor(SupervisorState):
         if why is not None:
             return act.stand_aside(self, why)
         try:
-            return self._run()
+            while True:
+                try:
+                    return self._run()
+                except epoch.Unanswered as exc:
+                    # a write refused before any decision (booking an earlier attempt, the start):
+                    # slurmctld does not vouch for this allocation; wait as a stand-down does, and
+                    # with command back start over from the record
+                    done = act.unanswered(self, exc.why)
+                    if done != act.RESUME:
+                        return int(done)
         except epoch.Stale as exc:
             # a write or a change to Slurm was refused: another process holds the job now
             return act.stand_aside(self, exc.why)

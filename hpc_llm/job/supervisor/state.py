@@ -63,8 +63,11 @@ class SupervisorState:
         self.silent_s = wire.supervisor_silent_s(policy.heartbeat_s, policy.lease_s, slurmd)
         #: what this supervisor holds of the job (hpc_llm.rundir.epoch; None off Slurm)
         self.holder: epoch.Holder | None = None
-        #: when slurmctld last answered this supervisor (monotonic)
-        self.ctld_seen = world.monotonic()
+        #: when slurmctld last answered this supervisor (monotonic): never, if it did not answer
+        #: the question about this allocation just asked (a supervisor started again while its
+        #: host was cut off wrote the record on the strength of its own start: seed 1461)
+        answered = self.job.start is not None or not self.job.job_id
+        self.ctld_seen = world.monotonic() if answered else float("-inf")
         #: what slurmctld last said of the job (``scontrol show job``)
         self.ctld_info: dict[str, str] = {}
         self.agents = Agents(policy, command, self.job, self.silent_s, relaunch=relaunch, here=self.node)
@@ -127,6 +130,13 @@ class SupervisorState:
                 now = epoch.current(self.run_dir, self.job.job_id)
             except OSError as exc:
                 return f"the run's epoch cannot be read ({exc})"
+            if now is not None and now.restart == self.job.restart:
+                # only the batch script's own line of supervisors passes command on this way: an
+                # agent that took the dead one's place holds it now (the simulator's seed 3201: the
+                # restarted supervisor claimed over it, then stood down, and nobody trained)
+                by = epoch.claimed_by(self.run_dir, self.job.job_id, now.restart, now.takeover)
+                if by not in (None, self.node):
+                    return f"epoch {now} holds the job (claimed by {by}, which took the dead supervisor's place)"
             takeover = now.takeover + 1 if now is not None and now.restart == self.job.restart else 0
             holder = epoch.claim(self.run_dir, self.job.job_id, self.job.restart, takeover, by=self.node)
         else:
