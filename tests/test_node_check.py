@@ -37,6 +37,9 @@ def test_outside_the_container_the_node_fails_before_any_benchmark(monkeypatch):
         ("all alike: nobody", {"a": (10.0, None), "b": (9.0, None), "c": (11.0, None)}, {}),
         ("a spare at a tenth of the others", {"a": (10.0, None), "b": (9.0, None), "c": (1.0, None)}, {"c"}),
         ("half speed is not under 1/2 of the median", {"a": (10.0, None), "b": (10.0, None), "c": (5.0, None)}, set()),
+        # seen on a loaded dev cluster: against all three nodes' median (67.0) it passed
+        ("under 1/2 of the others'", {"a": (67.0, None), "b": (76.2, None), "c": (33.7, None)}, {"c"}),
+        ("two nodes, one far slower", {"a": (10.0, None), "b": (4.0, None)}, {"b"}),
         ("a check of its own failed", {"a": (10.0, None), "b": (None, "nvidia-smi lists 7 GPU(s)")}, {"b"}),
         ("one figure: nothing to compare", {"a": (1.0, None)}, set()),
         ("not measured (another Hydra app): nobody", {"a": (None, None), "b": (None, None)}, set()),

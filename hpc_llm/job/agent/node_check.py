@@ -3,7 +3,7 @@
 A spare takes a lost node's place untested otherwise: a bad one costs the run another stop. So
 every agent, once its training stack is imported, checks its own node and sends the result
 with its ``warm`` message; the supervisor leaves out a node that failed, or whose compute
-figure is under ``1 / straggler.factor`` of the nodes' median (:func:`hpc_llm.job.supervisor.
+figure is under ``1 / straggler.factor`` of the other nodes' median (:func:`hpc_llm.job.supervisor.
 spares.failed_checks`), before it is put in a layout. The checks:
 
 * **container**: with ``container.name`` other than none, the agent runs inside the image
