@@ -39,6 +39,9 @@ _fds = iter(range(1000, 1 << 30))
 FDS: dict[int, Any] = {}
 
 
+#: where every simulated node's slurmd listens (hpc_llm/sim/slurm.py says so in `scontrol show node`)
+SLURMD_PORT = 6818
+
 class Host:
     def __init__(self, name: str, addr: str) -> None:
         self.name = name
@@ -118,6 +121,12 @@ class Net:
                 if not (self.reaches(src, dst) and self.reaches(dst, src)):
                     continue
                 lst = dst.listeners.get(port)
+                if (lst is None or lst.closed) and port == SLURMD_PORT:
+                    # the host's slurmd (no process of its own here): a host that is up accepts
+                    # on its port, as its kernel does even with slurmd frozen (allocation.slurmd_answers)
+                    ep = Endpoint(self, proc, proc.host, None)
+                    proc.socks.add(ep)
+                    return ep
                 if lst is None or lst.closed:
                     raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
                 return lst.enqueue(proc)
