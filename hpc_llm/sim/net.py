@@ -42,6 +42,7 @@ FDS: dict[int, Any] = {}
 #: where every simulated node's slurmd listens (hpc_llm/sim/slurm.py says so in `scontrol show node`)
 SLURMD_PORT = 6818
 
+
 class Host:
     def __init__(self, name: str, addr: str) -> None:
         self.name = name
