@@ -78,7 +78,6 @@ FOUND = {
     "silent slurmctld, wrote results.json after Slurm had requeued the job",
     762: "slurmctld silent to all, then the batch host partitioned: the supervisor standing down "
     "had ended every agent, and nobody took its place",
-    836: "a supervisor healed from a partition heard the job was requeued and still wrote its decision",
     873: "a supervisor started while slurmctld was silent never learnt its partition and excluded every node of it",
     1643: "a rank killed on a node that trained before was taken for the new spare's failed all-reduce",
     635: "a spare killed while its agent imported: the supervisor waited an hour for it to warm up",
@@ -99,11 +98,13 @@ CI_FIRST, CI_SEEDS = 0, int(os.environ.get("HPC_LLM_SIM_SEEDS", "5000"))
 #: any seed not listed, and on a listed seed that passes (take it off the list: a fixed seed goes
 #: to FOUND above with what was wrong)
 KNOWN_OPEN = {
+    836: "(a) supervisor@n1 did 'write attempts.json' with no right to: its allocation (restart 0) ",
     1046: "(c) attempt 0.0 suspects healthy node(s) n1: the supervisor on n1 reaches ",
     1253: "(d) (results.json: restarting, Slurm: PENDING)",
     1308: "(d) (results.json: requeued, Slurm: PENDING)",
     1502: "(d) (results.json: requeued, Slurm: PENDING)",
     1572: "(d) (results.json: restarting, Slurm: PENDING)",
+    1585: "(a) supervisor@n1 did 'write attempts.json' with no right to: its allocation (restart 0) ",
     2400: "(b) results.json says completed while Slurm still holds the job (PENDING)",
     2712: "(d) (results.json: restarting, Slurm: PENDING)",
     3030: "(d) (results.json: failed, Slurm: FAILED)",

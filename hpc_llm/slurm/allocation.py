@@ -63,6 +63,14 @@ def preempting(info: dict[str, str]) -> bool:
     return parse.slurm_time(info.get("PreemptTime")) is not None
 
 
+def preempted_here(info: dict[str, str]) -> bool:
+    """Slurm requeued a preempted job at the end of its grace time and waits for this allocation's
+    processes to end (PREEMPTED, or COMPLETING with a PreemptTime): the next allocation cannot
+    start before they have, so its supervisor still books its attempt (test_post_train_stop)."""
+    state = info.get("JobState")
+    return state == "PREEMPTED" or (state == "COMPLETING" and preempting(info))
+
+
 #: scontrol JobStates of a job Slurm is putting back in the queue. A node failure with --requeue,
 #: polled every 0.2 s: 22.05 went RUNNING -> PENDING (Reason=BeginTime) with Restarts one higher;
 #: 24.11 RUNNING -> COMPLETING (FailedNode=<the dead node>, Restarts already one higher, the
