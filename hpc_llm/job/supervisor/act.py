@@ -304,24 +304,19 @@ def exclusions(sup: SupervisorState, attempts: Attempts, d: Decision) -> tuple[l
     # a supervisor that started while slurmctld was silent never learnt its partition: ask now
     job.partition = job.partition or sup.job_info().get("Partition")
     up = allocation.nodes_up(job.partition)
-    if not up and blamed:
+    if up:
+        dropped: list[str] = []
+        while blamed and len([n for n in up if n not in users and n not in blamed]) < needed:
+            dropped.append(blamed.pop(0))
+        why = f"only {len([n for n in up if n not in users])} node(s) of partition {job.partition} are up"
+        why += f" and the run needs {needed}"
+    else:
         # nothing tells how many nodes the partition has up: this stop's own suspects only, never
         # every node blamed so far (the simulator's seed 873 excluded all 3 of a 3-node cluster)
-        kept = [n for n in blamed if n in d.suspects]
-        if kept != blamed:
-            left = ",".join(n for n in blamed if n not in kept)
-            warning = f"not excluding {left}: sinfo did not say which nodes are up"
-            log.warning("hpc_llm supervisor: %s", warning)
-            return sorted(users | set(kept)), warning
-        return sorted(users | set(kept)), None
-    dropped: list[str] = []
-    while up and blamed and len([n for n in up if n not in users and n not in blamed]) < needed:
-        dropped.append(blamed.pop(0))
-    if dropped:
-        warning = (
-            f"not excluding {','.join(sorted(dropped))}: only {len([n for n in up if n not in users])} node(s) of "
-            f"partition {job.partition} are up and the run needs {needed}"
-        )
+        dropped = [n for n in blamed if n not in d.suspects]
+        blamed = [n for n in blamed if n in d.suspects]
+        why = "sinfo did not say which nodes are up"
+    warning = f"not excluding {','.join(sorted(dropped))}: {why}" if dropped else None
+    if warning:
         log.warning("hpc_llm supervisor: %s", warning)
-        return sorted(users | set(blamed)), warning
-    return sorted(users | set(blamed)), None
+    return sorted(users | set(blamed)), warning

@@ -303,12 +303,16 @@ def _unreachable_again(history: Sequence[Attempt], current: Attempt, stop: Stop)
     tells which end it is (and it may heal: a backoff, a restart). The same node unreachable at
     the stop before this one too, with no progress between, is blamed (a point each time, so it
     is left out at its second, and the run goes on without it)."""
-    now = set(unreachable(stop))
-    before = since_reset(history)
-    last = before[-1] if before else None
-    if not now or last is None or last.cause != Cause.NETWORK:
+    now, last = set(unreachable(stop)), _last_network_stop(history)
+    if not now or last is None:
         return ()
     return tuple(sorted(now & set(last.unreachable)))
+
+
+def _last_network_stop(history: Sequence[Attempt]) -> Attempt | None:
+    """The stop before this one, with no progress between, when it was a ``network`` one."""
+    before = since_reset(history)
+    return before[-1] if before and before[-1].cause == Cause.NETWORK else None
 
 
 def _batch_host_common(history: Sequence[Attempt], stop: Stop) -> bool:
@@ -317,10 +321,8 @@ def _batch_host_common(history: Sequence[Attempt], stop: Stop) -> bool:
     stops share is the batch host's own link, so it is the one cut off (seed 304 of the simulator:
     a batch host partitioned from the rest for good, a job of two nodes, each other node in turn
     blamed and excluded until the run failed)."""
-    now = set(unreachable(stop))
-    before = since_reset(history)
-    last = before[-1] if before else None
-    if not now or last is None or last.cause != Cause.NETWORK or not last.unreachable or not stop.batch_host:
+    now, last = set(unreachable(stop)), _last_network_stop(history)
+    if not now or last is None or not last.unreachable or not stop.batch_host:
         return False
     return stop.batch_host in last.nodes and not (now & set(last.unreachable)) and stop.batch_host not in now
 
