@@ -540,6 +540,24 @@ def test_a_changed_setting_flags_its_row(what, make_facts, make_needs, check, st
             "needed only with container=apptainer",
         ),
         (
+            # container=pyxis runs its image with enroot: Apptainer is not asked for
+            "a pyxis image needs no Apptainer",
+            dataclasses.replace(PROBED, apptainer="", paths={"/work/img.sqsh": "readable"}),
+            lambda: needs(container="pyxis", image="/work/img.sqsh"),
+            "Apptainer",
+            OK,
+            "needed only with container=apptainer",
+        ),
+        (
+            # pyxis's rule: an image not starting with / or . is a reference each node imports
+            "a pyxis registry reference is no file on the node",
+            dataclasses.replace(PROBED, paths={}),
+            lambda: needs(container="pyxis", image="nvcr.io#nvidia/pytorch:24.05-py3"),
+            "container image",
+            OK,
+            "a registry reference: enroot on each node imports it",
+        ),
+        (
             "the --run dir is not on the node",
             dataclasses.replace(PROBED, paths={"/work/runs/old/0": "missing"}),
             lambda: needs(run="/work/runs/old/0"),
@@ -594,6 +612,170 @@ def test_what_the_probe_saw(what, probe, make_needs, check, status, says):
         assert checks.exit_code(rows) == 1
 
 
+ENROOT_ON_N1 = dataclasses.replace(PROBED, enroot="3.5.0")
+ADMIN_PYXIS = "ask your admin for NVIDIA's pyxis (plugstack.conf) and enroot on the compute nodes"
+
+
+@pytest.mark.parametrize(
+    ("what", "pyxis", "probe", "make_needs", "status", "value", "says"),
+    [
+        (
+            "container=pyxis with pyxis and enroot",
+            True,
+            ENROOT_ON_N1,
+            lambda: needs(container="pyxis"),
+            OK,
+            "pyxis loaded by srun; enroot 3.5.0 on n1",
+            "every rank runs in an enroot container that pyxis starts",
+        ),
+        (
+            "pyxis and enroot, not used",
+            True,
+            ENROOT_ON_N1,
+            needs,
+            OK,
+            "pyxis loaded by srun; enroot 3.5.0 on n1",
+            "container=pyxis would use them (this job: container=none)",
+        ),
+        (
+            "neither, not used",
+            False,
+            PROBED,
+            lambda: needs(container="apptainer"),
+            OK,
+            "no pyxis in srun; no enroot on n1's PATH",
+            "not needed: used only with container=pyxis",
+        ),
+        (
+            # PYXIS_CONTAINER_* mean nothing to an srun without the plugin: the ranks run on the host
+            "container=pyxis, srun without pyxis",
+            False,
+            ENROOT_ON_N1,
+            lambda: needs(container="pyxis"),
+            FAIL,
+            "no pyxis in srun; enroot 3.5.0 on n1",
+            f"which this srun does not have (the ranks would run outside the image): {ADMIN_PYXIS}",
+        ),
+        (
+            # pyxis execs enroot from slurmd's PATH, which the probe's task may not share
+            "container=pyxis, no enroot on the task's PATH",
+            True,
+            PROBED,
+            lambda: needs(container="pyxis"),
+            WARN,
+            "pyxis loaded by srun; no enroot on n1's PATH",
+            "if n1 has no enroot, every step of the job fails; ask your admin whether enroot is installed",
+        ),
+        (
+            "container=pyxis, enroot that fails",
+            True,
+            dataclasses.replace(
+                PROBED, enroot="failed mkdir: cannot create directory '/run/enroot': Permission denied"
+            ),
+            lambda: needs(container="pyxis", enroot="/opt/enroot/bin/enroot"),
+            FAIL,
+            "pyxis loaded by srun; enroot fails on n1",
+            "`/opt/enroot/bin/enroot version` fails on n1 (mkdir: cannot create directory '/run/enroot'",
+        ),
+        (
+            "container=pyxis, srun not asked",
+            None,
+            ENROOT_ON_N1,
+            lambda: needs(container="pyxis"),
+            WARN,
+            "pyxis unknown (srun --help: Could not establish a configuration source); enroot 3.5.0 on n1",
+            f"if `srun --help` has no --container-image, {ADMIN_PYXIS}",
+        ),
+        (
+            "container=pyxis, no probe",
+            True,
+            None,
+            lambda: needs(container="pyxis"),
+            WARN,
+            "pyxis loaded by srun; enroot not checked",
+            "enroot not checked from a node (--no-probe)",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_pyxis_and_enroot(what, pyxis, probe, make_needs, status, value, says):
+    f = facts(
+        probe=probe,
+        probe_skipped="--no-probe" if probe is None else "",
+        pyxis=pyxis,
+        pyxis_unknown="srun --help: Could not establish a configuration source" if pyxis is None else "",
+    )
+    rows = checks.evaluate(f, make_needs())
+    r = row(rows, "pyxis / enroot")
+    assert (r.status, r.value) == (status, value), r
+    assert says in r.detail, r
+    # next to Apptainer's row, and a FAIL here is a must-have missing
+    names = [x.check for x in rows]
+    assert names.index("pyxis / enroot") == names.index("Apptainer") + 1
+    if status == FAIL:
+        assert checks.exit_code(rows) == 1
+
+
+@pytest.mark.parametrize(
+    ("help_text", "loaded"),
+    [
+        # Slurm's own OCI option (21.08 and later) is no pyxis
+        ("      --container             Path to OCI container bundle\n", False),
+        (
+            "Options provided by plugins:\n\n      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"
+            "                              [pyxis] the image to use for the container\n",
+            True,
+        ),
+        ("  --container-image-x=Y   another plugin's\n", False),
+    ],
+)
+def test_pyxis_is_the_option_it_adds_to_srun_help(help_text, loaded):
+    assert bool(gather.PYXIS_OPTION.search(help_text)) is loaded
+
+
+def test_srun_help_says_whether_pyxis_is_loaded(tmp_path, monkeypatch):
+    """The real srun, with a plugstack.conf beside its slurm.conf that loads the pyxis
+    scripts/install-pyxis.sh built, one that loads nothing, and one whose plugin is missing
+    (srun then refuses everything). srun --help asks no controller: none runs here."""
+    from hpc_llm.devcluster import pyxis as devpyxis
+
+    if shutil.which("srun") is None:
+        pytest.skip("needs srun (Debian slurm-wlm; scripts/setup-dev.sh installs it)")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=x\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1 Default=YES\n"
+    )
+    plugstack = tmp_path / "plugstack.conf"
+    plugstack.write_text("")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    said = subprocess.run(["srun", "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = re.search(r"(\d+\.\d+)\.", said)
+    assert version, said
+    why = devpyxis.unavailable(version.group(1))
+    if why is not None:
+        pytest.skip(why)
+    assert gather.pyxis_loaded() == (False, "")
+    plugstack.write_text(f"required {devpyxis.plugin(version.group(1))} runtime_path={tmp_path / 'run'}\n")
+    assert gather.pyxis_loaded() == (True, "")
+    plugstack.write_text(f"required {tmp_path / 'gone' / 'spank_pyxis.so'}\n")
+    loaded, why = gather.pyxis_loaded()
+    assert loaded is None and why.startswith("srun --help: "), why
+
+
+def test_the_jobs_container_is_what_doctor_checks():
+    """needs.container is the composed container runtime; a pyxis registry reference stays as
+    written (no file to look for), a file image is made absolute, enroot is container.executable."""
+    ref = "nvcr.io#nvidia/pytorch:24.05-py3"
+    job = gather.compose_job(
+        ["+experiment=mpt_tiny", "container=pyxis", f"container.image='{ref}'", "container.executable=/opt/e/enroot"]
+    )
+    n = gather.needs_of(job)
+    assert (n.container, n.image, n.enroot, n.apptainer) == ("pyxis", ref, "/opt/e/enroot", "apptainer")
+    plain = gather.needs_of(gather.compose_job(["+experiment=mpt_tiny"]), image="img.sif")
+    assert (plain.container, plain.enroot) == ("none", "enroot")
+    assert plain.image == str(Path("img.sif").absolute())
+
+
 def test_the_table_and_the_json_say_the_same():
     rows = checks.evaluate(facts(with_setting(CONFIG, "SlurmctldParameters", "(null)")), needs())
     text = table.render(rows, "hpc-llm doctor: test")
@@ -639,9 +821,22 @@ def test_the_probe_script_run_here(tmp_path):
     marker.write_text("tok\n")
     image = tmp_path / "img.sif"
     image.write_text("x")
+    enroot = tmp_path / "bin" / "enroot"  # what `enroot version` prints
+    enroot.parent.mkdir()
+    enroot.write_text(
+        '#!/bin/sh\n[ "$1" = version ] && echo 3.5.0 && exit 0\necho "usage: enroot COMMAND" >&2; exit 1\n'
+    )
+    enroot.chmod(0o755)
     flags = {"partition": "gpu", "account": "proj", "qos": None, "gpus_per_node": "h100:1"}
     cmd = doctor_probe.srun_command(
-        flags, "tok", str(marker), "no-such-apptainer", [str(image), "/nonexistent"], [sys.executable], 60
+        flags,
+        "tok",
+        str(marker),
+        "no-such-apptainer",
+        [str(image), "/nonexistent"],
+        [sys.executable],
+        60,
+        enroot=str(enroot),
     )
     i = cmd.index("bash")
     assert cmd[0] == "srun" and "--immediate=60" in cmd[:i]
@@ -650,18 +845,24 @@ def test_the_probe_script_run_here(tmp_path):
     out = subprocess.run(cmd[i:], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     p = doctor_probe.from_report(doctor_probe.parse(out.stdout))
-    assert (p.marker, p.marker_write, p.apptainer) == ("seen", "ok", "")
+    assert (p.marker, p.marker_write, p.apptainer, p.enroot) == ("seen", "ok", "", "3.5.0")
     assert (tmp_path / ".hpc_llm-doctor-tok.node").read_text().strip() == "tok"
     assert p.paths == {str(image): "readable", "/nonexistent": "missing"}
     assert p.python.startswith(f"ok {sys.prefix} ") and p.python.endswith(f" {hpc_llm.__version__}")
     assert p.cpus >= 1 and p.mem_kb > 0 and p.node
+    enroot.write_text("#!/bin/sh\necho 'enroot: /run/enroot: Permission denied' >&2; exit 1\n")
     broken = subprocess.run(
-        [*cmd[i : i + 4], "tok", str(tmp_path / "gone"), "x", "0", "/nonexistent/python"],
+        [*cmd[i : i + 4], "tok", str(tmp_path / "gone"), "x", str(enroot), "0", "/nonexistent/python"],
         capture_output=True,
         text=True,
     )
     q = doctor_probe.from_report(doctor_probe.parse(broken.stdout))
     assert q.marker == "missing" and q.python.startswith("failed ")
+    assert q.enroot == "failed enroot: /run/enroot: Permission denied"
+    none = subprocess.run(
+        [*cmd[i : i + 4], "tok", "", "x", "no-such-enroot", "0", "/nonexistent/python"], capture_output=True, text=True
+    )
+    assert doctor_probe.from_report(doctor_probe.parse(none.stdout)).enroot == ""
 
 
 # -- the profile --------------------------------------------------------------------------------
@@ -702,6 +903,34 @@ def test_a_profile_from_what_was_found_composes(tmp_path, monkeypatch):
     assert (r.tasks_per_node, r.gpus_per_node, r.cpus_per_task, r.time) == (8, 8, 12, "1-00:00:00")
     if "gpu_type" in r:  # resources.gpu_type: the nodes' GRES type
         assert r.gpu_type == "h100"
+
+
+def test_a_profile_where_srun_loads_pyxis(tmp_path, monkeypatch):
+    """pyxis and enroot found with an image doctor checked: the profile makes pyxis the site's
+    container with that image (conf/config.yaml composes the container before the cluster, so
+    the profile's override wins), and the command line still wins over the profile. Without an
+    image, comment lines say how, and the container stays none."""
+    f = facts(nodes=H100_NODES.replace("|gpu*|", "|low|"))
+    args = dict(config=f.config, partition="low", partition_info=f.partition_info["low"], nodes=f.nodes, assoc=None)
+    assert "pyxis" not in profile.build("plain", **args, pyxis=False, enroot="enroot 3.5.0 on g0")
+    text = profile.build("mysite", **args, pyxis=True, enroot="enroot 3.5.0 on g0", image="/shared/img.sqsh")
+    assert "srun loads NVIDIA's pyxis (enroot 3.5.0 on g0)" in text
+    assert "  - override /container: pyxis" in text.splitlines()
+    written = profile.write("mysite", text, tmp_path, force=False)  # composes cluster=mysite first
+    assert written == tmp_path.resolve() / "cluster" / "mysite.yaml" and written.read_text() == text
+    bare = profile.build("bare", **args, pyxis=True, enroot="enroot 3.5.0 on g0")
+    said = [ln for ln in bare.splitlines() if "pyxis" in ln or "enroot" in ln]
+    assert said and all(ln.startswith("# ") for ln in said), said
+    assert "cluster=bare container=pyxis container.image=" in bare
+    profile.write("bare", bare, tmp_path, force=False)
+    monkeypatch.setenv("HPC_LLM_CONFIG_PATH", str(tmp_path))
+    cfg = compose(["cluster=mysite"])
+    assert (cfg.cluster.name, cfg.container.name, cfg.container.image) == ("mysite", "pyxis", "/shared/img.sqsh")
+    assert compose(["cluster=mysite", "container=none"]).container.name == "none"
+    other = compose(["cluster=mysite", "container.image=/shared/other.sqsh"]).container
+    assert (other.name, other.image) == ("pyxis", "/shared/other.sqsh")
+    assert compose(["cluster=bare"]).container.name == "none"
+    assert compose(["cluster=h100"]).container.name == "none"
 
 
 def test_profile_names(tmp_path):

@@ -11,7 +11,8 @@ config``, ``scontrol show partition``, ``sinfo`` and ``sacct`` (preemption that
 signals and requeues, requeue itself, GraceTime against a checkpoint save, the time
 limit, node-failure timeouts, accounting, GPUs), and one tiny probe job
 (:mod:`hpc_llm.doctor.probe`) says what a compute node sees: the run dir,
-the Python environment, the container image, Apptainer, GPUs.
+the Python environment, the container image, Apptainer, enroot, GPUs (and ``srun --help``
+whether srun loads NVIDIA's pyxis).
 
 Each check is one row: what was found, OK / WARN / FAIL and, for a problem, what breaks
 without it and what to ask the admin. Exit status 1 when a must-have is missing (a FAIL

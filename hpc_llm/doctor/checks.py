@@ -22,6 +22,7 @@ from hpc_llm.doctor.checks_node import (
     check_node_gpus,
     check_probe,
     check_python,
+    check_pyxis,
     check_run_arg,
     check_run_dir,
     check_store,
@@ -60,6 +61,7 @@ CHECKS = (
     check_python,
     check_image,
     check_apptainer,
+    check_pyxis,
     check_node_gpus,
     check_store,
 )

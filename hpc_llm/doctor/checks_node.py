@@ -1,6 +1,7 @@
 """``hpc-llm doctor``'s checks of what a compute node sees, from the probe job's report
 (:mod:`hpc_llm.doctor.probe`): the run dir, ``--run``, the Python environment, the
-container image, Apptainer, GPUs. Pure: facts and needs in, a row out.
+container image, Apptainer, pyxis and enroot (pyxis from the login node's ``srun --help``),
+GPUs. Pure: facts and needs in, a row out.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from hpc_llm.doctor.facts import Facts, Needs
+from hpc_llm.doctor.facts import Facts, Needs, registry_image
 from hpc_llm.doctor.probe import Probe
 from hpc_llm.doctor.row import FAIL, OK, WARN, Row
 
@@ -123,6 +124,13 @@ def check_python(facts: Facts, needs: Needs, part: str | None) -> Row:
 def check_image(facts: Facts, needs: Needs, part: str | None) -> Row:
     if needs.image is None:
         return Row("container image", "-", OK, f"no container (container={needs.container})")
+    if registry_image(needs):
+        return Row(
+            "container image",
+            needs.image,
+            OK,
+            "a registry reference: enroot on each node imports it at every step (not checked from here)",
+        )
     return _path_on_node(
         facts,
         "container image",
@@ -133,7 +141,8 @@ def check_image(facts: Facts, needs: Needs, part: str | None) -> Row:
 
 
 def check_apptainer(facts: Facts, needs: Needs, part: str | None) -> Row:
-    must = needs.container == "apptainer" or needs.image is not None
+    # --image without a container is checked as Apptainer's; container=pyxis runs its image with enroot
+    must = needs.container == "apptainer" or (needs.image is not None and needs.container == "none")
     p, why = _probed(facts)
     if p is None:
         return Row("Apptainer", needs.apptainer, WARN if must else OK, why if must else "not needed (no container)")
@@ -153,6 +162,71 @@ def check_apptainer(facts: Facts, needs: Needs, part: str | None) -> Row:
             "compute nodes (or set container.executable to where it is)",
         )
     return Row("Apptainer", f"not on {p.node}", OK, "needed only with container=apptainer")
+
+
+def enroot_found(p: Probe | None) -> str:
+    """``enroot VERSION on NODE``, or what the probe saw instead."""
+    if p is None or not p.ran:
+        return "enroot not checked"
+    if not p.enroot:
+        return f"no enroot on {p.node}'s PATH"
+    if p.enroot.startswith("failed"):
+        return f"enroot fails on {p.node}"
+    return f"enroot {p.enroot} on {p.node}"
+
+
+def check_pyxis(facts: Facts, needs: Needs, part: str | None) -> Row:
+    """NVIDIA's pyxis (srun on this login node loads it: ``srun --help`` has ``--container-image``)
+    and enroot on the probe's node (``enroot version``): must-haves of container=pyxis."""
+    must = needs.container == "pyxis"
+    p, why = _probed(facts)
+    if facts.pyxis is None:
+        pyxis = f"pyxis unknown ({facts.pyxis_unknown or 'srun --help not asked'})"
+    else:
+        pyxis = "pyxis loaded by srun" if facts.pyxis else "no pyxis in srun"
+    value = f"{pyxis}; {enroot_found(p)}"
+    admin = "ask your admin for NVIDIA's pyxis (plugstack.conf) and enroot on the compute nodes"
+    if not must:
+        if facts.pyxis and p is not None and p.enroot and not p.enroot.startswith("failed"):
+            return Row(
+                "pyxis / enroot", value, OK, f"container=pyxis would use them (this job: container={needs.container})"
+            )
+        return Row("pyxis / enroot", value, OK, "not needed: used only with container=pyxis")
+    if facts.pyxis is False:
+        return Row(
+            "pyxis / enroot",
+            value,
+            FAIL,
+            "container=pyxis starts every rank with srun --container-image, which this srun does not have "
+            f"(the ranks would run outside the image): {admin}, or use container=apptainer",
+        )
+    if facts.pyxis is None:
+        return Row(
+            "pyxis / enroot",
+            value,
+            WARN,
+            f"container=pyxis needs srun to load pyxis, which could not be checked: if `srun --help` has no "
+            f"--container-image, {admin}",
+        )
+    if p is None:
+        return Row("pyxis / enroot", value, WARN, f"enroot {why}")
+    if p.enroot.startswith("failed"):
+        return Row(
+            "pyxis / enroot",
+            value,
+            FAIL,
+            f"`{needs.enroot} version` fails on {p.node} ({p.enroot.removeprefix('failed').strip() or 'no output'}), "
+            "and pyxis starts every container with it: ask your admin to repair enroot on the compute nodes",
+        )
+    if not p.enroot:
+        return Row(
+            "pyxis / enroot",
+            value,
+            WARN,
+            f"pyxis runs enroot from slurmd's PATH, which a task does not see: if {p.node} has no enroot, every "
+            "step of the job fails; ask your admin whether enroot is installed on the compute nodes",
+        )
+    return Row("pyxis / enroot", value, OK, "every rank runs in an enroot container that pyxis starts")
 
 
 def check_node_gpus(facts: Facts, needs: Needs, part: str | None) -> Row:

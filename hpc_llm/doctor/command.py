@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """``hpc-llm doctor``: the table (or JSON); 1 when a must-have is missing."""
     from hpc_llm.doctor import profile
     from hpc_llm.doctor.checks import evaluate, exit_code
-    from hpc_llm.doctor.checks_node import gpu_model
+    from hpc_llm.doctor.checks_node import enroot_found, gpu_model
     from hpc_llm.doctor.facts import partition_name
     from hpc_llm.doctor.gather import compose_job, gather, needs_of
     from hpc_llm.doctor.table import as_json, render
@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
             nodes=facts.nodes,
             assoc=query.associations(getpass.getuser()),
             gpu_model=gpu_model(facts.probe),
+            pyxis=facts.pyxis,
+            enroot=enroot_found(facts.probe),
+            image=needs.image if needs.container == "pyxis" else None,
         )
         written = profile.write(args.write_profile, text, args.dir, force=args.force)
         print(f"wrote {written}; use it with cluster={args.write_profile}", file=sys.stderr)

@@ -42,6 +42,8 @@ class Needs:
     #: the container image the tasks run in (or --image), checked from the node
     image: str | None = None
     apptainer: str = "apptainer"
+    #: the enroot the probe asks for its version (container.executable with container=pyxis)
+    enroot: str = "enroot"
     #: the longest checkpoint save, and where that figure comes from
     save_s: float | None = None
     save_from: str = ""
@@ -64,9 +66,19 @@ class Facts:
     accounting: str | None = None
     #: None: ``sbatch --test-only`` accepted the job; else its refusal (one line)
     test_only: str | None = None
+    #: whether this srun loads NVIDIA's pyxis (``srun --help`` lists its ``--container-image``);
+    #: None: srun could not be asked (``pyxis_unknown`` says why)
+    pyxis: bool | None = None
+    pyxis_unknown: str = ""
     #: None: not run (``probe_skipped`` says why)
     probe: Probe | None = None
     probe_skipped: str = ""
+
+
+def registry_image(needs: Needs) -> bool:
+    """Whether the job's image is a registry reference pyxis has each node import (pyxis's
+    rule: an image not starting with / or . is no file), not a file the nodes must read."""
+    return needs.container == "pyxis" and needs.image is not None and not needs.image.startswith(("/", ".", "~"))
 
 
 def partition_name(facts: Facts, needs: Needs) -> str | None:

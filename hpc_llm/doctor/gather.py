@@ -1,7 +1,8 @@
 """``hpc-llm doctor``'s facts gathered: the job composed and rendered as ``hpc-llm render``
 does, what it asks of the cluster (:class:`~hpc_llm.doctor.facts.Needs`, its checkpoint
 save time measured or estimated), and what Slurm says (``scontrol``, ``sinfo``, ``sacct``,
-``sbatch --test-only``) and the probe job sees (:class:`~hpc_llm.doctor.facts.Facts`).
+``sbatch --test-only``, ``srun --help`` for NVIDIA's pyxis) and the probe job sees
+(:class:`~hpc_llm.doctor.facts.Facts`).
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from hpc_llm.config import stores
 from hpc_llm.doctor import probe as node_probe
-from hpc_llm.doctor.facts import Facts, Needs, partition_name
+from hpc_llm.doctor.facts import Facts, Needs, partition_name, registry_image
 from hpc_llm.errors import ConfigError
 from hpc_llm.launch.sbatch import preview
 from hpc_llm.launch.sbatch.preview import Job
@@ -83,8 +85,13 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
     cluster = OmegaConf.select(cfg, str(opts.cluster_key), default=None) or {}
     container = OmegaConf.select(cfg, "container", default=None)
     name = str(container.name) if container is not None else "none"
-    if image is None and name != "none":
-        image = str(container.image) if container.image else None
+    if image is not None:  # --image: a file the nodes must see
+        image = os.path.abspath(image)
+    elif name != "none" and container.image:
+        image = str(container.image)
+        # a file the nodes must read; pyxis's registry reference (no / or . first) stays as written
+        registry = name == "pyxis" and not image.startswith(("/", ".", "~"))
+        image = image if registry else os.path.abspath(os.path.expanduser(image))
     save_s, save_from = save_time(cfg, res.nodes, run)
     store_targets = stores.targets(cfg, job.run_dir)
     return Needs(
@@ -103,8 +110,9 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
         run=run,
         python=tuple(python_command(opts)),
         container=name,
-        image=os.path.abspath(image) if image else None,
+        image=image,
         apptainer=str(container.executable) if container is not None and name == "apptainer" else "apptainer",
+        enroot=str(container.executable) if container is not None and name == "pyxis" else "enroot",
         save_s=save_s,
         save_from=save_from,
         hang_timeout_s=OmegaConf.select(cfg, "fault.hang_timeout_s", default=None),
@@ -126,6 +134,24 @@ def sacct_answers() -> str | None:
     return None if out.returncode == 0 else commands.said(out)
 
 
+#: a line of ``srun --help`` that pyxis's SPANK plugin adds ("Options provided by plugins:");
+#: Slurm's own OCI option is ``--container=PATH``, not this
+PYXIS_OPTION = re.compile(r"^\s*--container-image[=\s]", re.M)
+
+
+def pyxis_loaded() -> tuple[bool | None, str]:
+    """Whether this srun loads NVIDIA's pyxis: its plugin (plugstack.conf) adds
+    ``--container-image`` to ``srun --help``. None, and why, when srun could not be asked or
+    refused (a plugin in plugstack.conf that does not load makes every srun fail)."""
+    try:
+        out = commands.run(["srun", "--help"], timeout=30)
+    except commands.SlurmUnreachable as exc:
+        return None, commands.unreachable_why(exc)
+    if out.returncode != 0:
+        return None, f"srun --help: {commands.said(out)}"
+    return bool(PYXIS_OPTION.search(out.stdout)), ""
+
+
 def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) -> Facts:
     """Ask Slurm everything :func:`~hpc_llm.doctor.checks.evaluate` reads, and run the probe job. Raises
     SlurmUnreachable (one line) when Slurm cannot be asked at all."""
@@ -140,6 +166,7 @@ def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) 
         nodes=query.nodes(),
         accounting=None if config.get("AccountingStorageType", "").endswith("/none") else sacct_answers(),
     )
+    pyxis, pyxis_unknown = pyxis_loaded()
     try:
         submit_checks.SchedulerVerdicts().check(job.spec, 0)
         verdict = None
@@ -158,7 +185,7 @@ def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) 
         flags["partition"] = part
         if needs.gpus_per_node > 0:  # one GPU, of the job's type: what nvidia-smi -L names there
             flags["gpus_per_node"] = f"{needs.gpu_type}:1" if needs.gpu_type else 1
-        paths = [p for p in (needs.run, needs.image) if p]
+        paths = [p for p in (needs.run, None if registry_image(needs) else needs.image) if p]
         report = node_probe.run(
             flags,
             needs.run_dir,
@@ -167,5 +194,8 @@ def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) 
             apptainer=needs.apptainer,
             wait_s=probe_wait_s,
             stores=needs.stores,
+            enroot=needs.enroot,
         )
-    return dataclasses.replace(facts, test_only=verdict, probe=report, probe_skipped=skipped)
+    return dataclasses.replace(
+        facts, test_only=verdict, probe=report, probe_skipped=skipped, pyxis=pyxis, pyxis_unknown=pyxis_unknown
+    )

@@ -12,7 +12,9 @@ answers) and prints ``@@hpc_llm <key>\\t<value>`` lines:
 - whether other paths (``--run``, the container image) exist and are readable;
 - whether the Python the batch script runs (the supervisor; the ranks too without a
   container) starts there and imports hpc_llm;
-- ``apptainer --version`` and ``nvidia-smi -L``, when they are there;
+- ``apptainer --version``, ``enroot version`` (the runtime NVIDIA's pyxis runs containers
+  with: whether the login node's srun loads pyxis is :mod:`hpc_llm.doctor.gather`'s question)
+  and ``nvidia-smi -L``, when they are on the task's ``PATH``;
 - with the job's data or checkpoints in an object store, the store check the job itself runs
   (``python -m hpc_llm.job.rank.store_check``, in that Python; the targets come in
   ``$HPC_LLM_DOCTOR_STORES``, which srun passes like the rest of the environment, credentials
@@ -41,11 +43,11 @@ PREFIX = "@@hpc_llm "
 #: the job's #SBATCH flags that decide where the probe may run, besides its partition
 PLACEMENT = ("account", "qos", "constraint", "reservation")
 
-#: what the node runs: bash -c SCRIPT doctor TOKEN MARKER APPTAINER N PATH... PYTHON...
+#: what the node runs: bash -c SCRIPT doctor TOKEN MARKER APPTAINER ENROOT N PATH... PYTHON...
 SCRIPT = r"""
 say() { printf '@@hpc_llm %s\t%s\n' "$1" "$2"; }
-token=$1 marker=$2 apptainer=$3 n=$4
-shift 4
+token=$1 marker=$2 apptainer=$3 enroot=$4 n=$5
+shift 5
 say node "${SLURMD_NODENAME:-$(hostname)}"
 say host "$(hostname)"
 say job "${SLURM_JOB_ID:-}"
@@ -78,6 +80,15 @@ if command -v "$apptainer" >/dev/null 2>&1; then
   say apptainer "$("$apptainer" --version 2>&1 | head -n 1)"
 else
   say apptainer ""
+fi
+if command -v "$enroot" >/dev/null 2>&1; then
+  if out=$("$enroot" version 2>&1); then
+    say enroot "$(printf '%s\n' "$out" | head -n 1)"
+  else
+    say enroot "failed $(printf '%s\n' "$out" | tail -n 1)"
+  fi
+else
+  say enroot ""
 fi
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi -L 2>&1 | while IFS= read -r line; do say gpu "$line"; done
@@ -112,6 +123,9 @@ class Probe:
     python: str = ""
     #: ``apptainer --version`` ("" when not on the node)
     apptainer: str = ""
+    #: ``enroot version`` ("3.5.0"; "" when not on the task's PATH; "failed <last line>" when it
+    #: did not answer)
+    enroot: str = ""
     #: ``nvidia-smi -L`` lines; None when nvidia-smi is not on the node
     gpus: list[str] | None = None
     #: the store check's lines (``ok``/``fail``/``skip``, a tab, what it found), and anything else
@@ -152,6 +166,7 @@ def from_report(fields: dict[str, list[str]], seconds: float = 0.0) -> Probe:
         paths={k.removeprefix("path:"): v[-1] for k, v in fields.items() if k.startswith("path:")},
         python=one("python"),
         apptainer=one("apptainer"),
+        enroot=one("enroot"),
         gpus=None if one("nvidia_smi") == "missing" else list(fields.get("gpu", [])),
         stores=list(fields.get("store", [])),
         seconds=seconds,
@@ -174,6 +189,7 @@ def srun_command(
     paths: Sequence[str],
     python: Sequence[str],
     wait_s: int,
+    enroot: str = "enroot",
 ) -> list[str]:
     """The ``srun`` line of the probe. ``flags``: partition, PLACEMENT and gpus_per_node (what
     the job itself would ask, those that decide where it may run)."""
@@ -191,7 +207,11 @@ def srun_command(
         value = flags.get(key)
         if value not in (None, "", False, 0):
             args.append(f"--{key.replace('_', '-')}={value}")
-    return [*args, "bash", "-c", SCRIPT, "hpc_llm-doctor", token, marker, apptainer, str(len(paths)), *paths, *python]
+    return [
+        *args,
+        *("bash", "-c", SCRIPT, "hpc_llm-doctor", token, marker, apptainer, enroot),
+        *(str(len(paths)), *paths, *python),
+    ]
 
 
 #: the variable the probe reads the store check's targets from (JSON)
@@ -206,6 +226,7 @@ def run(
     apptainer: str = "apptainer",
     wait_s: int = 120,
     stores: str = "",
+    enroot: str = "enroot",
 ) -> Probe:
     """Run the probe job and read its report. The marker goes into the run dir's nearest
     existing ancestor on this node and is removed afterwards, with the node's own copy.
@@ -218,7 +239,7 @@ def run(
         wrote = True
     except OSError:
         pass  # the node then cannot see it either: reported as not visible
-    cmd = srun_command(flags, token, str(marker), apptainer, paths, python, wait_s)
+    cmd = srun_command(flags, token, str(marker), apptainer, paths, python, wait_s, enroot=enroot)
     started = time.monotonic()
     try:
         out, err, code = _srun(cmd, timeout=wait_s + 180, stores=stores)

@@ -5,10 +5,16 @@ The profile has the schema of ``conf/cluster/*.yaml`` (``cluster:`` and the per-
 user's default account and QOS (``sacctmgr``, with accounting), GPUs per node and their
 type (GRES, ``nvidia-smi -L`` from the probe), CPUs and memory per node, the time
 limit under MaxTime. What doctor cannot know (node-local scratch) is a commented line
-to fill in. It goes to ``<dir>/cluster/NAME.yaml``, ``dir`` by default
-:func:`hpc_llm.config.site.user_dir`, where ``cluster=NAME`` finds it; it is checked
-by composing ``cluster=NAME`` from a copy before it is put in place (atomically), and
-an existing profile is replaced only with ``--force``. Login node only.
+to fill in. Where srun loads NVIDIA's pyxis and doctor checked an image (``--image``), the
+profile makes pyxis the site's container with that image (``conf/config.yaml`` picks the
+``container`` group before the ``cluster`` one, so a profile's ``override /container: pyxis``
+wins, and ``container=...`` on the command line still wins over it); with pyxis and no image,
+comment lines say how to run in one.
+
+It goes to ``<dir>/cluster/NAME.yaml``, ``dir`` by default :func:`hpc_llm.config.site.user_dir`,
+where ``cluster=NAME`` finds it; it is checked by composing ``cluster=NAME`` from a copy before it
+is put in place (atomically), and an existing profile is replaced only with ``--force``. Login
+node only.
 """
 
 from __future__ import annotations
@@ -92,11 +98,15 @@ def build(
     nodes: Sequence[parse.Node],
     assoc: parse.Associations | None,
     gpu_model: str | None = None,
+    pyxis: bool | None = None,
+    enroot: str = "",
+    image: str | None = None,
 ) -> str:
     """The profile's YAML text, with comments saying where each value came from. ``config``:
     ``scontrol show config``; ``partition_info``: the partition's ``scontrol show partition``
     fields; ``nodes``: sinfo's nodes (those of ``partition`` are read); ``gpu_model``: what
-    ``nvidia-smi -L`` said on a node."""
+    ``nvidia-smi -L`` said on a node; ``pyxis``: whether srun loads pyxis, ``enroot``: what the
+    probe saw of enroot (``enroot 3.5.0 on n1``), ``image``: the pyxis image doctor checked."""
     nodes = [n for n in nodes if n.partition == partition]
     if not nodes:
         raise ConfigError(f"sinfo lists no node in partition {partition}: no profile to write")
@@ -116,6 +126,8 @@ def build(
         f"partition {partition}: {len(nodes)} node(s),",
         f"# {cpus} CPUs and {mem} MB each, GRES {', '.join(sorted({n.gres for n in nodes}))}, MaxTime {max_text}.",
         f"# Use it with cluster={name}; read it through before the first long run.",
+        *pyxis_lines(name, pyxis, enroot, image),
+        *(["defaults:", "  - override /container: pyxis"] if pyxis and image else []),
         "cluster:",
         f"  name: {_yaml(name)}",
         f"  device: {'gpu' if per_node else 'cpu'}",
@@ -164,7 +176,27 @@ def build(
     lines.append(f"  time: {_yaml(slurm_time(time_s))}  # MaxTime {max_text}; a run requeues itself at each limit")
     if peak is not None:
         lines += ["train:", "  precision: amp_bf16"]
+    if pyxis and image:
+        lines += ["container:", f"  image: {_yaml(image)}  # checked by doctor; container.image=... picks another"]
     return "\n".join(lines) + "\n"
+
+
+def pyxis_lines(name: str, pyxis: bool | None, enroot: str, image: str | None) -> list[str]:
+    """Comment lines on running in an enroot image, where srun loads pyxis (none otherwise)."""
+    if not pyxis:
+        return []
+    found = f"# Containers: srun loads NVIDIA's pyxis ({enroot or 'enroot not checked'})"
+    if image:
+        return [
+            f"{found}: every rank runs in the image doctor",
+            f"# checked (docs/guides/containers.md); cluster={name} container=none runs without it.",
+        ]
+    return [
+        f"{found}, so each rank can run in an enroot",
+        f"# image: cluster={name} container=pyxis container.image=/shared/images/IMAGE.sqsh (docs/guides/",
+        "# containers.md); `hpc-llm doctor container=pyxis container.image=IMAGE --write-profile NAME`",
+        "# makes it this profile's default.",
+    ]
 
 
 def _has_gpu_type() -> bool:
