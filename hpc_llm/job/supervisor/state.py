@@ -48,6 +48,9 @@ class SupervisorState:
         self.check_warned: set[str] = set()
         #: when the batch step got SIGTERM (0: it did not)
         self.terminated_at = 0.0
+        #: slurmctld has shown this allocation preempted (a PreemptTime): a requeue that follows is
+        #: the preemption's, at the end of its grace time, not another allocation's
+        self.preempted = False
         self.timing = StopTiming(
             end=self.job.end,
             lead_s=policy.signal_lead_s,
@@ -68,6 +71,8 @@ class SupervisorState:
         #: host was cut off wrote the record on the strength of its own start: seed 1461)
         answered = self.job.start is not None or not self.job.job_id
         self.ctld_seen = world.monotonic() if answered else float("-inf")
+        #: slurmctld's last answer about this allocation ({}: none yet)
+        self.ctld_info: dict[str, str] = {}
         self.agents = Agents(policy, command, self.job, self.silent_s, relaunch=relaunch, here=self.node)
         # a requeue asks for the size the job was allocated with, not the one it shrank to
         # (docs/design/verified/slurm.md, "A running job gives nodes back"): the batch script's
@@ -96,7 +101,31 @@ class SupervisorState:
         info = allocation.show_job(self.job.job_id, timeout=timeout)
         if info:
             self.ctld_seen = world.monotonic()
+            self.ctld_info = info
+            self.preempted = self.preempted or allocation.preempting(info)
         return info
+
+    def requeued_elsewhere(self, info: dict[str, str]) -> str | None:
+        """Why this allocation no longer holds the job, from slurmctld's answer ``info`` (None: it
+        still does). A requeue Slurm made while it still waits for this host is no such reason:
+
+        * a preemption's, at the end of the grace time: 22.05 shows the job PENDING at restart + 1
+          while this allocation's processes run, and the next allocation cannot start before they
+          have ended (CI saw a poll in that window end the supervisor of a run preempted in its
+          post-train stage unbooked: test_post_train_stop);
+        * a node failure's (no ``--no-kill``): Slurm waits for the batch host, which is up, to end
+          its processes too.
+
+        It is one when Slurm runs the job again, or found this very host dead (the simulator's
+        seed 836: the batch host, healed from a partition after Slurm had called it DOWN and
+        requeued the job, wrote the record of an allocation that no longer held the job)."""
+        why = epoch.slurm_refusal_of(info, self.job.restart)
+        if why is None or self.preempted or allocation.preempted_here(info):
+            return None
+        requeued = int(info.get("Restarts", "0") or 0) > self.job.restart
+        if requeued and info.get("JobState") != "RUNNING" and allocation.node_gone(self.node) is False:
+            return None
+        return why
 
     @property
     def ctld_poll_s(self) -> float:
@@ -160,18 +189,20 @@ class SupervisorState:
         record; the simulator's seed 583 had a supervisor, its loop held up in a give-back,
         write ``results.json`` 40 s after Slurm had requeued its job. Its answer then, if it says
         the job was requeued, refuses too (:class:`epoch.Stale`)."""
-        # A recent answer is not read for a requeue: after a preemption's grace time Slurm 22.05
-        # shows the job PENDING at restart 1 while this allocation's processes still run and its
-        # supervisor books its attempt (test_post_train_stop), which a supervisor healed from a
-        # partition cannot be told apart from yet (the simulator's seed 836, open: issue #50)
-        if not self.job.job_id or world.monotonic() - self.ctld_seen <= self.ctld_patience_s:
+        # A recent answer counts as it is: it may already say Slurm requeued the job (the
+        # simulator's seed 836: a supervisor healed from a partition learnt it in the answer it
+        # gathered its stop's facts with, then wrote the record on the strength of that answer's
+        # freshness). A preemption's requeue is no such answer (requeued_elsewhere).
+        if not self.job.job_id:
             return None
+        if world.monotonic() - self.ctld_seen <= self.ctld_patience_s:
+            return self.requeued_elsewhere(self.ctld_info) if self.ctld_info else None
         # asked patiently: one slow answer on a loaded controller must not stand a supervisor down
         info = self.job_info() or self.job_info()
         if not info:
             silent = world.monotonic() - self.ctld_seen
             return f"{epoch.UNANSWERED} for {silent:.0f} s: Slurm may have requeued the job elsewhere"
-        return epoch.slurm_refusal_of(info, self.job.restart)
+        return self.requeued_elsewhere(info)
 
     def stale(self) -> str | None:
         """Why this supervisor no longer holds the job (None: it does, or there is no job), from the

@@ -26,7 +26,6 @@ from hpc_llm.job.supervisor.hang_watch import HangWatch
 from hpc_llm.job.supervisor.stragglers import StragglerWatch, Verdict
 from hpc_llm.rundir import epoch
 from hpc_llm.rundir.outcome import Cause
-from hpc_llm.slurm import allocation
 
 if TYPE_CHECKING:
     from hpc_llm.job.supervisor.state import SupervisorState
@@ -342,8 +341,8 @@ class GenerationRun:
         self.ctld_polled = now
         info = sup.job_info(timeout=min(10.0, sup.ctld_patience_s / 3))
         if info:
-            why = epoch.slurm_refusal_of(info, sup.job.restart)
-            if why is not None and not allocation.preempted_here(info):
+            why = sup.requeued_elsewhere(info)
+            if why is not None:
                 raise epoch.Stale("training on", why)
             return
         silent = now - sup.ctld_seen
