@@ -585,7 +585,7 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
         code, err = answers.pop(0) if answers else (0, "")
         return subprocess.CompletedProcess(args, code, "", err)
 
-    monkeypatch.setattr(requeue, "nodes_up", lambda partition: list(up))
+    monkeypatch.setattr(requeue, "partition_up", lambda partition, known_up=(): sorted({*up, *known_up}) or None)
     monkeypatch.setattr(requeue, "run", run)
     monkeypatch.setattr(world, "sleep", lambda s: None)
 
@@ -612,6 +612,17 @@ def test_a_requeued_job_is_sized_to_what_its_partition_holds(monkeypatch):
     ), few
     back = requeue.fit_partition(requeue.Size(2, 3, 2, "low", (), nodes=3))
     assert back and back[0] == 3 and "up again: the job asks for 3 (all its 3 node(s) again)" in back[1], back
+    # a node the run found dead that sinfo still calls up is not counted (seed 4828)
+    up[:] = ["n1", "n2", "n3", "n4"]
+    lost = requeue.fit_partition(requeue.Size(4, 4, 3, "low", (), nodes=3, doubtful=("n4",)))
+    assert lost and lost[0] == 3, lost
+    assert requeue.fit_partition(requeue.Size(4, 4, 3, "low", (), nodes=3)) is None
+    # the caller's own node is up whatever sinfo says (seed 3056: it called it not responding)
+    up[:] = ["n1", "n3"]
+    mine = requeue.fit_partition(requeue.Size(3, 3, 1, "low", ("n1",), nodes=1, known_up=("n2",)))
+    assert mine and mine[0] == 2, mine
+    alone = requeue.fit_partition(requeue.Size(3, 3, 1, "low", ("n1",), nodes=1))
+    assert alone and alone[0] == 1, alone
     up[:] = []
     assert fit(3, 3, 1, ["n3"], "low") is None  # sinfo could not tell: leave it
     assert calls == []  # deciding asks nothing of scontrol
@@ -773,7 +784,7 @@ def test_a_supervisor_whose_epoch_is_gone_or_that_stands_down_writes_nothing(tmp
         # Slurm requeued the job while nobody holds its next allocation: recorded, not requeued again
         monkeypatch.setattr(act.requeue, "requeue", lambda *a, **k: pytest.fail("requeued twice"))
         monkeypatch.setattr(act.requeue, "requeued_by_ending", lambda *a, **k: False)
-        monkeypatch.setattr(act.allocation, "nodes_up", lambda partition: [])
+        monkeypatch.setattr(act.allocation, "partition_up", lambda partition, known_up=(): None)
         monkeypatch.setattr(epoch, "slurm_refusal", lambda job_id, restart: "Slurm requeued the job (restart 1)")
         with pytest.raises(epoch.Stale, match="Slurm requeued the job"):
             act.act(sup, attempts, a, requeue)
@@ -983,3 +994,14 @@ def test_a_supervisor_taken_over_keeps_its_batch_script_alive_until_slurm_ends_t
         assert time.monotonic() - t1 >= 1.4
     finally:
         sup.agents.close()
+
+
+def test_a_node_not_responding_is_not_up_but_a_drained_one_stays_drained():
+    """sinfo's ``*`` flag: ``idle*`` is a node slurmctld cannot ping (DOWN at SlurmdTimeout), which
+    takes no job: not up (a requeue sized on it pended for good: the simulator's seed 1308); a
+    drained node not responding is still drained."""
+    from hpc_llm.slurm import parse
+
+    states = parse.node_states("n1 idle\nn2 idle*\nn3 mix*\nn4 drain*\nn5 down*\nn6 alloc~\n")
+    assert parse.up(states) == ["n1", "n6"]
+    assert parse.draining(states) == ["n4"]

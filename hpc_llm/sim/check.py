@@ -96,8 +96,11 @@ def violations(sim: Sim) -> list[str]:
     if job is not None and job.state == "PENDING" and job.num_nodes > left:
         # Slurm requeued the job itself (a node failure, a rebooted batch host) at the size it was
         # submitted with, which the nodes left cannot hold: it waits for resources, as Slurm says
-        # (Reason=Resources); no process of hpc_llm is left to resize it (docs/design/simulation.md)
-        could = False
+        # (Reason=Resources); no process of hpc_llm is left to resize it (docs/design/simulation.md).
+        # Or hpc_llm requeued it and a node was lost for good after. Not when hpc_llm requeued it
+        # for more nodes than were left then: sized for nodes it had found gone, it pends for good
+        # by hpc_llm's doing (the simulator's seeds 1308, 3507, 4828)
+        could = could and job.alive_at_requeue is not None and job.num_nodes > job.alive_at_requeue
     if could and status != "completed":
         out.append(f"(d) the run did not complete (results.json: {status}, Slurm: {final}) with {left} node(s) left")
     if could and final in ("FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT") and status != "completed":

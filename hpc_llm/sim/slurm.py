@@ -138,6 +138,9 @@ class Job:
     ntasks_per_node: int = 1
     #: the process (its tree's root pid) whose ``scontrol requeue`` moved the restart count last
     requeued_by: int | None = None
+    #: how many nodes were not lost for good when hpc_llm last requeued the job (None: Slurm
+    #: requeued it last, or nobody did): what the run could have asked for
+    alive_at_requeue: int | None = None
 
 
 class Slurm:
@@ -360,6 +363,7 @@ class Slurm:
             return
         if requeue:
             job.restarts += 1
+            job.alive_at_requeue = None
         job.ending = (final, requeue)
         job.state = "COMPLETING"
         self._note(job, f"ending ({why}){', requeued' if requeue else ''}")
@@ -680,6 +684,7 @@ class Slurm:
             root = root.parent
         job.requeued_by = root.pid
         self._end(job, "REQUEUED", requeue=True, why="scontrol requeue")
+        job.alive_at_requeue = len(self.nodes) - len(self.sim.lost_for_good)
         return _done(args, "")
 
     def _update(self, proc: Proc, args: list[str], words: list[str]) -> subprocess.CompletedProcess[str]:

@@ -165,6 +165,16 @@ def nodes_up(partition: str | None) -> list[str]:
     return parse.up(node_states(partition=partition)) if partition else []
 
 
+def partition_up(partition: str | None, known_up: tuple[str, ...] = ()) -> list[str] | None:
+    """Nodes of ``partition`` that can run a job now, with ``known_up`` (the caller's own node: up
+    whatever sinfo says, which may call it not responding a while after a healed cut); None when
+    sinfo cannot be asked (or there is no partition): not knowing is not "none up"."""
+    states = node_states(partition=partition) if partition else {}
+    if not states:
+        return None
+    return sorted({*parse.up(states), *(n for n in known_up if n in states)})
+
+
 def draining(nodes: list[str]) -> list[str] | None:
     """The nodes of ``nodes`` an operator is draining (planned maintenance), or None when sinfo
     cannot tell. One call for the whole list (slurmctld answers from its node table); a short

@@ -193,20 +193,24 @@ _DRAINING = ("drng", "drain")
 
 
 def node_states(out: str) -> dict[str, str]:
-    """``sinfo -h -N -o '%N %t'`` -> node -> its short state without the trailing flags (``*``
-    not responding, ``~`` powered off, ...: a drained node not responding is still drained)."""
+    """``sinfo -h -N -o '%N %t'`` -> node -> its short state without the trailing flags (``~``
+    powered off, ...: a drained node not responding is still drained), but for ``*`` (not
+    responding) on a state otherwise up: ``idle*`` is a node slurmctld cannot ping, which takes no
+    job (it is DOWN at SlurmdTimeout), and is not up for :func:`up`."""
     states = {}
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2:
-            states[parts[0]] = parts[1].rstrip("*~#!%$@^-")
+            base = parts[1].rstrip("*~#!%$@^-")
+            silent = "*" in parts[1][len(base) :] and not base.startswith(_NOT_UP)
+            states[parts[0]] = base + ("*" if silent else "")
     return states
 
 
 def up(states: dict[str, str]) -> list[str]:
     """The nodes of :func:`node_states` that can take a job. After a node death 24.11 showed the
     survivors of its job ``comp`` (completing) for a while, 22.05 ``idle``: both are up."""
-    return sorted(n for n, s in states.items() if not s.startswith(_NOT_UP))
+    return sorted(n for n, s in states.items() if not s.startswith(_NOT_UP) and not s.endswith("*"))
 
 
 def draining(states: dict[str, str]) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from hpc_llm import world
 from hpc_llm.slurm import parse
-from hpc_llm.slurm.allocation import nodes_up, preempting, show_job, slurm_config, slurm_version, slurmd_timeout_s
+from hpc_llm.slurm.allocation import partition_up, preempting, show_job, slurm_config, slurm_version, slurmd_timeout_s
 from hpc_llm.slurm.commands import SlurmUnreachable, all_said, run, unreachable_why
 
 
@@ -27,7 +27,8 @@ class Size:
     """What a requeued job's size is decided from (:func:`fit_partition`): the nodes it asks for
     now, the nodes it was submitted with (its training nodes and spares), the fewest nodes the
     run trains on (``resources.min_nodes``, else its training nodes), its partition, the nodes it
-    will not get (its ExcNodeList after the requeue), and its training nodes (0: ``needed``)."""
+    will not get (its ExcNodeList after the requeue), its training nodes (0: ``needed``) and the
+    nodes it found dead."""
 
     asked: int
     full: int
@@ -35,6 +36,12 @@ class Size:
     partition: str | None
     excluded: tuple[str, ...] = ()
     nodes: int = 0
+    #: nodes the run found dead that sinfo may still call up (slurmctld calls them DOWN only at
+    #: SlurmdTimeout): not counted as up
+    doubtful: tuple[str, ...] = ()
+    #: nodes known to be up whatever sinfo says (the caller's own: sinfo may call a node not
+    #: responding for a while after a cut has healed)
+    known_up: tuple[str, ...] = ()
 
     @property
     def train(self) -> int:
@@ -110,10 +117,10 @@ def fit_partition(size: Size) -> tuple[int, str] | None:
     asks for its spares and nodes back. Decided
     before the requeue (the requeue ends the agents' step), applied after it by
     :func:`update_pending` (only a pending job's size can change)."""
-    up = nodes_up(size.partition)
+    up = partition_up(size.partition, size.known_up)
     if not up or size.full <= size.needed:
         return None
-    free = len([n for n in up if n not in size.excluded])
+    free = len([n for n in up if n not in size.excluded and n not in size.doubtful])
     want = min(size.full, max(free, size.needed))
     if want == size.asked:
         return None

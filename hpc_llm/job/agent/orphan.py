@@ -227,12 +227,28 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str, holder: epoch
     record says so)."""
     needed, full, per_node = o.requeue_on_loss
     exclude = [n for n in allocation.hostnames(info.get("ExcNodeList")) if n != host]
-    exclude += [host] if host != "?" else []
+    partition = info.get("Partition") or None
+    # this node is up, whatever sinfo says (it may call it not responding a while after a cut
+    # has healed: the simulator's seed 3056, nothing up but the lost host, which was excluded)
+    up = allocation.partition_up(partition, known_up=(o.node,))
+    kept: str | None = None
+    if host != "?" and up and len([n for n in up if n not in exclude and n != host]) < needed:
+        # the partition cannot hold the run without the lost host: Slurm keeps it out while it is
+        # DOWN, and an exclusion would keep it out once it is back, rebooted and sound, with
+        # nothing else left to run on (the simulator's seed 1253: pending for good)
+        kept = "the partition cannot hold the run without it"
+        log.warning("hpc_llm agent on %s: not excluding %s: %s", o.node, host, kept)
+    elif host != "?":
+        exclude.append(host)
+    if host == "?":
+        kept = "no BatchHost"
     # what the requeued job will ask for is not its NodeList now (a job that gave nodes back asks
     # for its allocated size again), nor known here: taken as the most it can be, so that a short
     # partition always gets the job sized down to what is up, never left pending
     asked = full
-    shrunk = requeue.fit_partition(requeue.Size(asked, full, needed, info.get("Partition") or None, tuple(exclude)))
+    shrunk = requeue.fit_partition(
+        requeue.Size(asked, full, needed, partition, tuple(exclude), doubtful=(host,), known_up=(o.node,))
+    )
     seen = {
         "job_id": o.job_id,
         "restart": o.restart,
@@ -241,7 +257,7 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str, holder: epoch
         "by": o.node,
         "detected_at": o.lost_at,
         "requeued_at": world.time(),
-        "exclude_error": None if host != "?" else "no BatchHost",
+        "exclude_error": kept,
         "shrunk": shrunk[1] if shrunk else None,
         "takeover_refused": refused,
     }
@@ -267,7 +283,7 @@ def _requeue(o: Orphan, info: dict[str, str], host: str, how: str, holder: epoch
             lost.unlink()
         log.error("hpc_llm agent on %s: the supervisor is gone; scontrol requeue failed: %s", o.node, done.refused)
         return
-    err = done.update_error or ("no BatchHost" if host == "?" else None)
+    err = done.update_error or kept
     log.warning(
         "hpc_llm agent on %s: the supervisor is gone, its batch host %s %s: job requeued%s%s%s",
         o.node,

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hpc_llm import world
+from hpc_llm.job.supervisor import facts
 from hpc_llm.job.supervisor.stop import Decision
 from hpc_llm.rundir import epoch
 from hpc_llm.rundir.outcome import Action, Cause, State
@@ -247,7 +248,14 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
     by_ending = not change and requeue.requeued_by_ending(job.job_id, job.partition)
     full = sup.agents.full_size()
     size = requeue.Size(
-        sup.agents.asked or full, full, sup.policy.least_nodes, job.partition, tuple(exclude), sup.policy.nodes
+        sup.agents.asked or full,
+        full,
+        sup.policy.least_nodes,
+        job.partition,
+        tuple(exclude),
+        sup.policy.nodes,
+        doubtful=tuple(sorted(found_dead(sup, attempts, d))),
+        known_up=(sup.node,),
     )
     resize = None if by_ending else requeue.fit_partition(size)
     try:
@@ -290,6 +298,16 @@ def requeue_job(sup: SupervisorState, attempts: Attempts, a: Attempt, d: Decisio
     return 0
 
 
+def found_dead(sup: SupervisorState, attempts: Attempts, d: Decision) -> set[str]:
+    """Nodes this allocation found dead or cut off (its stops' suspects, its lost spares): sinfo
+    may still call them up for a SlurmdTimeout, and a requeued job sized on them pends for nodes
+    that may never come back (the simulator's seed 4828: a spare lost for good, still "up" when
+    the job was requeued for 4 nodes of which 3 lived)."""
+    job = sup.job
+    mine = [a for a in attempts.items if (a.job_id, a.restart) == (job.job_id, job.restart)]
+    return set(d.suspects) | set(sup.agents.lost_spares) | {n for a in mine for n in a.suspects}
+
+
 def exclusions(sup: SupervisorState, attempts: Attempts, d: Decision) -> tuple[list[str], str | None]:
     """The next allocation's ExcNodeList: the user's own exclusions plus the nodes whose blame
     is in force (d.exclude; forgiven nodes come back), never so many that the nodes up in the
@@ -303,7 +321,19 @@ def exclusions(sup: SupervisorState, attempts: Attempts, d: Decision) -> tuple[l
     blamed = sorted(set(d.exclude) - users, key=lambda n: (n in d.suspects, n))
     # a supervisor that started while slurmctld was silent never learnt its partition: ask now
     job.partition = job.partition or sup.job_info().get("Partition")
-    up = allocation.nodes_up(job.partition)
+    up = allocation.partition_up(job.partition, known_up=(sup.node,)) or []
+    if up and blamed and len([n for n in up if n not in users and n not in blamed]) < needed:
+        # Too few nodes outside the blamed ones: which of these are really gone decides which to
+        # let back, and Slurm has not said yet (the simulator's seed 1308: a dead node and a
+        # spare cut off for 15 s, both "up" to sinfo still; the dead one was let back, the
+        # cut-off one excluded, and the job pended for good on 3 nodes of which 2 lived). Wait
+        # for its verdict, as for any silent node (bounded by SlurmdTimeout): a node it calls
+        # DOWN it keeps out itself, and is given back to service by Slurm's word, not ours.
+        gone, _ = facts.await_verdict(sup, blamed)
+        if gone:
+            blamed = [n for n in blamed if n not in gone]
+            # (sinfo's "up" has nodes not responding too: those are gone all the same)
+            up = [n for n in allocation.partition_up(job.partition, known_up=(sup.node,)) or up if n not in gone]
     if up:
         dropped: list[str] = []
         while blamed and len([n for n in up if n not in users and n not in blamed]) < needed:

@@ -101,6 +101,8 @@ def gather(sup: SupervisorState, end: GenerationEnd) -> Stop:
         draining=end.draining if end.stop_cause == Cause.DRAIN else (),
         stragglers=end.slow if end.stop_cause == Cause.STRAGGLER else (),
         trained_nodes=len(sup.agents.layout) or sup.agents.size,
+        trainers=tuple(sup.agents.layout),
+        usable_nodes=tuple(n for n in sup.job.nodes if n not in sup.agents.left_out),
         shrinkable=sup.agents.no_kill,
         joined=sup.agents.joined,
     )

@@ -385,6 +385,14 @@ def _failed(
         reason = f"{reason}; leaving out {', '.join(out)} for spare(s) {', '.join(usable[: len(out)])}"
         d = _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=True)
         return replace(d, action=Action.SWAP, swap_out=out) if d.action == Action.RESTART else d
+    if s.restart_in_place and out and stop.shrinkable and trained_none(stop, out, s.nodes):
+        # the nodes left out trained nothing (spares, or any node before the first generation) and
+        # the allocation holds the run without them: here, now (the simulator's seed 1481: a
+        # spare dead as the supervisor that took over started its agents, and the job was
+        # requeued for it, sized for the dead nodes)
+        reason = f"{reason}; going on without {', '.join(out)}, which trained nothing"
+        d = _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=True)
+        return replace(d, action=Action.SWAP, swap_out=out) if d.action == Action.RESTART else d
     least = min(s.min_nodes or s.nodes, s.nodes)
     left = stop.trained_nodes - len(out) + len(usable[: len(out)])
     if s.restart_in_place and out and stop.shrinkable and least <= left < stop.trained_nodes:
@@ -399,6 +407,14 @@ def _failed(
         d = _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=True)
         return replace(d, action=Action.SHRINK, swap_out=out) if d.action == Action.RESTART else d
     return _budgeted(history, current, stop, s, cause, reason, suspects=suspects, exclude=exclude, restart=restart)
+
+
+def trained_none(stop: Stop, out: tuple[str, ...], nodes: int) -> bool:
+    """The nodes ``out`` are none of the generation's trainers (before the first generation, no
+    node is) and the allocation's other usable nodes are ``nodes`` or more."""
+    if set(out) & set(stop.trainers):
+        return False
+    return len([n for n in stop.usable_nodes if n not in out]) >= nodes
 
 
 #: a preemption's reason when the ranks never got (or could not act on) its signal

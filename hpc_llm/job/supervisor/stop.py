@@ -117,6 +117,10 @@ class Stop:
     stragglers: tuple[str, ...] = ()
     #: the nodes the generation trained on
     trained_nodes: int = 0
+    #: the generation's layout, the nodes its ranks ran on (empty: no generation started yet)
+    trainers: tuple[str, ...] = ()
+    #: the allocation's nodes the run has not left out (with the trainers and the spares)
+    usable_nodes: tuple[str, ...] = ()
     #: the allocation outlives a node's loss (``--no-kill``): the run may go on here without it
     shrinkable: bool = False
     #: spares that took a place in this generation (new in its layout since the last one)
