@@ -170,7 +170,9 @@ def test_the_batch_host_cut_off_with_a_spare_an_agent_takes_over_in_the_same_job
             fabric.heal(cluster, host)
 
 
-@pytest.mark.parametrize("heal_after_s", [None, 40], ids=["for-good", "40s-then-healed"])
+# one e2e per fault class (issue #50): the cut that heals, where the supervisor resumes command;
+# the cut for good (Slurm calls the host DOWN and requeues the job) runs in the simulator
+@pytest.mark.parametrize("heal_after_s", [40], ids=["40s-then-healed"])
 def test_the_batch_host_cut_off_stands_down_and_the_run_completes_elsewhere(
     slurm_env, app_env, test_site, tmp_path, pytestconfig, heal_after_s
 ):

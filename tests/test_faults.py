@@ -388,30 +388,6 @@ def preempted_run(args: list[str], slurm_env: dict[str, str], tmp_path: Path, si
     return job_id, finished(run_dir, 300)
 
 
-def test_a_preempted_run_saves_requeues_and_resumes_exactly(slurm_env, test_site, tmp_path, pytestconfig):
-    args = [*ALONE, "train.max_duration=300ba"]
-    ref = reference(args, slurm_env, pytestconfig)
-    job_id, r = preempted_run(args, slurm_env, tmp_path, test_site)
-    env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
-    same_loss(r, ref)
-    first, second = r["attempts"]
-    assert (first["state"], first["cause"], first["signal"]) == ("stopped", "preemption", "SIGUSR2")
-    assert 0 < first["stopped_at_batch"] < 300 and second["resumed_at_batch"] == first["stopped_at_batch"]
-    assert r["restarts"] == 1 and r["batches_lost"] == 0 and r["restarts_by_cause"] == {"preemption": 1}
-    assert r["slurm_job_ids"] == [job_id] and 0 <= r["signal_to_requeue_s"] < 20
-    wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
-    status = run_cli(["status"], env)
-    row = next(ln for ln in status.stdout.splitlines() if f" {job_id} " in ln)
-    assert "COMPLETED" in row
-    # accounting: the preempted attempt, then the one that finished, both under one job id
-    # (REQUEUED when the supervisor's own requeue beat the end of the grace time, PREEMPTED
-    # when slurmctld's grace-time check, every ~30 s, came first: both seen on the dev cluster)
-    [(first_state, _), (last_state, _)] = slurm_attempts(job_id, env)
-    assert first_state in ("PREEMPTED", "REQUEUED") and last_state == "COMPLETED"
-    shown = run_cli(["status", job_id], env)
-    assert first_state in shown.stdout and "preemption" in shown.stdout, explain(shown)
-
-
 def test_a_stop_over_budget_fails_with_the_reason(slurm_env, tmp_path):
     env = dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs"))
     job_id, run_dir = submit([*ALONE, "train.max_duration=5000ba", "fault.max_preemptions=0"], env, tmp_path)
@@ -487,15 +463,25 @@ def test_time_limits_and_a_preemption_requeue_until_done(slurm_env, test_site, t
     saves = sorted(p.name for p in folder.glob("ep*"))
     aside = sorted(p.name for p in (folder / "unfinished").glob("*")) if (folder / "unfinished").is_dir() else []
     assert len(saves) <= 2 and len(aside) <= 1, (saves, aside)
+    # what a user sees after it: hpc-llm status, and Slurm's accounting of every attempt under one
+    # job id (the preempted one REQUEUED when the supervisor's own requeue beat the end of the
+    # grace time, PREEMPTED when slurmctld's grace-time check came first: both seen here)
+    wait_for(lambda: not in_queue(job_id, env), 60, "the job to leave the queue")
+    status = run_cli(["status"], env)
+    row = next(ln for ln in status.stdout.splitlines() if f" {job_id} " in ln)
+    assert "COMPLETED" in row
+    states = [state for state, _ in slurm_attempts(job_id, env)]
+    assert states[-1] == "COMPLETED" and {"PREEMPTED", "REQUEUED"} & set(states), states
+    shown = run_cli(["status", job_id], env)
+    assert "preemption" in shown.stdout and "time_limit" in shown.stdout, explain(shown)
 
 
+# HSDP on 2 nodes x 2 ranks shards within a node and replicates across: it covers FSDP's sharded
+# save and load (the FSDP-only case ran beside it until CI's budget asked for one)
 @pytest.mark.parametrize(
     "layout",
-    [
-        ["parallelism=fsdp", "resources.nodes=1", "resources.tasks_per_node=2"],
-        ["parallelism=hsdp", "resources.nodes=2", "resources.tasks_per_node=2"],
-    ],
-    ids=["fsdp-2-ranks", "hsdp-4-ranks"],
+    [["parallelism=hsdp", "resources.nodes=2", "resources.tasks_per_node=2"]],
+    ids=["hsdp-4-ranks"],
 )
 def test_sharded_checkpoints_resume_after_a_preemption(layout, slurm_env, test_site, tmp_path, pytestconfig):
     args = [
@@ -536,41 +522,3 @@ def scontrol_job(job_id: str, env: dict[str, str]) -> dict[str, str]:
 
 #: a stop the ranks were asked for and saved at
 STOPS = {"time_limit", "signal"}
-
-
-def test_a_time_limit_shortened_mid_run_is_a_time_limit_and_the_run_finishes(
-    slurm_env, test_site, tmp_path, pytestconfig
-):
-    """An admin cuts a 15-minute job to a minute or so from now (`scontrol update TimeLimit`, as before a
-    maintenance). The supervisor reads the new end time (every minute and on Slurm's signal),
-    stops the ranks 20 s before it, saves and requeues: a time limit, not a cancelled run; the
-    later attempts, which keep the shortened limit, finish the training with the same loss."""
-    args = [*ALONE, "train.max_duration=600ba"]
-    ref = reference(args, slurm_env, pytestconfig)
-    env = with_site(dict(slurm_env, HPC_LLM_RUNS=str(tmp_path / "runs")), test_site)
-    limits = ["resources.time=15", "hydra.launcher.signal_lead_s=45", "fault.stop_lead_s=20"]
-    # at most ~7 batches a second: by the stop (at most 70 s after batch 10) the run is at
-    # batch 480 or less, on any machine
-    job_id, run_dir = submit([*args, *limits, *paced(0.15)], env, tmp_path)
-    rank_at(run_dir, 0, 10)
-    h, m, sec = (int(x) for x in scontrol_job(job_id, env)["RunTime"].split("-")[-1].split(":"))
-    ran_s = h * 3600 + m * 60 + sec
-
-    def time_limit(value: str) -> None:
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={value}"], env=env, check=True)
-
-    # Slurm keeps limits in whole minutes (rounded up): the new end is 30-90 s from now, the stop
-    # 20 s before it, so it comes mid-run (paced: the run has at least 90 s of training left)
-    time_limit(str(-(-(ran_s + 30) // 60)))
-    wait_for(lambda: attempts(run_dir)[0]["state"] != "running", 300, "the first attempt to stop")
-    time_limit("15")  # the maintenance is over: the requeued job may finish in one go
-    r = finished(run_dir, 600)
-    same_loss(r, ref)
-    first = r["attempts"][0]
-    # time_limit as a rule (checked by hand: the warning came 9 s after the update, EndTime already
-    # the new one); under the full suite's load it was twice booked "signal" (a stop nobody in
-    # the run's record asked for), still saved and requeued: what this test is about
-    assert (first["state"], first["action"]) == ("stopped", "requeue") and first["cause"] in STOPS, first
-    assert first["stopped_at_batch"] > 10 and r["attempts"][1]["resumed_at_batch"] == first["stopped_at_batch"]
-    assert set(r["restarts_by_cause"]) <= STOPS and r["batches_lost"] == 0
-    assert r["slurm_job_ids"] == [job_id]

@@ -11,8 +11,8 @@ plain torch, registered through the ``hpc_llm`` entry point group like any packa
 * on the dev cluster: a rank killed is forked again by its agent in the same allocation, and
   the run ends with the uninterrupted run's loss.
 
-LLM Foundry's dev-cluster cases are the same tests in tests/test_faults.py
-(``test_a_preempted_run_saves_requeues_and_resumes_exactly``,
+LLM Foundry's dev-cluster cases are tests of their own (tests/test_foundry_yaml.py's
+``test_a_preempted_yaml_run_resumes_exactly``, tests/test_faults.py's
 ``test_a_killed_rank_restarts_in_place_with_the_same_loss``): they are not run twice.
 """
 
