@@ -145,6 +145,27 @@ def test_the_script_starts_every_step_in_the_image_with_the_mounts_the_job_needs
     assert checked.returncode == 0 and "hpc_llm: container check ok on $SLURMD_NODENAME" in checked.stdout
 
 
+def test_container_check_reads_the_images_versions_through_enroot_start(app_env, image):
+    """``hpc-llm container check container=pyxis``: the image's Python run here by ``enroot start``
+    of the squashfs (no Slurm, no unpack), its versions against the login side's; a registry
+    reference, or no enroot on this machine, is one line saying where the image is checked."""
+    from hpc_llm.devcluster import pyxis
+
+    if not pyxis.enroot().is_file():
+        pytest.skip(f"enroot is not built here ({pyxis.enroot()}): scripts/install-pyxis.sh")
+    base = ["container", "check", "container=pyxis", BINDS]
+    # enroot named by its path: its helpers are found beside it
+    ok = run_cli([*base, f"container.image={image}", f"container.executable={pyxis.enroot()}"], app_env)
+    assert ok.returncode == 0, explain(ok)
+    for dist in ("hpc-llm", "torch", "mosaicml", "llm-foundry"):
+        assert re.search(rf"^{dist}\s+image \S+\s+expected \S+\s+ok$", ok.stdout, re.M), ok.stdout
+    ref = run_cli([*base, "container.image='nvcr.io#nvidia/pytorch:24.05-py3'"], app_env)
+    assert ref.returncode != 0 and "registry reference" in ref.stderr, explain(ref)
+    assert len(ref.stderr.strip().splitlines()) == 1, ref.stderr
+    none = run_cli([*base, f"container.image={image}", "container.executable=/nowhere/enroot"], app_env)
+    assert none.returncode != 0 and "is not on this machine" in none.stderr, explain(none)
+
+
 def test_a_registry_reference_in_enroots_syntax_is_taken_as_it_is(app_env):
     ref = "nvcr.io#nvidia/pytorch:24.05-py3"
     # Hydra's grammar takes '#' only in a quoted value

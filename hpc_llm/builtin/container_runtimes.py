@@ -429,7 +429,13 @@ class Pyxis(ContainerRuntime):
     def here(self, section: DictConfig, mounts: Mounts, command: list[str]) -> list[str]:
         """``command`` in the image on this machine, outside Slurm (the check before the queue):
         ``enroot start`` of the squashfs itself (squashfuse: no unpack), with the same mounts."""
-        cmd = [str(section.executable), "start"]
+        exe = str(section.executable)
+        cmd = [exe, "start"]
+        if "/" in exe:
+            # enroot execs its helpers (enroot-nsenter, enroot-switchroot) by name: an enroot
+            # named by its path (a site's own prefix) needs its directory on PATH too
+            path = os.environ.get("PATH", os.defpath)
+            cmd = ["env", f"PATH={os.path.dirname(os.path.abspath(exe))}{os.pathsep}{path}", *cmd]
         for bind in all_binds(section, mounts):
             ro = ":none:x-create=auto,rbind,ro" if bind.mode == "ro" else ""
             cmd += ["--mount", f"{bind.source}:{bind.dest}{ro}"]

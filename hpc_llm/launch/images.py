@@ -3,7 +3,9 @@
 Apptainer is driven through spython, which calls the ``singularity``
 executable that Apptainer installs as a compatibility link. How a task's
 command is wrapped in a container is the container runtime plugin's business
-(``container.name``); ``check`` asks that runtime for the binds it will make.
+(``container.name``); ``check`` asks that runtime for the binds it will make, and
+runs the image's Python through it: Apptainer through spython, a runtime that says
+how to start the image here (pyxis: ``enroot start``) through that command.
 """
 
 from __future__ import annotations
@@ -148,12 +150,42 @@ class CheckReport:
         return f"container check of {self.image}: {'; '.join(self.problems)}"
 
 
+def _run_here(cfg: DictConfig, command: list[str]) -> tuple[int, str]:
+    """``command`` (the runtime's own way into the image) run here: its status and output. A
+    registry reference, or a runtime whose executable this machine lacks, is one line saying the
+    image is checked where it runs."""
+    import shutil
+    import subprocess
+
+    from hpc_llm.builtin.container_runtimes import is_registry_reference
+
+    image, exe = str(cfg.container.image), str(cfg.container.executable)
+    if cfg.container.name == "pyxis" and is_registry_reference(image):
+        raise ConfigError(
+            f"container check: {image} is a registry reference, which each node imports at the job's start: "
+            "nothing to check here (a squashfs file can be: enroot import, then container.image=PATH)"
+        )
+    if shutil.which(exe) is None:
+        raise ConfigError(
+            f"container check: {exe} (container.executable) is not on this machine: the image is checked on "
+            "the nodes at the job's start (container.check=true)"
+        )
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return 1, f"{' '.join(command[:2])} did not end in 600 s"
+    return done.returncode, done.stdout + (done.stderr if done.returncode else "")
+
+
 def check(cfg: DictConfig, run_dir: str) -> CheckReport:
     """Image exists, is readable, has the expected versions; bind sources exist."""
     from hpc_llm.config.validate import resolve_job
 
     if cfg.container.name == "none":
-        raise ConfigError("container=none: nothing to check; allowed: container=apptainer container.image=X.sif")
+        raise ConfigError(
+            "container=none: nothing to check; allowed: container=apptainer container.image=X.sif, "
+            "container=pyxis container.image=X.sqsh"
+        )
     job = resolve_job(cfg, run_dir)  # the same one-line checks as before a submit
     mounts = job.mounts(cfg)
     report = CheckReport(image=str(cfg.container.image), expected=expected_versions(cfg.plugins.block or ()))
@@ -165,23 +197,29 @@ def check(cfg: DictConfig, run_dir: str) -> CheckReport:
             report.problems.append(f"bind source {bind.source} ({bind.origin}) does not exist")
     if report.problems:
         return report
-    client = _client()
-    # the binds the job makes that exist here (a job-made directory would fail the exec)
-    binds = [b.spec() for b in job.container.binds(cfg.container, mounts) if os.path.exists(b.source)]
-    out = client.execute(
-        str(Path(cfg.container.image).expanduser()),
-        [str(cfg.container.python), "-c", VERSIONS_PY % (tuple(report.expected),)],
-        bind=binds,
-        options=[str(f) for f in cfg.container.flags or []],
-        return_result=True,
-        quiet=True,
-    )
-    if out.get("return_code") != 0:
-        message = " ".join("".join(out.get("message") or "").split())
-        report.problems.append(f"{cfg.container.python} in the image failed: {message[-300:]}")
+    versions = [str(cfg.container.python), "-c", VERSIONS_PY % (tuple(report.expected),)]
+    here = getattr(job.container, "here", None)
+    if here is not None:
+        # a runtime that says how to run a command in the image on this machine (pyxis: enroot
+        # start of the squashfs), as the check before the queue does (hpc_llm.launch.precheck)
+        code, text = _run_here(cfg, here(cfg.container, mounts, versions))
+    else:
+        client = _client()
+        # the binds the job makes that exist here (a job-made directory would fail the exec)
+        binds = [b.spec() for b in job.container.binds(cfg.container, mounts) if os.path.exists(b.source)]
+        out = client.execute(
+            str(Path(cfg.container.image).expanduser()),
+            versions,
+            bind=binds,
+            options=[str(f) for f in cfg.container.flags or []],
+            return_result=True,
+            quiet=True,
+        )
+        message = out.get("message")
+        code, text = out.get("return_code"), "".join(message) if isinstance(message, list) else str(message or "")
+    if code != 0:
+        report.problems.append(f"{cfg.container.python} in the image failed: {' '.join(text.split())[-300:]}")
         return report
-    message = out.get("message")
-    text = "".join(message) if isinstance(message, list) else str(message)
     try:
         report.versions = json.loads(text.strip().splitlines()[-1])
     except (ValueError, IndexError):
