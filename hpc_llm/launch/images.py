@@ -157,10 +157,9 @@ def _run_here(cfg: DictConfig, command: list[str]) -> tuple[int, str]:
     import shutil
     import subprocess
 
-    from hpc_llm.builtin.container_runtimes import is_registry_reference
-
     image, exe = str(cfg.container.image), str(cfg.container.executable)
-    if cfg.container.name == "pyxis" and is_registry_reference(image):
+    if not os.path.exists(os.path.expanduser(image)):
+        # the runtime's own validation let it through: a registry reference (pyxis's nvcr.io#...)
         raise ConfigError(
             f"container check: {image} is a registry reference, which each node imports at the job's start: "
             "nothing to check here (a squashfs file can be: enroot import, then container.image=PATH)"
