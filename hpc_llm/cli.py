@@ -517,12 +517,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="SWEEP_DIR", help="each finished run beside its estimate (Slurm accounting)")
     p.add_argument("--peak-flops", type=float, help="with --compare: peak FLOP/s per GPU (or per CPU rank)")
     p.set_defaults(func=cmd_estimate)
-    p = sub.add_parser("container", help="build, check or inspect a container image (Apptainer through spython; check: pyxis too)")
+    p = sub.add_parser(
+        "container", help="build, check or inspect a container image (Apptainer through spython; check: pyxis too)"
+    )
     p.add_argument(
         "action",
         choices=["build", "check", "inspect"],
-        help="build: an image from a definition file; check: the image against the login side's versions (pyxis: enroot start); "
-        "inspect: an image's labels",
+        help="build: an image from a definition file; "
+        "check: the image against the login side's versions (pyxis: enroot start); inspect: an image's labels",
     )
     p.add_argument("args", nargs="*", help="build: DEF IMAGE; check: Hydra overrides; inspect: IMAGE")
     p.add_argument("--force", action="store_true", help="build: overwrite IMAGE")

@@ -58,7 +58,15 @@ def decided(run_dir: Path, i: int = 0) -> dict:
 def one_job_record(job_id: str, env: dict[str, str]) -> list[tuple[str, list[str]]]:
     """The job's accounting: one allocation that completed, never requeued."""
     wait_for(lambda: not in_queue(job_id, env), 90, "the job to leave the queue")
-    rows = slurm_attempts(job_id, env)
+    # slurmdbd books the end after the job has left the queue: under the suite's load sacct still
+    # said RUNNING for the resized allocation (twice in a row, with -n 2; never alone)
+    rows = wait_for(
+        lambda: (
+            (rows := slurm_attempts(job_id, env)) and all(s not in ("RUNNING", "PENDING") for s, _ in rows) and rows
+        ),
+        60,
+        "Slurm's accounting to book the job's end",
+    )
     # one job, never requeued: 24.11 books the node taken out of a --no-kill job as a resize (sacct
     # -D: "RESIZING n[1-3]", then "COMPLETED n[1,3]"), no REQUEUED or NODE_FAIL row
     assert [state for state, _ in rows if state != "RESIZING"] == ["COMPLETED"], rows

@@ -296,8 +296,9 @@ class Agents:
         self.left_out.add(node)
         self.lost_spares[node] = why
         self.give_back()
-        left = self.spares_held()
-        log.warning("hpc_llm supervisor: spare %s lost (%s); %d spare(s) left", node, why, len(left))
+        # before the first generation every node is outside the (empty) layout: not all are spares
+        left = len(self.spares_held()) - (0 if self.layout else self.policy.nodes)
+        log.warning("hpc_llm supervisor: spare %s lost (%s); %d spare(s) left", node, why, max(0, left))
         self.note_spares()
 
     def spares_held(self) -> list[str]:

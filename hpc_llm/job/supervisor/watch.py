@@ -77,6 +77,13 @@ class GenerationRun:
 
     # -- what the fleet heard --------------------------------------------------------------
     def on_event(self, ev: FleetEvent) -> None:
+        # a node left out on purpose (a spare that failed its check, given back to Slurm, which
+        # ends its agent): its agent's end is no news. Seen on the dev cluster: before the first
+        # generation it was taken for an agent gone on a live node, and every warm agent was
+        # started again
+        ended = isinstance(ev, Dead) or (isinstance(ev, Heard) and isinstance(ev.msg, messages.Bye))
+        if ended and ev.node in self.agents.left_out:
+            return
         if self.gen is None:
             self.lost(ev)
         else:
