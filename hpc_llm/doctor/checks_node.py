@@ -124,7 +124,7 @@ def check_python(facts: Facts, needs: Needs, part: str | None) -> Row:
 def check_image(facts: Facts, needs: Needs, part: str | None) -> Row:
     if needs.image is None:
         return Row("container image", "-", OK, f"no container (container={needs.container})")
-    if registry_image(needs):
+    if registry_image(needs.container, needs.image):
         return Row(
             "container image",
             needs.image,
@@ -164,6 +164,10 @@ def check_apptainer(facts: Facts, needs: Needs, part: str | None) -> Row:
     return Row("Apptainer", f"not on {p.node}", OK, "needed only with container=apptainer")
 
 
+#: the row's name
+PYXIS_ROW = "pyxis / enroot"
+
+
 def enroot_found(p: Probe | None) -> str:
     """``enroot VERSION on NODE``, or what the probe saw instead."""
     if p is None or not p.ran:
@@ -188,13 +192,11 @@ def check_pyxis(facts: Facts, needs: Needs, part: str | None) -> Row:
     admin = "ask your admin for NVIDIA's pyxis (plugstack.conf) and enroot on the compute nodes"
     if not must:
         if facts.pyxis and p is not None and p.enroot and not p.enroot.startswith("failed"):
-            return Row(
-                "pyxis / enroot", value, OK, f"container=pyxis would use them (this job: container={needs.container})"
-            )
-        return Row("pyxis / enroot", value, OK, "not needed: used only with container=pyxis")
+            return Row(PYXIS_ROW, value, OK, f"container=pyxis would use them (this job: container={needs.container})")
+        return Row(PYXIS_ROW, value, OK, "not needed: used only with container=pyxis")
     if facts.pyxis is False:
         return Row(
-            "pyxis / enroot",
+            PYXIS_ROW,
             value,
             FAIL,
             "container=pyxis starts every rank with srun --container-image, which this srun does not have "
@@ -202,17 +204,17 @@ def check_pyxis(facts: Facts, needs: Needs, part: str | None) -> Row:
         )
     if facts.pyxis is None:
         return Row(
-            "pyxis / enroot",
+            PYXIS_ROW,
             value,
             WARN,
             f"container=pyxis needs srun to load pyxis, which could not be checked: if `srun --help` has no "
             f"--container-image, {admin}",
         )
     if p is None:
-        return Row("pyxis / enroot", value, WARN, f"enroot {why}")
+        return Row(PYXIS_ROW, value, WARN, f"enroot {why}")
     if p.enroot.startswith("failed"):
         return Row(
-            "pyxis / enroot",
+            PYXIS_ROW,
             value,
             FAIL,
             f"`{needs.enroot} version` fails on {p.node} ({p.enroot.removeprefix('failed').strip() or 'no output'}), "
@@ -220,13 +222,13 @@ def check_pyxis(facts: Facts, needs: Needs, part: str | None) -> Row:
         )
     if not p.enroot:
         return Row(
-            "pyxis / enroot",
+            PYXIS_ROW,
             value,
             WARN,
             f"pyxis runs enroot from slurmd's PATH, which a task does not see: if {p.node} has no enroot, every "
             "step of the job fails; ask your admin whether enroot is installed on the compute nodes",
         )
-    return Row("pyxis / enroot", value, OK, "every rank runs in an enroot container that pyxis starts")
+    return Row(PYXIS_ROW, value, OK, "every rank runs in an enroot container that pyxis starts")
 
 
 def check_node_gpus(facts: Facts, needs: Needs, part: str | None) -> Row:

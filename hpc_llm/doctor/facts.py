@@ -75,10 +75,10 @@ class Facts:
     probe_skipped: str = ""
 
 
-def registry_image(needs: Needs) -> bool:
-    """Whether the job's image is a registry reference pyxis has each node import (pyxis's
-    rule: an image not starting with / or . is no file), not a file the nodes must read."""
-    return needs.container == "pyxis" and needs.image is not None and not needs.image.startswith(("/", ".", "~"))
+def registry_image(container: str, image: str | None) -> bool:
+    """Whether ``image`` is a registry reference pyxis has each node import (pyxis's rule: an
+    image not starting with / or . is no file), not a file the nodes must read."""
+    return container == "pyxis" and image is not None and not image.startswith(("/", ".", "~"))
 
 
 def partition_name(facts: Facts, needs: Needs) -> str | None:

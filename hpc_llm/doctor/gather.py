@@ -89,9 +89,8 @@ def needs_of(job: Job, run: str | None = None, image: str | None = None) -> Need
         image = os.path.abspath(image)
     elif name != "none" and container.image:
         image = str(container.image)
-        # a file the nodes must read; pyxis's registry reference (no / or . first) stays as written
-        registry = name == "pyxis" and not image.startswith(("/", ".", "~"))
-        image = image if registry else os.path.abspath(os.path.expanduser(image))
+        # a file the nodes must read; pyxis's registry reference stays as written
+        image = image if registry_image(name, image) else os.path.abspath(os.path.expanduser(image))
     save_s, save_from = save_time(cfg, res.nodes, run)
     store_targets = stores.targets(cfg, job.run_dir)
     return Needs(
@@ -185,7 +184,7 @@ def gather(job: Job, needs: Needs, probe: bool = True, probe_wait_s: int = 120) 
         flags["partition"] = part
         if needs.gpus_per_node > 0:  # one GPU, of the job's type: what nvidia-smi -L names there
             flags["gpus_per_node"] = f"{needs.gpu_type}:1" if needs.gpu_type else 1
-        paths = [p for p in (needs.run, None if registry_image(needs) else needs.image) if p]
+        paths = [p for p in (needs.run, None if registry_image(needs.container, needs.image) else needs.image) if p]
         report = node_probe.run(
             flags,
             needs.run_dir,

@@ -160,11 +160,6 @@ def node_states(*, partition: str | None = None, nodes: list[str] | None = None,
     return parse.node_states(out.stdout) if out.returncode == 0 else {}
 
 
-def nodes_up(partition: str | None) -> list[str]:
-    """Nodes of ``partition`` that can run a job now ([] when sinfo cannot be asked)."""
-    return parse.up(node_states(partition=partition)) if partition else []
-
-
 def partition_up(partition: str | None, known_up: tuple[str, ...] = ()) -> list[str] | None:
     """Nodes of ``partition`` that can run a job now, with ``known_up`` (the caller's own node: up
     whatever sinfo says, which may call it not responding a while after a healed cut); None when

@@ -332,7 +332,6 @@ def exclusions(sup: SupervisorState, attempts: Attempts, d: Decision) -> tuple[l
         gone, _ = facts.await_verdict(sup, blamed)
         if gone:
             blamed = [n for n in blamed if n not in gone]
-            # (sinfo's "up" has nodes not responding too: those are gone all the same)
             up = [n for n in allocation.partition_up(job.partition, known_up=(sup.node,)) or up if n not in gone]
     if up:
         dropped: list[str] = []
